@@ -1,0 +1,51 @@
+# reproflow: `make demo` runs the small local suite; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+RESULTS ?= results
+REPORTS ?= reports
+SUITE ?= param-demo
+
+.PHONY: help venv demo test lint figures sbatch bench clean
+
+help:
+	@echo "make demo     set up .venv, run the $(SUITE) suite here, write tables and figures"
+	@echo "make test     set up .venv, run ruff and the tests"
+	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
+	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
+	@echo "make bench    reproflow vs bare torch timing loops -> benchmarks/results/*.csv"
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv
+	$(BIN)/reproflow run $(SUITE) --results $(RESULTS)
+	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
+	@echo
+	@echo "results (CSV, one file per point): $(RESULTS)/$(SUITE)/"
+	@echo "tables (CSV + markdown):           $(REPORTS)/param_comms_table.md, $(REPORTS)/param_compute_gemm.md"
+	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png"
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/reproflow render --check
+	$(BIN)/python -m pytest
+
+figures: venv
+	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
+
+sbatch: venv
+	$(BIN)/reproflow render
+
+bench: venv
+	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
+
+clean:
+	rm -rf $(RESULTS) $(REPORTS) benchmarks/results

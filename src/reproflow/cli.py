@@ -1,0 +1,241 @@
+"""The `reproflow` command: list, run, render, submit, status, report.
+
+User errors (bad suite, unknown name, missing tool) print one paragraph and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from reproflow import __version__
+from reproflow.errors import ReproflowError
+from reproflow.family import families
+from reproflow.params import canonical
+from reproflow.paths import project_root
+from reproflow.suite import Suite, find_suite, load_suite
+
+EPILOG = """examples:
+  reproflow list                         families, suites and their points
+  reproflow run param-demo               run the demo suite here (4 gloo ranks + GEMM)
+  reproflow run param-comms --procs 2 --dry-run
+  reproflow render --check               are the committed sbatch scripts current?
+  reproflow submit param-comms --nodes 2 --image /apps/reproflow.sqsh --dry-run
+  reproflow report                       tables (CSV, markdown) and figures (PNG, PDF)
+"""
+
+
+def _suite(name: str) -> Suite:
+    return load_suite(find_suite(name, project_root() / "workflows"))
+
+
+def _all_suites() -> list[Suite]:
+    return [load_suite(p) for p in sorted((project_root() / "workflows").glob("*.toml"))]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print families with their parameters, then suites with their experiments and points."""
+    if not args.suites:
+        print("families:")
+        for fam in families().values():
+            print(f"  {fam.name}: {fam.summary}")
+            for p in fam.params:
+                print(f"      {p.name} = {canonical(p.default)!r}  ({p.allowed()}) {p.help}")
+    suites = [_suite(s) for s in args.suites] if args.suites else _all_suites()
+    print("suites:")
+    for suite in suites:
+        print(f"  {suite.name} ({suite.path}): {suite.description}")
+        for exp in suite.experiments:
+            la = exp.launch
+            print(f"    {exp.name}: {exp.family}, {len(exp.points)} point(s), {la.nodes} node(s) x "
+                  f"{la.procs_per_node} rank(s), backend {la.backend}, device {la.device}, repeats {la.repeats}")
+            if args.suites or args.points:
+                for point in exp.points:
+                    print(f"      - {point.label}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a suite's experiments locally, one process group each."""
+    from reproflow.local import LocalExecutor, worker_command
+
+    suite = _suite(args.suite)
+    root = project_root()
+    executor = LocalExecutor(Path(args.results), root, args.force, args.procs)
+    worst = 0
+    for exp in suite.select(args.experiment):
+        world = executor.world_size(exp)
+        if args.dry_run:
+            print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
+            print(f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 "
+                  + " ".join(worker_command(suite, exp, Path(args.results), args.force, root)))
+            for point in exp.points:
+                print(f"    {point.label}")
+            continue
+        if exp.launch.nodes > 1 and not args.procs:
+            print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its {world} ranks on "
+                  "this machine (use `reproflow submit` or sbatch for real nodes)")
+        code = executor.run(suite, exp)
+        if code:
+            print(f"reproflow: experiment {exp.name} ended with exit code {code}"
+                  + (" (some points failed; see *.failed.json)" if code == 3 else ""), file=sys.stderr)
+            worst = worst or code
+    if not args.dry_run:
+        print(f"reproflow: results of suite {suite.name} are in {Path(args.results) / suite.name}")
+    return worst
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Write (or with --check, compare) the sbatch script of each suite."""
+    from reproflow.render import render_sbatch, sbatch_path
+
+    root = project_root()
+    suites = [_suite(s) for s in args.suites] if args.suites else _all_suites()
+    stale = []
+    for suite in suites:
+        text = render_sbatch(suite, root)
+        path = sbatch_path(root, suite)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+        print(f"wrote {path}")
+    if stale:
+        print("out of date (run `make sbatch`): " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"{len(suites)} sbatch script(s) match their templates")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Submit a suite's experiments to Slurm through submitit."""
+    from reproflow.submit import SubmititExecutor
+
+    suite = _suite(args.suite)
+    executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
+                                args.image, args.mounts, args.force)
+    for exp in suite.select(args.experiment):
+        if args.dry_run:
+            print(f"# {suite.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
+            print(executor.dry_run(suite, exp))
+            continue
+        job_id = executor.submit(suite, exp)
+        print(f"submitted {suite.name} / {exp.name} as Slurm job {job_id}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print measured and failed points, and the Slurm state of submitted jobs."""
+    from reproflow.status import experiment_status, sacct_states, submitted_jobs
+
+    results = Path(args.results)
+    rows = experiment_status(results)
+    if not rows:
+        print(f"no results under {results}")
+    for row in rows:
+        print(f"{row.suite}/{row.experiment}: {row.done} point(s) measured, {row.failed} failed")
+    jobs = submitted_jobs(results)
+    if jobs:
+        states = sacct_states(j["job_id"] for j in jobs)
+        if not states:
+            print("(sacct is not available here: job states unknown)")
+        for job in jobs:
+            state = states.get(str(job["job_id"]), "UNKNOWN")
+            print(f"job {job['job_id']} {state:<12} {job['suite']}/{job['experiment']} submitted {job['submitted']}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Build tables and figures from every result under --results."""
+    from reproflow.report import build_reports
+
+    written = build_reports(Path(args.results), Path(args.out), project_root())
+    for path in written:
+        print(path)
+    print(f"reproflow: {len(written)} files in {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="reproflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Reproduce distributed deep-learning experiments from suite files "
+                    "(workflows/*.toml): locally, or on Slurm through sbatch scripts or submitit.")
+    parser.add_argument("--version", action="version", version=f"reproflow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="families, suites and points", formatter_class=fmt,
+                       description="List families (with parameters and defaults) and suites (with points).")
+    p.add_argument("suites", nargs="*", help="suite names or files (default: every suite in workflows/)")
+    p.add_argument("--points", action="store_true", help="also list every point of every suite")
+    p.set_defaults(func=cmd_list)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("suite", help="suite name (workflows/<name>.toml) or path")
+        p.add_argument("-e", "--experiment", action="append", default=[],
+                       help="run only this experiment (repeatable; default: all)")
+        p.add_argument("--results", default="results", help="results folder (shared by all nodes on clusters)")
+        p.add_argument("--force", action="store_true", help="measure again points that already have results")
+        p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+
+    p = sub.add_parser("run", help="run a suite on this machine", formatter_class=fmt,
+                       description="Run a suite's experiments here: each experiment is one process group of "
+                                   "nodes x procs_per_node ranks (gloo on CPU, NCCL on GPUs). Points with "
+                                   "results are skipped unless --force.")
+    common(p)
+    p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("render", help="write sbatch/<suite>.sbatch from templates/", formatter_class=fmt,
+                       description="Render each suite's sbatch script from templates/suite.sbatch.j2.")
+    p.add_argument("suites", nargs="*", help="suite names or files (default: every suite)")
+    p.add_argument("--check", action="store_true", help="only compare with the committed scripts; exit 1 if stale")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
+                       description="Submit one Slurm job per experiment with submitit; each task is one rank.")
+    common(p)
+    p.add_argument("--nodes", type=int, default=None, help="nodes per job (default: the suite's launch)")
+    p.add_argument("--procs", type=int, default=None, help="ranks per node (default: the suite's launch)")
+    p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
+    p.add_argument("--image", default="", help="Enroot squash file for Pyxis (empty: the host environment)")
+    p.add_argument("--mounts", default="", help="Pyxis --container-mounts (default: the results folder)")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="measured points and Slurm job states", formatter_class=fmt,
+                       description="Count measured and failed points; show sacct states of submitted jobs.")
+    p.add_argument("--results", default="results", help="results folder")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="tables and figures from the results", formatter_class=fmt,
+                       description="Aggregate every CSV under --results into tables (CSV + markdown) and "
+                                   "figures (PNG + PDF) with the analysis/ module of each family.")
+    p.add_argument("--results", default="results", help="results folder")
+    p.add_argument("--out", default="reports", help="where tables and figures go")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ReproflowError as exc:
+        print(f"reproflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reproflow: interrupted; finished points are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""What a family's run function sees on its rank: process group, device, and small helpers.
+
+The process group is created from the standard torch.distributed environment variables
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), which torchrun, reproflow's local
+launcher and the Slurm path all set, so one code path serves every executor.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from reproflow.errors import ReproflowError
+
+
+def choose_device_and_backend(device: str, backend: str) -> tuple[str, str]:
+    """Resolve 'auto' settings: CUDA + NCCL where a GPU is visible, else CPU + gloo."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ReproflowError(
+            "launch.device is 'cuda' but this torch sees no GPU "
+            f"(torch {torch.__version__}). Set device = 'auto' or 'cpu', or run on a GPU node."
+        )
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ReproflowError("launch.backend 'nccl' needs device 'cuda'. Use backend 'gloo' on CPU.")
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise ReproflowError("launch.backend is 'nccl' but this torch build has no NCCL. Use 'gloo'.")
+    return device, backend
+
+
+@dataclass
+class RunContext:
+    """The rank's view of its job. Created once per job by the worker."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    hostname: str
+
+    @classmethod
+    def from_env(cls, device: str, backend: str, timeout_s: float) -> RunContext:
+        """Join the job's process group using the torch.distributed environment variables."""
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if missing:
+            raise ReproflowError(
+                f"the worker needs {', '.join(missing)} in its environment. Start it through "
+                "`reproflow run`, torchrun, or the rendered sbatch script, not directly."
+            )
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device, backend = choose_device_and_backend(device, backend)
+        if device == "cuda":
+            torch.cuda.set_device(local_rank)
+            dev = torch.device("cuda", local_rank)
+        else:
+            dev = torch.device("cpu")
+        dist.init_process_group(
+            backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=timeout_s)
+        )
+        return cls(rank, world, local_rank, dev, backend, socket.gethostname())
+
+    def close(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def sync(self) -> None:
+        """Wait for queued device work (a no-op on CPU), so a host timer sees finished work."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        """All ranks meet; device work is finished first."""
+        self.sync()
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def gather_floats(self, value: float) -> list[float]:
+        """Every rank's value, in rank order, on every rank."""
+        mine = torch.tensor([value], dtype=torch.float64, device=self.device)
+        out = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine)
+        return [float(t.item()) for t in out]
+
+    def gather_objects(self, obj: object) -> list[object]:
+        """Every rank's picklable object, in rank order, on every rank."""
+        out: list[object] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def all_agree(self, ok: bool) -> bool:
+        """True on every rank only when `ok` is true on every rank."""
+        flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item()) == 0
+
+    def log(self, message: str) -> None:
+        """Print on rank 0 only, flushed, so progress shows live in Slurm output files."""
+        if self.rank == 0:
+            print(message, flush=True, file=sys.stdout)

@@ -1,0 +1,28 @@
+"""User-facing errors: printed as one paragraph by the CLI, never as a traceback."""
+
+from __future__ import annotations
+
+
+class ReproflowError(Exception):
+    """An error caused by the user's input or environment, with the fix in its message."""
+
+
+class SuiteError(ReproflowError):
+    """A suite file that cannot be run: names the file, the field, the bad value and what is allowed."""
+
+    def __init__(self, path: object, field: str, problem: str, allowed: str = "") -> None:
+        self.path = str(path)
+        self.field = field
+        text = f"{self.path}: field '{field}': {problem}"
+        if allowed:
+            text += f" Allowed: {allowed}."
+        super().__init__(text)
+
+
+class ParamError(ValueError):
+    """A parameter value outside what its declaration allows; the caller adds file and field."""
+
+    def __init__(self, problem: str, allowed: str = "") -> None:
+        self.problem = problem
+        self.allowed = allowed
+        super().__init__(problem + (f" Allowed: {allowed}." if allowed else ""))

@@ -1,0 +1,198 @@
+"""param compute: GEMM, EmbeddingBag and MLP throughput, as param `train/compute/pt` measures them.
+
+Every rank measures on its own device; rows carry each rank's time and the p50 across ranks.
+GEMM reports TFLOP/s = 2·M·N·K / time; EmbeddingBag GB/s of gathered rows; MLP (Linear+ReLU chain,
+softmax, cross-entropy, backward, optimizer step) TFLOP/s = 6·batch·Σ l_i·l_{i+1} / time and QPS.
+Datasets A, B, C are param's; S is reproflow's CPU-sized set (same shapes scaled down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
+
+import torch
+from torch import nn
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError
+from reproflow.family import Family, Measurement
+from reproflow.params import Param
+from reproflow.timing import rank_stats, time_steps
+
+_GEMM_A = [(m, 4096, 4096) for m in (128, 256, 512, 1024)] + [(m, 1024, 1024) for m in (128, 256, 512, 1024)]
+_GEMM_A += [(4096, 4096, k) for k in (128, 256, 512, 1024)] + [(1024, 1024, k) for k in (128, 256, 512)]
+_GEMM_B = [s for m in (128, 256, 512, 1024) for s in ((m, 4096, 40928), (m, 40928, 4096))]
+_GEMM_B += [(m, 1024, 2000) for m in (128, 256, 512, 1024)]
+_GEMM_B += [(1024, 2000, k) for k in (128, 256, 512, 1024)] + [(4096, 40928, k) for k in (128, 256, 512, 1024)]
+_BATCHES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+# Shapes per kernel and dataset. GEMM: (M, N, K); emb: (features, dim, nnz, batch);
+# linear: (layers, input, hidden, output, batch).
+DATASETS: dict[str, dict[str, list[tuple[int, ...]]]] = {
+    "gemm": {
+        "A": _GEMM_A,
+        "B": _GEMM_B,
+        "C": [(1024, 1024, 64), (1024, 64, 1024), (1024, 4096, 1024), (1024, 1024, 4096)],
+        "S": [(256, 1024, 1024), (512, 1024, 1024), (1024, 1024, 1024), (1024, 1024, 256)],
+    },
+    "emb": {
+        "A": [(f, 128, 30, b) for f in (14_000_000, 26_000_000) for b in _BATCHES],
+        "B": [(4_800_000, 56, 34, b) for b in _BATCHES[2:]],
+        "S": [(1_000_000, 128, 30, b) for b in (512, 2048, 8192)],
+    },
+    "linear": {
+        "A": [(18, s, s, s, b) for s in (1024, 4096) for b in (128, 256, 512, 1024, 2048, 4096)],
+        "S": [(4, 1024, 1024, 1024, b) for b in (64, 256)],
+    },
+}
+SHAPE_LEN = {"gemm": 3, "emb": 4, "linear": 5}
+DTYPES = ("float32", "tf32", "bfloat16", "float16")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+
+
+def shapes(params: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """The shapes a point measures: explicit `shapes`, else the kernel's dataset."""
+    return list(params["shapes"]) or DATASETS[params["kernel"]][params["dataset"]]
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    """Dataset and shape rules, checked before anything runs."""
+    kernel = params["kernel"]
+    if not params["shapes"] and params["dataset"] not in DATASETS[kernel]:
+        raise ParamError(f"dataset {params['dataset']!r} does not exist for kernel {kernel!r}.",
+                         ", ".join(DATASETS[kernel]))
+    for shape in params["shapes"]:
+        if len(shape) != SHAPE_LEN[kernel]:
+            raise ParamError(f"shape {list(shape)} needs {SHAPE_LEN[kernel]} numbers for kernel {kernel!r}.")
+    if kernel == "emb" and params["dtype"] != "float32":
+        raise ParamError("the emb kernel measures float32 tables only, as param does.")
+
+
+def _gemm(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(0)
+    dt = _dtype(params["dtype"])
+    a = torch.randn(m, k, generator=gen).to(dt).to(ctx.device)
+    b = torch.randn(k, n, generator=gen).to(dt).to(ctx.device)
+    seconds = time_steps(ctx.sync, lambda: torch.mm(a, b), params["warmups"], params["steps"])
+    return seconds, {"tflops": 2.0 * m * n * k}
+
+
+def _emb(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    features, dim, nnz, batch = shape
+    gen = torch.Generator().manual_seed(0)
+    bag = nn.EmbeddingBag(features, dim, mode="sum").to(ctx.device)
+    indices = torch.randint(0, features, (batch * nnz,), generator=gen).to(ctx.device)
+    offsets = (torch.arange(batch) * nnz).to(ctx.device)
+    with torch.no_grad():
+        seconds = time_steps(ctx.sync, lambda: bag(indices, offsets), params["warmups"], params["steps"])
+    return seconds, {"bandwidth": float(batch * nnz * dim * 4)}
+
+
+def _linear(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    layers, width_in, hidden, width_out, batch = shape
+    torch.manual_seed(1)
+    sizes = [width_in] + [hidden] * layers + [width_out]
+    blocks: list[nn.Module] = []
+    for a, b in pairwise(sizes):
+        blocks += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*blocks, nn.Softmax(dim=1)).to(ctx.device, _dtype(params["dtype"]))
+    loss_fn = nn.CrossEntropyLoss()
+    opt_name = params["optimizer"]
+    opt = None
+    if opt_name != "none":
+        opt = (torch.optim.SGD if opt_name == "sgd" else torch.optim.Adagrad)(model.parameters(), lr=0.01)
+    x = torch.randn(batch, width_in, device=ctx.device).to(_dtype(params["dtype"]))
+    y = torch.randint(0, width_out, (batch,), device=ctx.device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x).float(), y)
+        loss.backward()
+        if opt is not None:
+            opt.step()
+
+    seconds = time_steps(ctx.sync, step, params["warmups"], params["steps"])
+    flops = 6.0 * batch * sum(a * b for a, b in pairwise(sizes))
+    return seconds, {"tflops": flops, "qps": float(batch)}
+
+
+KERNELS: dict[str, Callable[[RunContext, tuple[int, ...], Mapping[str, Any]], tuple[float, dict[str, float]]]] = {
+    "gemm": _gemm,
+    "emb": _emb,
+    "linear": _linear,
+}
+COORDS = {"gemm": ("m", "n", "k"), "emb": ("features", "dim", "nnz", "batch"),
+          "linear": ("layers", "input", "hidden", "output", "batch")}
+UNITS = {"tflops": ("TFLOP/s", 1e12), "bandwidth": ("GB/s", 1e9), "qps": ("samples/s", 1.0)}
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Measure every shape on every rank; rows hold per-rank times and p50 rates."""
+    kernel = params["kernel"]
+    previous = torch.get_float32_matmul_precision()
+    # "tf32" turns on TensorFloat-32 for fp32 storage (param PR #54); CPUs ignore it.
+    torch.set_float32_matmul_precision("high" if params["dtype"] == "tf32" else "highest")
+    out: list[Measurement] = []
+    try:
+        for shape in shapes(params):
+            seconds, work = KERNELS[kernel](ctx, shape, params)
+            per_rank = ctx.gather_floats(seconds)
+            p50 = rank_stats(per_rank)["p50"]
+            coords = dict(zip(COORDS[kernel], shape, strict=True))
+            out.extend(Measurement("time_s", s, "s", coords, rank=i) for i, s in enumerate(per_rank))
+            out.append(Measurement("time_p50_s", p50, "s", coords))
+            for metric, amount in work.items():
+                unit, scale = UNITS[metric]
+                out.append(Measurement(metric, amount / p50 / scale, unit, coords))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return out
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    """param's compute table for the kernel: shape columns, time per step, rate."""
+    kernel = params["kernel"]
+    cols = COORDS[kernel]
+    metrics = {"gemm": ("tflops",), "emb": ("bandwidth",), "linear": ("qps", "tflops")}[kernel]
+    heads = {"tflops": "Rate(TF/s)", "bandwidth": "BW(GB/s)", "qps": "QPS"}
+    by_shape: dict[tuple, dict[str, float]] = {}
+    for m in rows:
+        if m.rank is None:
+            by_shape.setdefault(tuple(m.coords[c] for c in cols), {})[m.metric] = m.value
+    lines = [
+        f"Measuring the performance of {kernel}: steps = {params['steps']}, warmups = {params['warmups']}, "
+        f"dtype {params['dtype']}",
+        " ".join(f"{c.upper():>10}" for c in cols) + f" {'Time(s)':>12}" + "".join(f" {heads[k]:>12}" for k in metrics),
+    ]
+    for shape, v in by_shape.items():
+        lines.append(" ".join(f"{x:>10d}" for x in shape) + f" {v['time_p50_s']:>12.6f}"
+                     + "".join(f" {v[k]:>12.3f}" for k in metrics))
+    return "\n".join(lines)
+
+
+FAMILY = Family(
+    name="param_compute",
+    summary="GEMM TFLOP/s, EmbeddingBag GB/s and MLP TFLOP/s per rank (param train/compute/pt)",
+    params=(
+        Param("kernel", "str", "gemm", "what to measure (param driver subcommand)", choices=tuple(KERNELS)),
+        Param("dataset", "str", "A", "param's shape set A, B, C, or reproflow's CPU-sized S",
+              choices=("A", "B", "C", "S")),
+        Param("shapes", "int-lists", [], "explicit shapes instead of a dataset: GEMM [M,N,K], emb "
+              "[features,dim,nnz,batch], linear [layers,input,hidden,output,batch]"),
+        Param("dtype", "str", "float32", "element type; tf32 keeps fp32 storage with TF32 math",
+              choices=DTYPES),
+        Param("steps", "int", 100, "timed steps per shape (param --steps)", minimum=1, maximum=1000000),
+        Param("warmups", "int", 10, "untimed steps per shape (param --warmups)", minimum=0, maximum=100000),
+        Param("optimizer", "str", "sgd", "linear kernel's optimizer, stepped every step",
+              choices=("sgd", "adagrad", "none")),
+    ),
+    run=run,
+    table=table,
+    check=check,
+)

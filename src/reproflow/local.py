@@ -1,0 +1,135 @@
+"""Local executor: run an experiment's ranks as processes on this machine, no scheduler needed.
+
+It sets the same environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and
+starts `python -m reproflow.worker` once per rank, so local runs take the cluster's code path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reproflow.suite import Experiment, Suite, slurm_seconds
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_command(suite: Suite, exp: Experiment, results: Path, force: bool, root: Path) -> list[str]:
+    """The per-rank command line, as every executor runs it."""
+    cmd = [sys.executable, "-m", "reproflow.worker", "--suite", str(suite.path), "--experiment", exp.name,
+           "--results", str(results), "--root", str(root)]
+    return cmd + (["--force"] if force else [])
+
+
+def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
+              limit_s: float = 3600.0) -> int:
+    """Start `cmd` once per rank with the torch.distributed environment, on this machine.
+
+    Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
+    a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
+    code of the first failing rank (then the other ranks are stopped rather than left waiting).
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        # As torchrun does: share the cores, or ranks oversubscribe them and time each other.
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world)),
+    )
+    env.update(env_extra or {})
+    procs: list[subprocess.Popen] = []
+    files = []
+    try:
+        for rank in range(world):
+            env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            if rank == 0:
+                procs.append(subprocess.Popen(list(cmd), env=env_r))
+                continue
+            fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
+            files.append(fh)
+            procs.append(subprocess.Popen(list(cmd), env=env_r, stdout=fh, stderr=subprocess.STDOUT))
+        code = _wait(procs, time.monotonic() + limit_s)
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        for fh in files:
+            fh.close()
+    if code not in (0, 3):
+        for rank, p in enumerate(procs[1:], start=1):
+            if p.returncode not in (0, None, -signal.SIGTERM):
+                tail = (logs / f"rank{rank}.log").read_text().splitlines()[-15:]
+                print(f"--- rank {rank} exited {p.returncode}; last lines of {logs}/rank{rank}.log:",
+                      *tail, sep="\n", file=sys.stderr)
+    return code
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float) -> int:
+    # When one rank fails the others would wait for it until the collective timeout: stop them.
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [c for c in codes if c not in (None, 0, 3)]
+        if bad:
+            time.sleep(1.0)
+            _stop(procs)
+            return bad[0]
+        if all(c is not None for c in codes):
+            return 3 if 3 in codes else 0
+        if time.monotonic() > deadline:
+            print("reproflow: time limit reached; stopping the ranks.", file=sys.stderr)
+            _stop(procs)
+            return 124
+        time.sleep(0.05)
+
+
+@dataclass
+class LocalExecutor:
+    """Runs experiments as local process groups (gloo on CPU, NCCL when GPUs are visible)."""
+
+    results: Path
+    root: Path
+    force: bool = False
+    procs: int | None = None
+
+    def world_size(self, exp: Experiment) -> int:
+        """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
+        return self.procs or exp.launch.world_size
+
+    def run(self, suite: Suite, exp: Experiment) -> int:
+        """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""
+        job_id = f"local-{_dt.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}"
+        return run_ranks(
+            worker_command(suite, exp, self.results, self.force, self.root),
+            self.world_size(exp),
+            self.results / suite.name / "logs" / job_id,
+            {"REPROFLOW_JOB_ID": job_id},
+            slurm_seconds(exp.launch.time_limit),
+        )

@@ -1,0 +1,55 @@
+"""Render the sbatch script of a suite: a pure function of the suite and the template.
+
+The scripts in sbatch/ are committed so cluster users need no Python to submit; `make sbatch`
+rewrites them and a test fails when a committed script differs from what this renders.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from reproflow.suite import Suite, format_slurm_time, slurm_seconds
+
+TEMPLATE = "suite.sbatch.j2"
+
+
+@dataclass(frozen=True)
+class SbatchSettings:
+    """Defaults written into the script's user-variable block; each can be overridden at submit time."""
+
+    image: str = "$APPS_PATH/reproflow.sqsh"
+    container_dir: str = "/opt/reproflow"
+    master_port: int = 29500
+
+
+def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSettings()) -> str:
+    """The sbatch script that runs every experiment of `suite`, one torchrun launch each."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    launch = suite.experiments[0].launch
+    total_s = sum(slurm_seconds(e.launch.time_limit) for e in suite.experiments)
+    return env.get_template(TEMPLATE).render(
+        suite=suite,
+        suite_file=suite.path.relative_to(root).as_posix() if suite.path.is_absolute() else suite.path.as_posix(),
+        nodes=max(e.launch.nodes for e in suite.experiments),
+        gpus_per_node=max(e.launch.gpus_per_node for e in suite.experiments),
+        time_limit=format_slurm_time(total_s),
+        partition=launch.partition,
+        exclusive=launch.exclusive,
+        settings=settings,
+        quote=shlex.quote,
+    )
+
+
+def sbatch_path(root: Path, suite: Suite) -> Path:
+    """Where a suite's committed script lives."""
+    return root / "sbatch" / f"{suite.name}.sbatch"

@@ -1,0 +1,136 @@
+"""Analysis helpers: load every result CSV, pick the newest measurement, write tables and figures.
+
+The papers' tables and figures are built by `analysis/<family>.py` in the checkout; each defines
+`build(frame, out_dir) -> list[Path]` and receives that family's rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+
+from reproflow.errors import ReproflowError
+from reproflow.family import AGGREGATE
+from reproflow.results import PROVENANCE_COLUMNS, SCHEMA_VERSION, result_files
+
+
+def load_results(results: Path) -> pd.DataFrame:
+    """All rows under `results`, one DataFrame; a file of another schema version is an error."""
+    frames = []
+    for path in result_files(results):
+        frame = pd.read_csv(path, dtype={"rank": str, "job_id": str})
+        versions = set(frame["schema_version"].unique())
+        if versions != {SCHEMA_VERSION}:
+            raise ReproflowError(f"{path} has result schema {sorted(versions)}, this reproflow reads "
+                                 f"{SCHEMA_VERSION}. Re-run its suite with --force or use a matching reproflow.")
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)
+
+
+def newest(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the newest run of every point, so stale reruns do not mix into one figure."""
+    keys = ["suite", "experiment", "point", "world_size", "backend", "device"]
+    last = frame.groupby(keys, dropna=False)["timestamp"].transform("max")
+    return frame[frame["timestamp"] == last]
+
+
+def aggregates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Only the rows aggregated across ranks."""
+    return frame[frame["rank"].astype(str) == AGGREGATE]
+
+
+def wide(frame: pd.DataFrame, index: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per `index` combination, one column per metric (median over repeats)."""
+    sub = frame[frame["metric"].isin(metrics)]
+    table = sub.pivot_table(index=list(index), columns="metric", values="value", aggfunc="median")
+    return table.reindex(columns=[m for m in metrics if m in table.columns]).reset_index()
+
+
+def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-flavoured markdown table (no extra dependency)."""
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v)
+
+    head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+def integral(frame: pd.DataFrame) -> pd.DataFrame:
+    """Float columns holding only whole numbers (sizes, shapes after a concat with gaps) as integers."""
+    out = frame.copy()
+    for col in out.columns:
+        values = out[col]
+        if pd.api.types.is_float_dtype(values) and values.notna().any():
+            present = values.dropna()
+            if (present == present.round()).all() and present.abs().max() < 2**53:
+                out[col] = values.astype("Int64")
+    return out
+
+
+def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str) -> list[Path]:
+    """`<name>.csv` and `<name>.md` (with a title line) in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = integral(frame)
+    csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    frame.to_csv(csv_path, index=False)
+    md_path.write_text(f"# {title}\n\n" + to_markdown(frame))
+    return [csv_path, md_path]
+
+
+def save_figure(fig: object, out_dir: Path, name: str) -> list[Path]:
+    """`<name>.png` and `<name>.pdf` in `out_dir`; closes the figure."""
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    for path in paths:
+        fig.savefig(path, dpi=130, bbox_inches="tight")  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return paths
+
+
+def setting_label(row: pd.Series) -> str:
+    """Legend text for one measured setting: ranks, backend, device."""
+    return f"{int(row['world_size'])} ranks, {row['backend']}/{row['device']}"
+
+
+def load_analysis(root: Path, family: str) -> ModuleType | None:
+    """`analysis/<family>.py` of the checkout as a module, or None when the family has none."""
+    path = root / "analysis" / f"{family}.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(f"reproflow_analysis_{family}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_reports(results: Path, out_dir: Path, root: Path) -> list[Path]:
+    """Tables and figures for every family that has results; returns the files written."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    frame = load_results(results)
+    if frame.empty:
+        raise ReproflowError(f"no results under {results}. Run a suite first, e.g. `reproflow run param-demo`.")
+    written: list[Path] = []
+    for family, rows in frame.groupby("family"):
+        module = load_analysis(root, str(family))
+        if module is None:
+            table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
+            written += write_table(table, out_dir, f"{family}_summary", f"{family}: all metrics")
+            continue
+        written += module.build(rows.dropna(axis=1, how="all"), out_dir)
+    provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
+    written += write_table(provenance.drop(columns=["timestamp"]), out_dir, "jobs", "Jobs behind these results")
+    return written

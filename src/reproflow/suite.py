@@ -1,0 +1,303 @@
+"""Suites are data: `workflows/*.toml` files, validated completely before anything runs.
+
+Layout of a suite file::
+
+    [suite]                      # name, description, hardware, expected
+    [launch]                     # defaults for every experiment (see LAUNCH_FIELDS)
+    [[experiment]]
+    name = "collectives"
+    family = "param_comms"
+    launch = { procs_per_node = 4 }
+    params = { begin_size = "1K" }               # fixed values
+    matrix = { collective = ["all_reduce"] }     # cartesian product
+    zip = { a = [1, 2], b = [3, 4] }             # lists taken element by element
+
+Every point of an experiment is one set of resolved parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from reproflow.errors import ParamError, ReproflowError, SuiteError
+from reproflow.family import Family, get_family
+from reproflow.params import Param, canonical, resolve
+
+_TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def slurm_seconds(limit: str) -> int:
+    """Seconds in a Slurm time limit `[D-]HH:MM:SS`."""
+    days = 0
+    if "-" in limit:
+        d, limit = limit.split("-", 1)
+        days = int(d)
+    h, m, s = (int(x) for x in limit.split(":"))
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def format_slurm_time(seconds: int) -> str:
+    """A Slurm time limit from seconds: `HH:MM:SS`, or `D-HH:MM:SS` from one day on."""
+    days, rest = divmod(int(seconds), 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How an experiment's job is shaped: the same fields drive sbatch, submitit and local runs."""
+
+    nodes: int = 1
+    procs_per_node: int = 1
+    gpus_per_node: int = 0
+    backend: str = "auto"
+    device: str = "auto"
+    repeats: int = 1
+    time_limit: str = "00:30:00"
+    timeout_s: float = 600.0
+    partition: str = ""
+    exclusive: bool = True
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job."""
+        return self.nodes * self.procs_per_node
+
+
+LAUNCH_FIELDS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("nodes", "int", 1, "nodes per job (sbatch -N overrides it on a cluster)", minimum=1, maximum=4096),
+        Param("procs_per_node", "int", 1, "ranks per node (one per GPU on clusters)", minimum=1, maximum=1024),
+        Param("gpus_per_node", "int", 0, "GPUs requested per node (#SBATCH --gpus-per-node)", minimum=0,
+              maximum=64),
+        Param("backend", "str", "auto", "torch.distributed backend", choices=("auto", "gloo", "nccl")),
+        Param("device", "str", "auto", "where tensors live", choices=("auto", "cpu", "cuda")),
+        Param("repeats", "int", 1, "times each point is measured", minimum=1, maximum=1000),
+        Param("time_limit", "str", "00:30:00", "Slurm time limit, [D-]HH:MM:SS"),
+        Param("timeout_s", "float", 600.0, "seconds before a hung collective fails the job", minimum=10,
+              maximum=86400),
+        Param("partition", "str", "", "Slurm partition (empty: the cluster default)"),
+        Param("exclusive", "bool", True, "request whole nodes (#SBATCH --exclusive)"),
+    )
+}
+
+_TOP_KEYS = {"suite", "launch", "experiment"}
+_SUITE_KEYS = {"name", "description", "hardware", "expected"}
+_EXPERIMENT_KEYS = {"name", "family", "description", "launch", "params", "matrix", "zip"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One set of resolved parameters of one experiment."""
+
+    suite: str
+    experiment: str
+    family: str
+    params: Mapping[str, Any]
+    swept: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """Human-readable name from the swept values, e.g. `collective=all_reduce`."""
+        if not self.swept:
+            return "default"
+        return ",".join(f"{k}={canonical(self.params[k])}" for k in self.swept)
+
+    def key(self, world_size: int, backend: str, device: str, repeats: int) -> str:
+        """File-name-safe identity of the point in one setting; changes when any input changes."""
+        ident = json.dumps(
+            {
+                "params": {k: canonical(v) for k, v in sorted(self.params.items())},
+                "world_size": world_size,
+                "backend": backend,
+                "device": device,
+                "repeats": repeats,
+            },
+            sort_keys=True,
+        )
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:10]
+        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.label)[:80]
+        return f"{slug}-w{world_size}-{device}-{digest}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A family with a launch shape and the points it sweeps."""
+
+    name: str
+    family: str
+    description: str
+    launch: Launch
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A validated suite file."""
+
+    name: str
+    path: Path
+    description: str
+    hardware: str
+    expected: str
+    experiments: tuple[Experiment, ...] = field(default_factory=tuple)
+
+    def experiment(self, name: str) -> Experiment:
+        """The experiment called `name`, or a ReproflowError listing the others."""
+        for exp in self.experiments:
+            if exp.name == name:
+                return exp
+        names = ", ".join(e.name for e in self.experiments)
+        raise ReproflowError(f"suite '{self.name}' has no experiment '{name}'. Its experiments: {names}.")
+
+    def select(self, names: list[str] | None) -> tuple[Experiment, ...]:
+        """The named experiments (all when `names` is empty), in file order."""
+        if not names:
+            return self.experiments
+        return tuple(self.experiment(n) for n in names)
+
+
+def _check_keys(path: Path, where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise SuiteError(path, f"{where}{key}", "is not a known key.", ", ".join(sorted(allowed)))
+
+
+def _table(path: Path, where: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SuiteError(path, where, f"must be a table, not {type(value).__name__} {value!r}.")
+    return value
+
+
+def parse_launch(path: Path, where: str, table: Mapping[str, Any], base: Launch) -> Launch:
+    """Overlay a [launch] table on `base`, validating every field."""
+    _check_keys(path, where, table, set(LAUNCH_FIELDS))
+    values = {}
+    for key, raw in table.items():
+        try:
+            values[key] = LAUNCH_FIELDS[key].coerce(raw)
+        except ParamError as exc:
+            raise SuiteError(path, where + key, exc.problem, exc.allowed) from None
+    if "time_limit" in values and not _TIME_RE.match(values["time_limit"]):
+        raise SuiteError(path, where + "time_limit", f"{values['time_limit']!r} is not a Slurm time.",
+                         "[D-]HH:MM:SS, e.g. '00:30:00' or '1-00:00:00'")
+    return replace(base, **values)
+
+
+def _expand(path: Path, where: str, fam: Family, exp: Mapping[str, Any]) -> list[tuple[dict, tuple[str, ...]]]:
+    fixed = dict(_table(path, where + "params", exp.get("params", {})))
+    matrix = _table(path, where + "matrix", exp.get("matrix", {}))
+    zipped = _table(path, where + "zip", exp.get("zip", {}))
+    known = {p.name for p in fam.params}
+    for section, table in (("params", fixed), ("matrix", matrix), ("zip", zipped)):
+        for key, value in table.items():
+            if key not in known:
+                raise SuiteError(path, f"{where}{section}.{key}", f"is not a parameter of family '{fam.name}'.",
+                                 ", ".join(sorted(known)))
+            if section != "params" and (not isinstance(value, list) or not value):
+                raise SuiteError(path, f"{where}{section}.{key}", f"must be a non-empty list, not {value!r}.")
+            if section == "params" or not isinstance(value, list):
+                continue
+            for i, item in enumerate(value):
+                try:
+                    fam.param(key).coerce(item)
+                except ParamError as exc:
+                    raise SuiteError(path, f"{where}{section}.{key}[{i}]", exc.problem, exc.allowed) from None
+    for a, b in (("params", "matrix"), ("params", "zip"), ("matrix", "zip")):
+        both = set({"params": fixed, "matrix": matrix, "zip": zipped}[a]) & set(
+            {"params": fixed, "matrix": matrix, "zip": zipped}[b]
+        )
+        if both:
+            key = sorted(both)[0]
+            raise SuiteError(path, f"{where}{b}.{key}", f"is also set in {where}{a}; set it in one place.")
+    lengths = {k: len(v) for k, v in zipped.items()}
+    if len(set(lengths.values())) > 1:
+        raise SuiteError(path, where + "zip", f"lists must have equal lengths, got {lengths}.")
+    zip_rows = [dict(zip(zipped, vals, strict=True)) for vals in zip(*zipped.values(), strict=True)] or [{}]
+    matrix_rows = [dict(zip(matrix, vals, strict=True)) for vals in itertools.product(*matrix.values())]
+    swept = tuple(matrix) + tuple(zipped)
+    out = []
+    for m in matrix_rows:
+        for z in zip_rows:
+            out.append(({**fixed, **m, **z}, swept))
+    return out
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file; raise SuiteError naming file, field, value and fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReproflowError(f"suite file {path} does not exist. `reproflow list` shows the suites.")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SuiteError(path, "(syntax)", f"is not valid TOML: {exc}.") from None
+    _check_keys(path, "", data, _TOP_KEYS)
+    meta = _table(path, "suite", data.get("suite", {}))
+    _check_keys(path, "suite.", meta, _SUITE_KEYS)
+    for key, value in meta.items():
+        if not isinstance(value, str):
+            raise SuiteError(path, f"suite.{key}", f"must be a string, not {value!r}.")
+    name = meta.get("name", path.stem)
+    if not _NAME_RE.match(name):
+        raise SuiteError(path, "suite.name", f"{name!r} cannot name a folder.", "letters, digits, '_', '.', '-'")
+    base = parse_launch(path, "launch.", _table(path, "launch", data.get("launch", {})), Launch())
+    raw_exps = data.get("experiment")
+    if not isinstance(raw_exps, list) or not raw_exps:
+        raise SuiteError(path, "experiment", "is missing: a suite needs at least one [[experiment]] table.")
+    experiments = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_exps):
+        where = f"experiment[{i}]."
+        exp = _table(path, f"experiment[{i}]", raw)
+        _check_keys(path, where, exp, _EXPERIMENT_KEYS)
+        for key in ("name", "family"):
+            if not isinstance(exp.get(key), str):
+                raise SuiteError(path, where + key, f"is required and must be a string, got {exp.get(key)!r}.")
+        ename = exp["name"]
+        if not _NAME_RE.match(ename) or ename in seen:
+            raise SuiteError(path, where + "name", f"{ename!r} is a duplicate or cannot name a folder.",
+                             "unique names of letters, digits, '_', '.', '-'")
+        seen.add(ename)
+        try:
+            fam = get_family(exp["family"])
+        except ReproflowError as exc:
+            raise SuiteError(path, where + "family", str(exc)) from None
+        launch = parse_launch(path, where + "launch.", _table(path, where + "launch", exp.get("launch", {})), base)
+        points = []
+        for given, swept in _expand(path, where, fam, exp):
+            try:
+                params = resolve(fam.params, given)
+                if fam.check is not None:
+                    fam.check(params, launch.world_size)
+            except ParamError as exc:
+                raise SuiteError(path, where + "params", f"point {given}: {exc.problem}", exc.allowed) from None
+            points.append(Point(name, ename, fam.name, params, swept))
+        experiments.append(
+            Experiment(ename, fam.name, str(exp.get("description", "")), launch, tuple(points))
+        )
+    return Suite(name, path, meta.get("description", ""), meta.get("hardware", ""), meta.get("expected", ""),
+                 tuple(experiments))
+
+
+def find_suite(name_or_path: str, workflows: Path) -> Path:
+    """A suite given by path or by name (`param-comms` -> workflows/param-comms.toml)."""
+    given = Path(name_or_path)
+    if given.suffix == ".toml" or given.exists():
+        return given
+    candidate = workflows / f"{name_or_path}.toml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(sorted(p.stem for p in workflows.glob("*.toml"))) or "(none)"
+    raise ReproflowError(f"no suite named '{name_or_path}' in {workflows}. Suites there: {names}.")

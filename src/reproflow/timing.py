@@ -1,0 +1,81 @@
+"""Timing helpers shared by the families: timed loops and statistics across ranks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from reproflow.context import RunContext
+
+STATS = ("min", "p50", "p75", "p95", "max")
+
+
+def rank_stats(values: Sequence[float]) -> dict[str, float]:
+    """min, p50, p75, p95, max of per-rank values (numpy's linear interpolation, as param)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        "min": float(arr.min()),
+        "p50": float(np.percentile(arr, 50)),
+        "p75": float(np.percentile(arr, 75)),
+        "p95": float(np.percentile(arr, 95)),
+        "max": float(arr.max()),
+    }
+
+
+def _wait(handles: Any) -> None:
+    if handles is None:
+        return
+    if isinstance(handles, Iterable):
+        for h in handles:
+            h.wait()
+    else:
+        handles.wait()
+
+
+def time_per_op(
+    ctx: RunContext,
+    issue: Callable[[bool], Any],
+    warmup: int,
+    iters: int,
+    blocking: bool,
+) -> float:
+    """Seconds per operation on this rank, timed the way param and nccl-tests do.
+
+    `issue(async_op)` launches the operation once and returns its work handle(s) when async.
+    Non-blocking (param `--z 0`, the default): launch `iters` operations back to back, wait for
+    all, divide the wall time. Blocking (`--z 1`): a barrier outside the timed region, then each
+    operation is launched and waited for; the per-iteration times are summed.
+    """
+    for _ in range(warmup):
+        _wait(issue(not blocking))
+    ctx.barrier()
+    if not blocking:
+        start = time.perf_counter()
+        handles = [issue(True) for _ in range(iters)]
+        for h in handles:
+            _wait(h)
+        ctx.sync()
+        return (time.perf_counter() - start) / iters
+    total = 0.0
+    for _ in range(iters):
+        ctx.barrier()
+        start = time.perf_counter()
+        _wait(issue(False))
+        ctx.sync()
+        total += time.perf_counter() - start
+    return total / iters
+
+
+def time_steps(sync: Callable[[], None], step: Callable[[], Any], warmup: int, steps: int) -> float:
+    """Seconds per call of `step` after `warmup` untimed calls (param compute's method)."""
+    for _ in range(warmup):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - start) / steps

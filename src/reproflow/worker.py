@@ -1,0 +1,179 @@
+"""The per-rank program of every job: local runs, torchrun under sbatch, and submitit all start it.
+
+    python -m reproflow.worker --suite FILE --experiment NAME --results DIR [--force]
+
+Each rank joins the process group, runs the experiment's points in order, and rank 0 writes each
+point's rows atomically as soon as the point is finished, so a job that dies later loses nothing
+already measured. Points whose results exist are skipped unless --force.
+
+Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<raise|exit>[:<rank>]" makes
+points whose label contains <text> fail on that rank (all ranks when omitted); `raise` fails the
+point and goes on, `exit` kills the rank as a crash would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError, ReproflowError
+from reproflow.family import Family, Measurement, get_family
+from reproflow.results import (
+    Provenance,
+    atomic_write,
+    failure_path,
+    file_sha256,
+    git_commit,
+    job_identity,
+    machine_name,
+    make_rows,
+    point_path,
+    rows_to_csv,
+    write_failure,
+)
+from reproflow.suite import Experiment, Point, load_suite
+
+EXIT_POINTS_FAILED = 3
+
+
+def _injected_fault(label: str, rank: int) -> str:
+    spec = os.environ.get("REPROFLOW_INJECT_FAULT", "")
+    if not spec:
+        return ""
+    parts = spec.split(":")
+    text, mode = parts[0], parts[1] if len(parts) > 1 else "raise"
+    target = int(parts[2]) if len(parts) > 2 and parts[2] else None
+    if text in label and (target is None or target == rank):
+        return mode
+    return ""
+
+
+def _device_name(ctx: RunContext) -> str:
+    if ctx.device.type == "cuda":
+        return torch.cuda.get_device_name(ctx.device)
+    return machine_name()
+
+
+def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path) -> Provenance:
+    job_id, image = job_identity()
+    nccl = ""
+    if ctx.backend == "nccl":
+        nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+    return Provenance(
+        job_id=job_id,
+        nodelist=",".join(sorted({str(h) for h in hosts})),
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        device=ctx.device.type,
+        device_name=_device_name(ctx),
+        torch_version=torch.__version__,
+        nccl_version=nccl,
+        git_commit=git_commit(str(root)),
+        image=image,
+        image_sha256=file_sha256(image) if ctx.rank == 0 else "",
+    )
+
+
+def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
+    """Checks every rank makes before the point's first collective; '' when the point may run."""
+    try:
+        if fam.check is not None:
+            fam.check(point.params, ctx.world_size)
+    except ParamError as exc:
+        return f"invalid parameters for world size {ctx.world_size}: {exc}"
+    if _injected_fault(point.label, ctx.rank) == "raise":
+        return "injected fault (REPROFLOW_INJECT_FAULT)"
+    return ""
+
+
+def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: Path, force: bool,
+                   root: Path) -> int:
+    """Run every point of `exp` on this rank; return the number of points that failed."""
+    fam = get_family(exp.family)
+    hosts = ctx.gather_objects(ctx.hostname)
+    prov = _provenance(ctx, hosts, root)
+    repeats = exp.launch.repeats
+    keys = [p.key(ctx.world_size, ctx.backend, ctx.device.type, repeats) for p in exp.points]
+    paths = [point_path(results, suite_name, exp.name, k) for k in keys]
+    # Rank 0 alone decides what is done, so ranks cannot disagree on a shared filesystem.
+    todo = [force or not p.exists() for p in paths]
+    box: list[object] = [todo]
+    dist.broadcast_object_list(box, src=0)
+    todo = box[0]  # type: ignore[assignment]
+    ctx.log(
+        f"reproflow: suite {suite_name} / experiment {exp.name} ({fam.name}): {len(exp.points)} points, "
+        f"{sum(todo)} to run, {len(todo) - sum(todo)} already done; job {prov.job_id}, "
+        f"{ctx.world_size} ranks on {prov.nodelist}, {ctx.backend} on {ctx.device.type}"
+    )
+    failed = 0
+    for i, (point, path, run_it) in enumerate(zip(exp.points, paths, todo, strict=True)):
+        tag = f"[{i + 1}/{len(exp.points)}] {point.label}"
+        if not run_it:
+            ctx.log(f"{tag}: done earlier, skipped ({path.name})")
+            continue
+        problem = _preflight(fam, point, ctx)
+        everyone_ok = ctx.all_agree(not problem)
+        if not everyone_ok:
+            failed += 1
+            errors = ctx.gather_objects(problem)
+            message = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+            if ctx.rank == 0:
+                write_failure(path, point.label, message, prov.job_id)
+            ctx.log(f"{tag}: FAILED before running: {message}")
+            continue
+        if _injected_fault(point.label, ctx.rank) == "exit":
+            print(f"rank {ctx.rank}: injected crash at {point.label}", file=sys.stderr, flush=True)
+            os._exit(17)
+        start = time.perf_counter()
+        measured: list[tuple[int, Measurement]] = []
+        for repeat in range(repeats):
+            measured.extend((repeat, m) for m in fam.run(ctx, point.params))
+        if ctx.rank == 0:
+            head = {"suite": suite_name, "experiment": exp.name, "family": fam.name, "point": point.label}
+            atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)))
+            failure_path(path).unlink(missing_ok=True)
+            print(fam.table(point.params, [m for r, m in measured if r == repeats - 1]), flush=True)
+        ctx.log(f"{tag}: {len(measured)} rows in {time.perf_counter() - start:.1f} s -> {path}")
+    return failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of one rank."""
+    parser = argparse.ArgumentParser(prog="python -m reproflow.worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", required=True, help="suite file")
+    parser.add_argument("--experiment", required=True, help="experiment of the suite to run")
+    parser.add_argument("--results", default="results", help="results folder")
+    parser.add_argument("--force", action="store_true", help="re-measure points that have results")
+    parser.add_argument("--root", default=".", help="project checkout, for the git commit column")
+    args = parser.parse_args(argv)
+    try:
+        suite = load_suite(args.suite)
+        exp = suite.experiment(args.experiment)
+        ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
+        try:
+            failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root))
+        finally:
+            ctx.close()
+    except ReproflowError as exc:
+        print(f"reproflow: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception:
+        traceback.print_exc()
+        print(f"reproflow: rank {os.environ.get('RANK', '?')} failed; points finished before this are kept.",
+              file=sys.stderr, flush=True)
+        return 1
+    return EXIT_POINTS_FAILED if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
