@@ -162,9 +162,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults that say something (not None, False or an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _Help
     parser = argparse.ArgumentParser(
         prog="reproflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Reproduce distributed deep-learning experiments from suite files "

@@ -39,7 +39,7 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
     total_s = sum(slurm_seconds(e.launch.time_limit) for e in suite.experiments)
     return env.get_template(TEMPLATE).render(
         suite=suite,
-        suite_file=suite.path.relative_to(root).as_posix() if suite.path.is_absolute() else suite.path.as_posix(),
+        suite_file=_suite_ref(suite.path, root),
         nodes=max(e.launch.nodes for e in suite.experiments),
         gpus_per_node=max(e.launch.gpus_per_node for e in suite.experiments),
         time_limit=format_slurm_time(total_s),
@@ -48,6 +48,14 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
         settings=settings,
         quote=shlex.quote,
     )
+
+
+def _suite_ref(path: Path, root: Path) -> str:
+    """The suite file as the job sees it: under $REPROFLOW_DIR when it is part of the checkout."""
+    try:
+        return "$REPROFLOW_DIR/" + path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
 
 
 def sbatch_path(root: Path, suite: Suite) -> Path:

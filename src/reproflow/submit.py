@@ -63,7 +63,7 @@ class SubmititExecutor:
 
     def folder(self, suite: Suite) -> Path:
         """Where submitit keeps pickles and logs of this suite's jobs."""
-        return self.results / suite.name / "submitit"
+        return (self.results / suite.name / "submitit").resolve()
 
     def parameters(self, suite: Suite, exp: Experiment) -> dict[str, Any]:
         """submitit SlurmExecutor parameters for one experiment."""

@@ -1,0 +1,119 @@
+"""End to end through real torch.distributed (gloo) process groups started by reproflow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, reproflow
+from reproflow.families.param_comms import COLLECTIVES, bus_factor
+from reproflow.local import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+SUITE = """
+[suite]
+description = "every collective at three small sizes"
+[launch]
+backend = "gloo"
+device = "cpu"
+time_limit = "00:05:00"
+timeout_s = 60
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = {{ procs_per_node = {world} }}
+params = {{ begin_size = "1K", end_size = "16K", step_factor = 4, warmup_iters = 1, iters = 3 }}
+matrix = {{ collective = {collectives} }}
+"""
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory) -> dict[int, pd.DataFrame]:
+    """Run every collective at world sizes 2, 3 and 4; rows per world size."""
+    out = {}
+    for world in (2, 3, 4):
+        base = tmp_path_factory.mktemp(f"w{world}")
+        suite = base / f"w{world}.toml"
+        suite.write_text(SUITE.format(world=world, collectives=json.dumps(list(COLLECTIVES))))
+        proc = reproflow("run", str(suite), "--results", str(base / "results"))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        files = sorted((base / "results" / f"w{world}" / "c").glob("*.csv"))
+        assert len(files) == len(COLLECTIVES)
+        out[world] = pd.concat([pd.read_csv(f, dtype={"rank": str}) for f in files])
+        out[world].attrs["results"] = base / "results"
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_busbw_uses_the_nccl_tests_factor(sweeps, world):
+    rows = sweeps[world]
+    assert set(rows["world_size"]) == {world}
+    agg = rows[rows["rank"] == "all"].pivot_table(index=["collective", "size_bytes"], columns="metric",
+                                                  values="value")
+    assert len(agg) == len(COLLECTIVES) * 3
+    for (collective, size), r in agg.iterrows():
+        assert r["algbw"] == pytest.approx(size / (r["latency_p50_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert r["busbw"] == pytest.approx(r["algbw"] * bus_factor(collective, world), rel=1e-9)
+        assert r["wrong_elements"] == 0, (collective, size)
+        assert r["latency_min_us"] <= r["latency_p50_us"] <= r["latency_p95_us"] <= r["latency_max_us"]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_latency_percentiles_are_across_ranks(sweeps, world):
+    rows = sweeps[world]
+    for (_, _), group in rows.groupby(["collective", "size_bytes"]):
+        per_rank = group[group["metric"] == "time_us"]
+        assert sorted(per_rank["rank"].astype(int)) == list(range(world))
+        p50 = group[(group["metric"] == "latency_p50_us")]["value"].item()
+        assert p50 == pytest.approx(per_rank["value"].median(), rel=1e-9)
+        assert (per_rank["value"] > 0).all()
+
+
+def test_rows_carry_schema_and_provenance(sweeps):
+    rows = sweeps[2]
+    for column in ("schema_version", "suite", "experiment", "family", "point", "collective", "begin_size",
+                   "metric", "value", "unit", "repeat", "rank", "job_id", "nodelist", "world_size", "backend",
+                   "device", "torch_version", "git_commit", "image", "timestamp"):
+        assert column in rows.columns, column
+    assert rows["job_id"].str.startswith("local-").all()
+    assert set(rows["backend"]) == {"gloo"} and rows["torch_version"].str.startswith("2.13").all()
+    assert rows["nodelist"].notna().all()
+
+
+def test_report_writes_tables_and_figures(sweeps, tmp_path):
+    results = sweeps[3].attrs["results"]
+    proc = reproflow("report", "--results", str(results), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "param_comms_table.csv")
+    assert set(table["collective"]) == set(COLLECTIVES)
+    for collective in COLLECTIVES:
+        png = tmp_path / f"param_comms_busbw_{collective}.png"
+        assert png.stat().st_size > 10_000 and (tmp_path / f"param_comms_busbw_{collective}.pdf").exists()
+    assert "| collective |" in (tmp_path / "param_comms_table.md").read_text()
+
+
+def test_timed_loop_matches_an_independent_bare_loop(tmp_path):
+    """reproflow's latency is the time of real collectives: close to a bare torch.distributed loop."""
+    cmd = [sys.executable, str(ROOT / "tests" / "rank_timing_probe.py"), str(1 << 20), "10", "5"]
+    proc = subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; "
+                           "from reproflow.local import run_ranks; "
+                           f"sys.exit(run_ranks({cmd!r}, 2, Path({str(tmp_path)!r})))"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # A 1 MiB all_reduce over gloo takes milliseconds; timing nothing would give microseconds.
+    assert got["bare"] > 1e-4
+    for key in ("ours", "ours_blocking"):
+        assert 0.33 < got[key] / got["bare"] < 3.0, got
+
+
+def test_run_ranks_stops_the_others_when_one_rank_fails(tmp_path):
+    code = run_ranks([sys.executable, "-c", "import os, sys, time; r = int(os.environ['RANK']); "
+                      "sys.exit(5) if r == 1 else time.sleep(60)"], 3, tmp_path, limit_s=50)
+    assert code == 5

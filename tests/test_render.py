@@ -1,0 +1,74 @@
+"""sbatch scripts: committed files match the template, parse as bash, carry the cluster conventions."""
+
+from __future__ import annotations
+
+import subprocess
+
+import jinja2
+import pytest
+
+from conftest import ROOT, reproflow
+from reproflow.render import render_sbatch, sbatch_path
+from reproflow.suite import load_suite
+
+SUITES = sorted((ROOT / "workflows").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_committed_script_matches_its_template(path):
+    suite = load_suite(path)
+    committed = sbatch_path(ROOT, suite)
+    assert committed.exists(), f"{committed} is missing: run `make sbatch`"
+    rendered = render_sbatch(suite, ROOT)
+    if committed.read_text() != rendered:
+        pytest.fail(f"{committed} differs from its template's output; run `make sbatch` if the change is intended")
+
+
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_script_is_valid_bash_with_the_recipe_conventions(path):
+    script = sbatch_path(ROOT, load_suite(path))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    for needle in ("#SBATCH --exclusive", "#SBATCH --output=%x_%j.out", ': "${IMAGE=', "--container-image",
+                   "--container-mounts", "srun --export=ALL", "--rdzv_endpoint=\"$HEAD_NODE:$MASTER_PORT\"",
+                   "export FI_PROVIDER=efa", "export NCCL_DEBUG=INFO", "scontrol show hostnames"):
+        assert needle in text, needle
+
+
+def test_gpu_suites_request_gpus_per_node():
+    text = (ROOT / "sbatch" / "param-comms.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --nodes=2" in text
+    assert "#SBATCH --gpus-per-node" not in (ROOT / "sbatch" / "param-demo.sbatch").read_text()
+
+
+def test_template_variables_are_strict(tmp_path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "suite.sbatch.j2").write_text("{{ no_such_variable }}")
+    with pytest.raises(jinja2.UndefinedError):
+        render_sbatch(load_suite(SUITES[0]), tmp_path)
+
+
+def test_render_check_passes_on_the_checkout():
+    proc = reproflow("render", "--check")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_submit_dry_run_prints_the_submitit_script():
+    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs", "2", "--image", "/apps/x.sqsh",
+                     "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "--container-image=/apps/x.sqsh",
+                   "submitit.core._submit", "export REPROFLOW_IMAGE=/apps/x.sqsh"):
+        assert needle in proc.stdout, needle
+
+
+def test_run_dry_run_runs_nothing(tmp_path):
+    proc = reproflow("run", "param-demo", "--dry-run", "--results", str(tmp_path))
+    assert proc.returncode == 0 and "collective=all_gather" in proc.stdout
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["list", "run", "render", "submit", "status", "report"])
+def test_every_command_explains_itself(command):
+    proc = reproflow(command, "--help")
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) > 5
