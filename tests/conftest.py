@@ -25,7 +25,8 @@ def write_suite(tmp_path: Path):
     return write
 
 
-def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the reproflow CLI as a user would, capturing output."""
     full_env = dict(os.environ) | (env or {})
     return subprocess.run([sys.executable, "-m", "reproflow.cli", *args], cwd=cwd, env=full_env,

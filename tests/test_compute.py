@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
 from conftest import reproflow
 
 pytestmark = pytest.mark.distributed

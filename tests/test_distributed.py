@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import ROOT, reproflow
+
 from reproflow.families.param_comms import COLLECTIVES, bus_factor
 from reproflow.local import run_ranks
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import reproflow
+
 from reproflow.results import atomic_write
 
 pytestmark = pytest.mark.distributed

@@ -6,8 +6,8 @@ import subprocess
 
 import jinja2
 import pytest
-
 from conftest import ROOT, reproflow
+
 from reproflow.render import render_sbatch, sbatch_path
 from reproflow.suite import load_suite
 

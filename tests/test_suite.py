@@ -1,8 +1,8 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, reproflow
+
 from reproflow.errors import SuiteError
 from reproflow.suite import format_slurm_time, load_suite, slurm_seconds
 
