@@ -1,0 +1,101 @@
+"""Rank program of `make bench`: reproflow's reported numbers against bare torch loops.
+
+    comms SIZES ITERS TRIALS OUT   all_reduce busBW: the param_comms family vs a bare dist.all_reduce loop
+                                   in the same mode (async launches + wait, or synchronous calls)
+    gemm  SHAPES STEPS TRIALS OUT  GEMM TFLOP/s: the param_compute family vs a bare torch.mm loop
+
+Trials alternate which side goes first so drift on a busy machine affects both alike.
+Rank 0 appends one JSON line per measurement to OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from reproflow.context import RunContext
+from reproflow.family import get_family
+from reproflow.params import resolve
+
+
+def _value(rows, metric: str) -> float:
+    return next(m.value for m in rows if m.metric == metric and m.rank is None)
+
+
+def bare_allreduce_busbw(ctx: RunContext, nbytes: int, iters: int, blocking: bool) -> float:
+    """busBW of a plain loop: async launches then one wait, or back-to-back synchronous calls."""
+    buf = torch.rand(nbytes // 4)
+    dist.all_reduce(buf)
+    dist.barrier()
+    start = time.perf_counter()
+    if blocking:
+        for _ in range(iters):
+            dist.all_reduce(buf)
+    else:
+        for work in [dist.all_reduce(buf, async_op=True) for _ in range(iters)]:
+            work.wait()
+    mine = (time.perf_counter() - start) / iters
+    p50 = statistics.median(ctx.gather_floats(mine))
+    n = ctx.world_size
+    return nbytes / p50 / 1e9 * 2 * (n - 1) / n
+
+
+def bare_gemm_tflops(m: int, n: int, k: int, steps: int) -> float:
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(steps):
+        torch.mm(a, b)
+    return 2 * m * n * k / ((time.perf_counter() - start) / steps) / 1e12
+
+
+def main() -> None:
+    mode, spec, count, trials, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    ctx = RunContext.from_env("cpu", "gloo", 600)
+    records = []
+    if mode == "comms":
+        fam = get_family("param_comms")
+        for size in (int(s) for s in spec.split(",")):
+            for blocking in (False, True):
+                params = resolve(fam.params, {"collective": "all_reduce", "begin_size": size, "end_size": size,
+                                              "iters": count, "warmup_iters": 1, "blocking": blocking,
+                                              "check": False})
+                ours, bare = [], []
+                for trial in range(trials):
+                    pair = [lambda: ours.append(_value(fam.run(ctx, params), "busbw")),  # noqa: B023
+                            lambda: bare.append(bare_allreduce_busbw(ctx, size, count, blocking))]  # noqa: B023
+                    for go in pair[:: 1 if trial % 2 == 0 else -1]:
+                        go()
+                records.append({"benchmark": "all_reduce busBW", "case": f"{size} B",
+                                "reproflow_mode": "blocking" if blocking else "non-blocking",
+                                "reproflow": statistics.median(ours), "bare": statistics.median(bare),
+                                "unit": "GB/s"})
+    else:
+        fam = get_family("param_compute")
+        for shape in spec.split(";"):
+            m, n, k = (int(x) for x in shape.split("x"))
+            params = resolve(fam.params, {"kernel": "gemm", "shapes": [[m, n, k]], "steps": count, "warmups": 1})
+            ours, bare = [], []
+            for trial in range(trials):
+                pair = [lambda: ours.append(_value(fam.run(ctx, params), "tflops")),  # noqa: B023
+                        lambda: bare.append(bare_gemm_tflops(m, n, k, count))]  # noqa: B023
+                for go in pair[:: 1 if trial % 2 == 0 else -1]:
+                    go()
+            records.append({"benchmark": "GEMM fp32 TFLOP/s", "case": shape, "reproflow_mode": "param timing",
+                            "reproflow": statistics.median(ours), "bare": statistics.median(bare),
+                            "unit": "TFLOP/s"})
+    if ctx.rank == 0:
+        with open(out, "a") as fh:
+            for r in records:
+                fh.write(json.dumps(r | {"world_size": ctx.world_size, "backend": ctx.backend,
+                                         "torch_version": torch.__version__, "trials": trials}) + "\n")
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
