@@ -56,6 +56,8 @@ def wide(frame: pd.DataFrame, index: Sequence[str], metrics: Sequence[str]) -> p
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
     """A GitHub-flavoured markdown table (no extra dependency)."""
     def cell(v: object) -> str:
+        if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+            return ""
         if isinstance(v, float):
             return format(v, floatfmt)
         return str(v)
