@@ -15,7 +15,7 @@ from reproflow.errors import ReproflowError
 from reproflow.family import families
 from reproflow.params import canonical
 from reproflow.paths import project_root
-from reproflow.suite import Suite, find_suite, load_suite
+from reproflow.suite import Suite, find_suite, load_suite, parse_overrides
 
 EPILOG = """examples:
   reproflow list                         families, suites and their points
@@ -27,8 +27,8 @@ EPILOG = """examples:
 """
 
 
-def _suite(name: str) -> Suite:
-    return load_suite(find_suite(name, project_root() / "workflows"))
+def _suite(name: str, sets: list[str] | None = None) -> Suite:
+    return load_suite(find_suite(name, project_root() / "workflows"), parse_overrides(sets or []))
 
 
 def _all_suites() -> list[Suite]:
@@ -59,18 +59,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite's experiments locally, one process group each."""
-    from reproflow.local import LocalExecutor, worker_command
+    from reproflow.local import LocalExecutor, worker_args
 
-    suite = _suite(args.suite)
+    suite = _suite(args.suite, args.set)
     root = project_root()
-    executor = LocalExecutor(Path(args.results), root, args.force, args.procs)
+    executor = LocalExecutor(Path(args.results), root, args.force, args.procs, tuple(args.set))
     worst = 0
     for exp in suite.select(args.experiment):
         world = executor.world_size(exp)
         if args.dry_run:
             print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
-            print(f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 "
-                  + " ".join(worker_command(suite, exp, Path(args.results), args.force, root)))
+            print(f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python -m reproflow.worker "
+                  + " ".join(worker_args(suite, exp, Path(args.results), args.force, root, args.set)))
             for point in exp.points:
                 print(f"    {point.label}")
             continue
@@ -117,9 +117,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Submit a suite's experiments to Slurm through submitit."""
     from reproflow.submit import SubmititExecutor
 
-    suite = _suite(args.suite)
+    suite = _suite(args.suite, args.set)
     executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
-                                args.image, args.mounts, args.force)
+                                args.image, args.mounts, args.force, tuple(args.set))
     for exp in suite.select(args.experiment):
         if args.dry_run:
             print(f"# {suite.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--results", default="results", help="results folder (shared by all nodes on clusters)")
         p.add_argument("--force", action="store_true", help="measure again points that already have results")
         p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="fix a parameter for every point, e.g. --set end_size=1M --set iters=5")
 
     p = sub.add_parser("run", help="run a suite on this machine", formatter_class=fmt,
                        description="Run a suite's experiments here: each experiment is one process group of "

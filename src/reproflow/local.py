@@ -27,11 +27,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def worker_command(suite: Suite, exp: Experiment, results: Path, force: bool, root: Path) -> list[str]:
-    """The per-rank command line, as every executor runs it."""
-    cmd = [sys.executable, "-m", "reproflow.worker", "--suite", str(suite.path), "--experiment", exp.name,
-           "--results", str(results), "--root", str(root)]
-    return cmd + (["--force"] if force else [])
+def worker_args(suite: Suite, exp: Experiment, results: Path, force: bool, root: Path,
+                sets: Sequence[str] = ()) -> list[str]:
+    """The worker's arguments, as every executor passes them."""
+    args = ["--suite", str(suite.path), "--experiment", exp.name, "--results", str(results), "--root", str(root)]
+    for item in sets:
+        args += ["--set", item]
+    return args + (["--force"] if force else [])
 
 
 def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
@@ -118,6 +120,7 @@ class LocalExecutor:
     root: Path
     force: bool = False
     procs: int | None = None
+    sets: tuple[str, ...] = ()
 
     def world_size(self, exp: Experiment) -> int:
         """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
@@ -127,7 +130,8 @@ class LocalExecutor:
         """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""
         job_id = f"local-{_dt.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}"
         return run_ranks(
-            worker_command(suite, exp, self.results, self.force, self.root),
+            [sys.executable, "-m", "reproflow.worker",
+             *worker_args(suite, exp, self.results, self.force, self.root, self.sets)],
             self.world_size(exp),
             self.results / suite.name / "logs" / job_id,
             {"REPROFLOW_JOB_ID": job_id},

@@ -23,7 +23,7 @@ class SbatchSettings:
 
     image: str = "$APPS_PATH/reproflow.sqsh"
     container_dir: str = "/opt/reproflow"
-    master_port: int = 29500
+    master_port: int = 20000
 
 
 def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSettings()) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.errors import ReproflowError
+from reproflow.local import worker_args
 from reproflow.results import atomic_write
 from reproflow.suite import Experiment, Suite, slurm_seconds
 
@@ -26,7 +27,7 @@ def rendezvous_port(job_id: str) -> int:
     return 20000 + int(digits) % 20000
 
 
-def run_rank(suite_file: str, experiment: str, results: str, force: bool, root: str) -> int:
+def run_rank(worker_argv: list[str]) -> int:
     """Body of one submitit task: set the rank environment, run the worker, fail loudly."""
     import submitit
 
@@ -40,8 +41,7 @@ def run_rank(suite_file: str, experiment: str, results: str, force: bool, root: 
         MASTER_ADDR=env.hostnames[0],
         MASTER_PORT=os.environ.get("MASTER_PORT") or str(rendezvous_port(env.job_id)),
     )
-    args = ["--suite", suite_file, "--experiment", experiment, "--results", results, "--root", root]
-    code = worker.main(args + (["--force"] if force else []))
+    code = worker.main(worker_argv)
     if code != 0:
         raise RuntimeError(f"rank {env.global_rank}: reproflow worker exited with {code}")
     return code
@@ -59,6 +59,7 @@ class SubmititExecutor:
     image: str = ""
     container_mounts: str = ""
     force: bool = False
+    sets: tuple[str, ...] = ()
     python: str = ""
 
     def folder(self, suite: Suite) -> Path:
@@ -110,8 +111,8 @@ class SubmititExecutor:
             raise ReproflowError(f"cannot submit to Slurm: {exc}. Is this a Slurm login node? "
                                  "Use `reproflow run` to run locally.") from None
         executor.update_parameters(**self.parameters(suite, exp))
-        job = executor.submit(run_rank, str(suite.path.resolve()), exp.name, str(self.results.resolve()),
-                              self.force, str(self.root))
+        argv = worker_args(suite, exp, self.results.resolve(), self.force, self.root, self.sets)
+        job = executor.submit(run_rank, argv)
         record_job(self.results, suite.name, exp.name, job.job_id, "submitit")
         return str(job.job_id)
 

@@ -234,9 +234,44 @@ def _expand(path: Path, where: str, fam: Family, exp: Mapping[str, Any]) -> list
     return out
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; raise SuiteError naming file, field, value and fix."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` strings from --set, values read as TOML (`iters=5`, `end_size="1M"`, `check=false`).
+
+    A value that is not valid TOML is taken as a string, so `end_size=1M` works unquoted.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ReproflowError(f"--set {item!r} is not key=value, e.g. --set iters=5 or --set end_size=1M.")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _apply_overrides(exp: Mapping[str, Any], overrides: Mapping[str, Any], fam: Family) -> dict[str, Any]:
+    # An override fixes the parameter for every point: it replaces a value or a sweep.
+    names = {p.name for p in fam.params}
+    mine = {k: v for k, v in overrides.items() if k in names}
+    if not mine:
+        return dict(exp)
+    out = dict(exp)
+    out["params"] = {**dict(exp.get("params", {})), **mine}
+    for section in ("matrix", "zip"):
+        out[section] = {k: v for k, v in dict(exp.get(section, {})).items() if k not in mine}
+    return out
+
+
+def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Suite:
+    """Read and validate a suite file; raise SuiteError naming file, field, value and fix.
+
+    `overrides` (from --set) fix parameters in every experiment whose family declares them.
+    """
     path = Path(path)
+    overrides = dict(overrides or {})
     if not path.is_file():
         raise ReproflowError(f"suite file {path} does not exist. `reproflow list` shows the suites.")
     try:
@@ -275,6 +310,7 @@ def load_suite(path: str | Path) -> Suite:
         except ReproflowError as exc:
             raise SuiteError(path, where + "family", str(exc)) from None
         launch = parse_launch(path, where + "launch.", _table(path, where + "launch", exp.get("launch", {})), base)
+        exp = _apply_overrides(exp, overrides, fam)
         points = []
         for given, swept in _expand(path, where, fam, exp):
             try:
@@ -287,6 +323,11 @@ def load_suite(path: str | Path) -> Suite:
         experiments.append(
             Experiment(ename, fam.name, str(exp.get("description", "")), launch, tuple(points))
         )
+    used = {p.name for e in experiments for p in get_family(e.family).params}
+    for key in overrides:
+        if key not in used:
+            raise SuiteError(path, f"--set {key}", "is not a parameter of any experiment in this suite.",
+                             ", ".join(sorted(used)))
     return Suite(name, path, meta.get("description", ""), meta.get("hardware", ""), meta.get("expected", ""),
                  tuple(experiments))
 

@@ -40,7 +40,7 @@ from reproflow.results import (
     rows_to_csv,
     write_failure,
 )
-from reproflow.suite import Experiment, Point, load_suite
+from reproflow.suite import Experiment, Point, load_suite, parse_overrides
 
 EXIT_POINTS_FAILED = 3
 
@@ -96,8 +96,8 @@ def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
 
 
 def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: Path, force: bool,
-                   root: Path) -> int:
-    """Run every point of `exp` on this rank; return the number of points that failed."""
+                   root: Path, only: int | None = None) -> int:
+    """Run the points of `exp` (only point index `only` when given) on this rank; return how many failed."""
     fam = get_family(exp.family)
     hosts = ctx.gather_objects(ctx.hostname)
     prov = _provenance(ctx, hosts, root)
@@ -105,18 +105,21 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
     keys = [p.key(ctx.world_size, ctx.backend, ctx.device.type, repeats) for p in exp.points]
     paths = [point_path(results, suite_name, exp.name, k) for k in keys]
     # Rank 0 alone decides what is done, so ranks cannot disagree on a shared filesystem.
-    todo = [force or not p.exists() for p in paths]
+    chosen = [only is None or i == only for i in range(len(paths))]
+    todo = [c and (force or not p.exists()) for c, p in zip(chosen, paths, strict=True)]
     box: list[object] = [todo]
     dist.broadcast_object_list(box, src=0)
     todo = box[0]  # type: ignore[assignment]
     ctx.log(
-        f"reproflow: suite {suite_name} / experiment {exp.name} ({fam.name}): {len(exp.points)} points, "
-        f"{sum(todo)} to run, {len(todo) - sum(todo)} already done; job {prov.job_id}, "
+        f"reproflow: suite {suite_name} / experiment {exp.name} ({fam.name}): {sum(chosen)} of "
+        f"{len(exp.points)} points, {sum(todo)} to run, {sum(chosen) - sum(todo)} already done; job {prov.job_id}, "
         f"{ctx.world_size} ranks on {prov.nodelist}, {ctx.backend} on {ctx.device.type}"
     )
     failed = 0
     for i, (point, path, run_it) in enumerate(zip(exp.points, paths, todo, strict=True)):
         tag = f"[{i + 1}/{len(exp.points)}] {point.label}"
+        if only is not None and i != only:
+            continue
         if not run_it:
             ctx.log(f"{tag}: done earlier, skipped ({path.name})")
             continue
@@ -155,13 +158,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", default="results", help="results folder")
     parser.add_argument("--force", action="store_true", help="re-measure points that have results")
     parser.add_argument("--root", default=".", help="project checkout, for the git commit column")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="fix a parameter for every point (repeatable)")
+    parser.add_argument("--point", type=int, default=None,
+                        help="run only the point with this 0-based index (one task of a job array)")
     args = parser.parse_args(argv)
     try:
-        suite = load_suite(args.suite)
+        suite = load_suite(args.suite, parse_overrides(args.set))
         exp = suite.experiment(args.experiment)
         ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
         try:
-            failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root))
+            failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root),
+                                    args.point)
         finally:
             ctx.close()
     except ReproflowError as exc:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Stop the test cluster started by tests/slurm/start.sh: cancel jobs, then stop exactly the
+# daemons it recorded (TERM, then KILL after 15 s), stray slurmstepd, and the /etc/hosts lines.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+: "${LOCAL_SLURM_DIR:=$repo/.local-slurm}"
+DIR=$LOCAL_SLURM_DIR
+
+say() { printf 'local-slurm: %s\n' "$*"; }
+alive() {
+    local state
+    [ -r "/proc/$1/stat" ] || return 1
+    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ "$state" != Z ]
+}
+
+if [ ! -s "$DIR/daemons" ]; then
+    say "not running (no $DIR/daemons)"
+    exit 0
+fi
+
+# Keep job ids increasing across restarts.
+next=$(timeout 5 scontrol show config 2>/dev/null | awk '/^NEXT_JOB_ID/ {print $3}')
+[ -n "$next" ] && echo "$next" > "$DIR/next_job_id"
+timeout 10 scancel --quiet --user=root 2>/dev/null || true
+
+# Nodes first, the controller, accounting, then munge (reverse start order).
+mapfile -t entries < <(tac "$DIR/daemons")
+for entry in "${entries[@]}"; do
+    read -r name pid <<< "$entry"
+    if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
+    for _ in $(seq 1 75); do alive "$pid" || break; sleep 0.2; done
+    if alive "$pid"; then say "$name ($pid) ignored TERM; killing"; kill -KILL "$pid" 2>/dev/null || true; fi
+done
+for exe in /proc/[0-9]*/exe; do
+    if [ "$(readlink "$exe" 2>/dev/null)" = /usr/sbin/slurmstepd ]; then
+        pid=${exe#/proc/}; pid=${pid%/exe}
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+done
+sed -i '/# local-slurm$/d' /etc/hosts
+rm -f "$DIR/daemons"
+say "stopped"
