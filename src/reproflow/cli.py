@@ -118,21 +118,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from reproflow.submit import SubmititExecutor
 
     suite = _suite(args.suite, args.set)
+    after = tuple(j for item in args.after for j in item.split(",") if j)
     executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
-                                args.image, args.mounts, args.force, tuple(args.set))
+                                args.image, args.mounts, args.force, tuple(args.set), after, args.array,
+                                args.max_parallel)
     for exp in suite.select(args.experiment):
         if args.dry_run:
             print(f"# {suite.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
             print(executor.dry_run(suite, exp))
             continue
-        job_id = executor.submit(suite, exp)
-        print(f"submitted {suite.name} / {exp.name} as Slurm job {job_id}")
+        ids = executor.submit(suite, exp)
+        shown = f"array {ids[0].split('_')[0]} ({len(ids)} tasks)" if args.array else ids[0]
+        print(f"submitted {suite.name} / {exp.name} as Slurm job {shown}")
+        print(f"job ids: {','.join(ids)}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print measured and failed points, and the Slurm state of submitted jobs."""
-    from reproflow.status import experiment_status, sacct_states, submitted_jobs
+    from reproflow.status import experiment_status, sacct_jobs, submitted_jobs
 
     results = Path(args.results)
     rows = experiment_status(results)
@@ -140,15 +144,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no results under {results}")
     for row in rows:
         print(f"{row.suite}/{row.experiment}: {row.done} point(s) measured, {row.failed} failed")
-    jobs = submitted_jobs(results)
+    recorded = submitted_jobs(results)
+    jobs = sacct_jobs(str(j["job_id"]) for j in recorded)
+    if jobs is None:
+        if recorded:
+            print(f"{len(recorded)} submitted job(s); their states are unknown: sacct is not available here")
+        return 0
     if jobs:
-        states = sacct_states(j["job_id"] for j in jobs)
-        if not states:
-            print("(sacct is not available here: job states unknown)")
-        for job in jobs:
-            state = states.get(str(job["job_id"]), "UNKNOWN")
-            print(f"job {job['job_id']} {state:<12} {job['suite']}/{job['experiment']} submitted {job['submitted']}")
+        print(f"{'JOBID':<12} {'STATE':<14} {'NAME':<44} {'NODES':<14} {'START':<19} END")
+    for job in jobs:
+        print(f"{job.job_id:<12} {job.state:<14} {job.name:<44} {job.nodelist:<14} {job.start:<19} {job.end}")
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the cluster; exit 1 when something must be fixed before submitting."""
+    from reproflow.doctor import FAIL, diagnose
+
+    checks = diagnose(args.image, Path(args.results), args.nodes)
+    for check in checks:
+        print(check.line())
+    failed = sum(c.status == FAIL for c in checks)
+    print(f"reproflow doctor: {failed} problem(s) to fix" if failed else "reproflow doctor: ready to submit")
+    return 1 if failed else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -219,7 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
     p.add_argument("--image", default="", help="Enroot squash file for Pyxis (empty: the host environment)")
     p.add_argument("--mounts", default="", help="Pyxis --container-mounts (default: the results folder)")
+    p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
+    p.add_argument("--max-parallel", type=int, default=0, help="with --array: at most this many tasks at once")
+    p.add_argument("--after", action="append", default=[], metavar="JOBID",
+                   help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
+                       description="Check Slurm (commands, controller, nodes, accounting), Pyxis, enroot, "
+                                   "squashfuse, the image path, that --results is shared by the nodes, and GPUs "
+                                   "per node. Prints the fix for each problem; exits 1 if any must be fixed.")
+    p.add_argument("--image", default="", help="squash file or image the jobs will use")
+    p.add_argument("--results", default="results", help="results folder the jobs will write")
+    p.add_argument("--nodes", type=int, default=2, help="nodes to read the results folder from")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("status", help="measured points and Slurm job states", formatter_class=fmt,
                        description="Count measured and failed points; show sacct states of submitted jobs.")

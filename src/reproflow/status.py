@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import subprocess
@@ -11,27 +12,43 @@ from pathlib import Path
 
 from reproflow.results import failure_files, result_files
 
-# Slurm job states reproflow reports as they are; sacct's "CANCELLED by <uid>" is shortened.
-STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
-          "PREEMPTED", "REQUEUED", "SUSPENDED", "BOOT_FAIL", "DEADLINE")
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job (or array task) as sacct reports it."""
+
+    job_id: str
+    name: str
+    state: str
+    start: str
+    end: str
+    nodelist: str
 
 
-def sacct_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """Job id -> state from sacct (one call for all jobs); {} when sacct is not installed."""
-    ids = sorted(set(job_ids))
-    if not ids or shutil.which("sacct") is None:
-        return {}
+def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None:
+    """reproflow's jobs of the last `days` days: the recorded ids and every job named `reproflow-*`.
+
+    None when sacct is missing or accounting is off (states are then unknown, not guessed).
+    """
+    if shutil.which("sacct") is None:
+        return None
+    cmd = ["sacct", "-X", "-n", "-P", "-u", getpass.getuser(), "-S", f"now-{days}days",
+           "-o", "JobID,JobName%60,State,Start,End,NodeList"]
     try:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return {}
-    states = {}
+        return None
+    wanted = set(recorded)
+    jobs = []
     for line in out.splitlines():
-        if "|" in line:
-            job, state = line.split("|", 1)
-            states[job.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
-    return states
+        fields = line.split("|")
+        if len(fields) != 6:
+            continue
+        job_id, name, state, start, end, nodes = fields
+        if job_id in wanted or job_id.split("_")[0] in wanted or name.startswith("reproflow-"):
+            # "CANCELLED by 0" -> "CANCELLED"
+            jobs.append(SlurmJob(job_id, name, state.split()[0] if state else "UNKNOWN", start, end, nodes))
+    return jobs
 
 
 @dataclass(frozen=True)

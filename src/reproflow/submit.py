@@ -60,6 +60,9 @@ class SubmititExecutor:
     container_mounts: str = ""
     force: bool = False
     sets: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    array: bool = False
+    max_parallel: int = 0
     python: str = ""
 
     def folder(self, suite: Suite) -> Path:
@@ -88,6 +91,11 @@ class SubmititExecutor:
             params["partition"] = self.partition or launch.partition
         if launch.exclusive:
             params["exclusive"] = True
+        if self.after:
+            # Starts only when every listed job has finished successfully (profile -> search -> train).
+            params["dependency"] = "afterok:" + ":".join(self.after)
+        if self.array and self.max_parallel:
+            params["array_parallelism"] = self.max_parallel
         return params
 
     def _python(self) -> str:
@@ -99,10 +107,13 @@ class SubmititExecutor:
 
         folder = self.folder(suite)
         command = f"{self._python()} -u -m submitit.core._submit {folder}/%j"
-        return slurm._make_sbatch_string(command=command, folder=folder / "%j", **self.parameters(suite, exp))
+        params = self.parameters(suite, exp)
+        if self.array:
+            params["map_count"] = len(exp.points)
+        return slurm._make_sbatch_string(command=command, folder=folder / "%j", **params)
 
-    def submit(self, suite: Suite, exp: Experiment) -> str:
-        """Submit one experiment; return the Slurm job id and record it for `reproflow status`."""
+    def submit(self, suite: Suite, exp: Experiment) -> list[str]:
+        """Submit one experiment (one array task per point with `array`); return the Slurm job ids."""
         import submitit
 
         try:
@@ -112,9 +123,14 @@ class SubmititExecutor:
                                  "Use `reproflow run` to run locally.") from None
         executor.update_parameters(**self.parameters(suite, exp))
         argv = worker_args(suite, exp, self.results.resolve(), self.force, self.root, self.sets)
-        job = executor.submit(run_rank, argv)
-        record_job(self.results, suite.name, exp.name, job.job_id, "submitit")
-        return str(job.job_id)
+        if self.array:
+            jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in range(len(exp.points))])
+        else:
+            jobs = [executor.submit(run_rank, argv)]
+        ids = [str(job.job_id) for job in jobs]
+        for job_id in ids:
+            record_job(self.results, suite.name, exp.name, job_id, "submitit")
+        return ids
 
 
 def record_job(results: Path, suite: str, experiment: str, job_id: str, via: str) -> None:

@@ -1,0 +1,172 @@
+"""`reproflow doctor`: check a cluster before anything is submitted, and say how to fix what is missing.
+
+Checks: Slurm client tools, controller and nodes, accounting (sacct), Pyxis (srun knows
+--container-image), enroot and squashfuse, the image path's syntax, that the results folder is on a
+filesystem every node sees, and GPUs per node. Each check prints ok, warn or FAIL with the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: status, what was found, and the fix when it is not ok."""
+
+    status: str
+    what: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """The finding as printed."""
+        text = f"[{self.status:>4}] {self.what}"
+        return text + (f"\n       fix: {self.fix}" if self.fix else "")
+
+
+def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def check_tools() -> list[Check]:
+    """sbatch, srun, sacct and scontrol on PATH."""
+    missing = [t for t in ("sbatch", "srun", "sacct", "scontrol") if shutil.which(t) is None]
+    if missing:
+        return [Check(FAIL, f"Slurm commands not found: {', '.join(missing)}",
+                      "run on the cluster's login/head node, or install the Slurm client (Debian: slurm-client); "
+                      "without Slurm use `reproflow run` to run here")]
+    return [Check(OK, "Slurm commands found: sbatch, srun, sacct, scontrol")]
+
+
+def check_cluster() -> list[Check]:
+    """Controller answers, nodes are usable, accounting records jobs."""
+    ping = _run(["scontrol", "ping"])
+    if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
+        return [Check(FAIL, "Slurm controller does not answer `scontrol ping`",
+                      "start slurmctld (and munge), or check SlurmctldHost in slurm.conf")]
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %T"])
+    states: dict[str, str] = {}
+    for line in (out.stdout if out else "").splitlines():
+        if line.strip():
+            node, state = line.split()[:2]
+            states[node] = state
+    usable = [n for n, s in states.items() if s.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")]
+    checks = []
+    if usable:
+        checks.append(Check(OK, f"Slurm is ready: controller up, {len(usable)} of {len(states)} node(s) usable "
+                                f"({', '.join(f'{n}={states[n]}' for n in sorted(states))})"))
+    else:
+        checks.append(Check(FAIL, f"no usable nodes ({states or 'none'})",
+                            "resume them (`scontrol update nodename=<n> state=resume`) or check slurmd"))
+    acct = _run(["sacct", "-X", "-n", "-S", "now-1hours", "-o", "JobID"])
+    if acct is None or acct.returncode != 0 or "disabled" in (acct.stdout + acct.stderr):
+        checks.append(Check(WARN, "accounting is off: sacct cannot report job states (COMPLETED, FAILED, ...)",
+                            "configure slurmdbd (AccountingStorageType=accounting_storage/slurmdbd)"))
+    else:
+        checks.append(Check(OK, "accounting on: sacct reports job states"))
+    return checks
+
+
+def check_containers() -> list[Check]:
+    """Pyxis active in srun, enroot and squashfuse installed."""
+    checks = []
+    helptext = _run(["srun", "--help"]) if shutil.which("srun") else None
+    if helptext is None:
+        checks.append(Check(FAIL, "Pyxis: cannot check, srun is missing",
+                            "install Slurm and Pyxis, or run without a container (IMAGE= / no --image)"))
+    elif "--container-image" not in helptext.stdout:
+        checks.append(Check(FAIL, "Pyxis is not active: srun does not know --container-image",
+                            "install Pyxis (github.com/NVIDIA/pyxis) and add `required /usr/local/lib/slurm/"
+                            "spank_pyxis.so` to plugstack.conf (ParallelCluster >= 3.11.1 ships it disabled: "
+                            "enable it in the cluster config); or run without a container with IMAGE="))
+    else:
+        checks.append(Check(OK, "Pyxis active: srun knows --container-image"))
+    for tool, fix in (
+        ("enroot", "install enroot on every node (github.com/NVIDIA/enroot/releases: the enroot and "
+                   "enroot+caps packages); `make containers` needs it too"),
+        ("squashfuse", "install squashfuse on every node (apt/yum package squashfuse): enroot needs it to "
+                       "start squash files"),
+    ):
+        if shutil.which(tool):
+            checks.append(Check(OK, f"{tool} found"))
+        else:
+            checks.append(Check(FAIL, f"{tool} not found", fix))
+    return checks
+
+
+def check_image(image: str) -> list[Check]:
+    """Pyxis reads a squash file only from an absolute or ./ path; anything else is a registry image."""
+    if not image:
+        return []
+    if image.startswith(("/", "./")):
+        if Path(image).is_file():
+            return [Check(OK, f"image {image} is a file Pyxis will read")]
+        return [Check(FAIL, f"image {image} does not exist", "build it with `make containers`, or fix the path")]
+    if image.endswith(".sqsh"):
+        return [Check(FAIL, f"image {image!r} looks like a squash file but is not an absolute or ./ path, so "
+                            "Pyxis would pull it from a registry", f"use ./{image} or an absolute path")]
+    return [Check(WARN, f"image {image!r} is a registry reference: every node pulls it at job start",
+                  "import it once with `enroot import -o /apps/<name>.sqsh docker://...` and use the file")]
+
+
+def check_shared_results(results: Path, nodes: int) -> list[Check]:
+    """Write a token on this host and read it back on `nodes` nodes through srun."""
+    results.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(8)
+    marker = results.resolve() / f".doctor-{token}"
+    marker.write_text(token + "\n")
+    try:
+        out = _run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--time=2",
+                    "cat", str(marker)], timeout=120)
+    finally:
+        marker.unlink(missing_ok=True)
+    if out is None or out.returncode != 0:
+        detail = (out.stderr.strip().splitlines() or ["no output"])[-1] if out else "srun did not run"
+        return [Check(WARN, f"could not check that {results} is shared: srun on {nodes} node(s) failed ({detail})",
+                      "make sure nodes are free, or check by hand that every node mounts the results folder")]
+    seen = out.stdout.split()
+    if seen.count(token) == nodes:
+        return [Check(OK, f"results folder {results.resolve()} is visible from {nodes} node(s)")]
+    return [Check(FAIL, f"results folder {results.resolve()} is not visible from every node",
+                  "put --results / RESULTS on a shared filesystem (FSx for Lustre, EFS, NFS /home)")]
+
+
+def check_gpus() -> list[Check]:
+    """GPUs per node from Slurm's GRES."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %G"])
+    if out is None or out.returncode != 0:
+        return []
+    gpus = {}
+    for line in out.stdout.splitlines():
+        parts = line.split(maxsplit=1)
+        if len(parts) == 2:
+            found = re.findall(r"gpu(?::[\w-]+)?:(\d+)", parts[1])
+            gpus[parts[0]] = sum(int(n) for n in found)
+    if not gpus or not any(gpus.values()):
+        return [Check(WARN, "no GPUs in Slurm's GRES: GPU suites will be refused or run on CPU with gloo",
+                      "declare GPUs in gres.conf and slurm.conf (Gres=gpu:N), or use CPU suites")]
+    counts = sorted(set(gpus.values()))
+    return [Check(OK, f"GPUs per node: {', '.join(f'{n}={c}' for n, c in sorted(gpus.items()))}"
+                      + ("" if len(counts) == 1 else " (nodes differ)"))]
+
+
+def diagnose(image: str, results: Path, nodes: int) -> list[Check]:
+    """Every check, in the order a user would fix things."""
+    checks = check_tools()
+    slurm_ok = checks[0].status == OK
+    if slurm_ok:
+        checks += check_cluster()
+    checks += check_containers() + check_image(image)
+    if slurm_ok and all(c.status != FAIL for c in checks[:3]):
+        checks += check_shared_results(results, nodes) + check_gpus()
+    return checks
