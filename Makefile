@@ -10,7 +10,7 @@ SUITE ?= param-demo
 
 help:
 	@echo "make demo     set up .venv, run the $(SUITE) suite here, write tables and figures"
-	@echo "make test     set up .venv, run ruff and the tests"
+	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make bench    reproflow vs bare torch timing loops -> benchmarks/results/*.csv"
@@ -34,9 +34,10 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# Starts a real 2-node Slurm cluster (tests/slurm/start.sh), runs every test, stops the cluster.
 test: lint
 	$(BIN)/reproflow render --check
-	$(BIN)/python -m pytest
+	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest
 
 figures: venv
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)

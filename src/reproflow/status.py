@@ -32,23 +32,41 @@ def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None
     """
     if shutil.which("sacct") is None:
         return None
-    cmd = ["sacct", "-X", "-n", "-P", "-u", getpass.getuser(), "-S", f"now-{days}days",
-           "-o", "JobID,JobName%60,State,Start,End,NodeList"]
+    wanted = sorted(set(recorded))
+    base = ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%60,State,Start,End,NodeList"]
+    # The time window finds this user's jobs by name; -j finds recorded ones too, including pending
+    # jobs whose dependencies are unmet (their eligible time is unknown, so no time window lists them).
+    queries = [[*base, "-u", getpass.getuser(), "-S", f"now-{days}days"]]
+    if wanted:
+        queries.append([*base, "-j", ",".join(wanted)])
+    found: dict[str, SlurmJob] = {}
+    for cmd in queries:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) != 6:
+                continue
+            job_id, name, state, start, end, nodes = fields
+            if job_id in wanted or job_id.split("_")[0] in wanted or name.startswith("reproflow-"):
+                # "CANCELLED by 0" -> "CANCELLED"
+                found[job_id] = SlurmJob(job_id, name, state.split()[0] if state else "UNKNOWN", start, end, nodes)
+    # Held jobs never become eligible, so sacct lists them only by id: ask squeue for live jobs.
+    live = _run_lines(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%S|%e|%N"])
+    for fields in (line.split("|") for line in live):
+        if len(fields) == 6 and fields[0] not in found and fields[1].startswith("reproflow-"):
+            start, end = (v if v not in ("N/A", "Unknown") else "" for v in fields[3:5])
+            found[fields[0]] = SlurmJob(fields[0], fields[1], fields[2], start, end, fields[5])
+    return sorted(found.values(), key=lambda j: [int(x) if x.isdigit() else 0 for x in j.job_id.split("_")])
+
+
+def _run_lines(cmd: list[str]) -> list[str]:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
-        return None
-    wanted = set(recorded)
-    jobs = []
-    for line in out.splitlines():
-        fields = line.split("|")
-        if len(fields) != 6:
-            continue
-        job_id, name, state, start, end, nodes = fields
-        if job_id in wanted or job_id.split("_")[0] in wanted or name.startswith("reproflow-"):
-            # "CANCELLED by 0" -> "CANCELLED"
-            jobs.append(SlurmJob(job_id, name, state.split()[0] if state else "UNKNOWN", start, end, nodes))
-    return jobs
+        return []
 
 
 @dataclass(frozen=True)

@@ -253,15 +253,22 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def _apply_overrides(exp: Mapping[str, Any], overrides: Mapping[str, Any], fam: Family) -> dict[str, Any]:
-    # An override fixes the parameter for every point: it replaces a value or a sweep.
+    # An override fixes the parameter for every point. A swept key stays swept with one value, so
+    # points keep their labels and result files (`--set collective=reduce` is still that point).
     names = {p.name for p in fam.params}
-    mine = {k: v for k, v in overrides.items() if k in names}
-    if not mine:
-        return dict(exp)
     out = dict(exp)
-    out["params"] = {**dict(exp.get("params", {})), **mine}
-    for section in ("matrix", "zip"):
-        out[section] = {k: v for k, v in dict(exp.get(section, {})).items() if k not in mine}
+    params = dict(exp.get("params", {}))
+    matrix = dict(exp.get("matrix", {}))
+    zipped = dict(exp.get("zip", {}))
+    for key, value in overrides.items():
+        if key not in names:
+            continue
+        if key in matrix or key in zipped:
+            zipped.pop(key, None)
+            matrix[key] = [value]
+        else:
+            params[key] = value
+    out.update(params=params, matrix=matrix, zip=zipped)
     return out
 
 

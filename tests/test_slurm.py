@@ -1,0 +1,235 @@
+"""End to end through a real Slurm cluster (slurmctld, 2 slurmd, slurmdbd) started by tests/slurm/start.sh.
+
+Jobs run the committed sbatch scripts and `reproflow submit` (submitit) on the host environment
+(IMAGE= : no Pyxis here), with parameter overrides that keep each job to a few seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT, reproflow
+
+pytestmark = pytest.mark.slurm
+
+SMALL = "end_size=4K iters=2 warmup_iters=1"
+SLOW = "end_size=8M iters=20 warmup_iters=1"
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    reason = os.environ.get("REPROFLOW_SLURM_UNAVAILABLE")
+    if reason:
+        pytest.skip(reason)
+    if shutil.which("sbatch") is None:
+        pytest.skip("Slurm is not installed here; `make test` installs and starts a test cluster")
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        pytest.skip("no Slurm controller is running; `make test` starts one (tests/slurm/start.sh)")
+    yield
+    # A failed test must not leave jobs that hold nodes for the next one.
+    subprocess.run(["scancel", "--user", "root"], capture_output=True)
+
+
+def sbatch(*args: str, cwd: Path = ROOT) -> str:
+    out = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def sacct(job: str) -> dict[str, dict[str, str]]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,Start,End,NodeList,Reason"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        job_id, state, start, end, nodes, reason = line.split("|")
+        rows[job_id] = {"state": state.split()[0], "start": start, "end": end, "nodes": nodes, "reason": reason}
+    return rows
+
+
+def wait(job: str, states: set[str] = FINAL, timeout: float = 180, count: int = 1) -> dict[str, dict[str, str]]:
+    """sacct rows of `job` once `count` of them reached one of `states`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        rows = sacct(job)
+        if len(rows) >= count and sum(r["state"] in states | FINAL for r in rows.values()) >= count:
+            return rows
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not reach {states} in {timeout} s: {sacct(job)}")
+
+
+def rows_of(results: Path) -> pd.DataFrame:
+    files = sorted(results.rglob("*.csv"))
+    assert files, f"no result files under {results}"
+    return pd.concat([pd.read_csv(f, dtype={"rank": str, "job_id": str}) for f in files])
+
+
+def submitted_ids(stdout: str) -> list[str]:
+    return next(line for line in stdout.splitlines() if line.startswith("job ids:")).split(":", 1)[1].strip().split(",")
+
+
+def test_committed_scripts_pass_sbatch_test_only():
+    for script in sorted((ROOT / "sbatch").glob("*.sbatch")):
+        proc = subprocess.run(["sbatch", "--test-only", "-N", "2", "--export=NONE", str(script)], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0 and "to start at" in proc.stderr, (script, proc.stderr)
+
+
+def test_sbatch_param_comms_on_two_nodes(tmp_path):
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,PROCS_PER_NODE=1,RESULTS={results},SET={SMALL}"
+    job = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%x_%j.out"), "sbatch/param-comms.sbatch")
+    state = wait(job)[job]
+    log = (tmp_path / f"reproflow-param-comms_{job}.out").read_text()
+    assert state["state"] == "COMPLETED", log[-3000:]
+    rows = rows_of(results)
+    assert set(rows["job_id"]) == {job}
+    assert set(rows["nodelist"]) == {"node1,node2"}
+    assert set(rows["world_size"]) == {2} and set(rows["backend"]) == {"gloo"}
+    per_rank_hosts = rows[rows["metric"] == "time_us"]["rank"].astype(int)
+    assert set(per_rank_hosts) == {0, 1}
+    assert rows["collective"].nunique() == 7
+    assert "COMMS-RES-all_reduce-float32" in log
+
+
+def test_sbatch_two_ranks_per_node(tmp_path):
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,PROCS_PER_NODE=2,RESULTS={results},SET={SMALL} collective=all_reduce"
+    job = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%x_%j.out"), "sbatch/param-comms.sbatch")
+    assert wait(job)[job]["state"] == "COMPLETED", (tmp_path / f"reproflow-param-comms_{job}.out").read_text()
+    rows = rows_of(results)
+    assert set(rows["world_size"]) == {4} and set(rows["nodelist"]) == {"node1,node2"}
+
+
+def test_reproflow_submit_through_submitit(tmp_path):
+    results = tmp_path / "results"
+    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs", "1", "--results", str(results),
+                     *[a for kv in SMALL.split() for a in ("--set", kv)])
+    assert proc.returncode == 0, proc.stderr
+    (job,) = submitted_ids(proc.stdout)
+    assert wait(job)[job]["state"] == "COMPLETED", list((results / "param-comms" / "submitit").rglob("*.err"))
+    rows = rows_of(results / "param-comms" / "collectives")
+    assert set(rows["job_id"]) == {job} and set(rows["nodelist"]) == {"node1,node2"}
+    status = reproflow("status", "--results", str(results))
+    assert f"{job}" in status.stdout and "COMPLETED" in status.stdout
+
+
+def test_job_array_with_a_concurrency_cap(tmp_path):
+    """One array task per point; with at most 1 running, no two tasks overlap in time."""
+    results = tmp_path / "results"
+    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "2", "--results", str(results),
+                     "--array", "--max-parallel", "1", *[a for kv in SMALL.split() for a in ("--set", kv)])
+    assert proc.returncode == 0, proc.stderr
+    ids = submitted_ids(proc.stdout)
+    assert len(ids) == 7
+    array = ids[0].split("_")[0]
+    tasks = wait(array, timeout=240, count=7)
+    assert all(t["state"] == "COMPLETED" for t in tasks.values()), tasks
+    assert any(t["reason"] == "JobArrayTaskLimit" for t in tasks.values()), tasks
+    spans = sorted((pd.Timestamp(t["start"]), pd.Timestamp(t["end"])) for t in tasks.values())
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, spans
+    rows = rows_of(results / "param-comms" / "collectives")
+    assert rows["collective"].nunique() == 7
+    assert set(rows["job_id"]) == set(ids)
+
+
+def test_dependency_chain_runs_in_order_and_stops_after_a_failure(tmp_path):
+    results = tmp_path / "results"
+    sets = [a for kv in SMALL.split() for a in ("--set", kv)]
+    first = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(results),
+                      "--set", "collective=all_reduce", *sets)
+    (a,) = submitted_ids(first.stdout)
+    second = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(results),
+                       "--set", "collective=broadcast", "--after", a, *sets)
+    (b,) = submitted_ids(second.stdout)
+    done_a, done_b = wait(a)[a], wait(b)[b]
+    assert done_a["state"] == done_b["state"] == "COMPLETED"
+    assert pd.Timestamp(done_b["start"]) >= pd.Timestamp(done_a["end"])
+    bad = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "r2"),
+                    "--set", "collective=reduce", *sets, env={"REPROFLOW_INJECT_FAULT": "collective=reduce:exit"})
+    (c,) = submitted_ids(bad.stdout)
+    after = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "r2"),
+                      "--set", "collective=send_recv", "--after", c, *sets)
+    (d,) = submitted_ids(after.stdout)
+    assert wait(c)[c]["state"] == "FAILED"
+    reason = ""
+    for _ in range(30):
+        reason = subprocess.run(["squeue", "-h", "-j", d, "-o", "%r"], capture_output=True, text=True).stdout.strip()
+        if reason == "DependencyNeverSatisfied":
+            break
+        time.sleep(1)
+    assert reason == "DependencyNeverSatisfied"
+    status = reproflow("status", "--results", str(tmp_path / "r2")).stdout
+    assert f"{c:<12} FAILED" in status and f"{d:<12} PENDING" in status, status
+    subprocess.run(["scancel", d], check=True)
+
+
+def test_status_reports_every_slurm_state(tmp_path):
+    def wrap(name: str, *args: str) -> str:
+        return sbatch("--job-name", f"reproflow-state-{name}", "-o", str(tmp_path / "%j.out"), *args)
+
+    done = {"COMPLETED": wrap("ok", "-n1", "--wrap", "true"), "FAILED": wrap("fail", "-n1", "--wrap", "exit 3")}
+    for job in done.values():
+        wait(job)
+    timeout = wrap("timeout", "-w", "node1", "-n1", "--time=1", "--wrap", "sleep 300")
+    running = wrap("running", "-w", "node1", "-n1", "--wrap", "sleep 300")
+    held = wrap("held", "-n1", "--hold", "--wrap", "true")
+    on_node2 = wrap("nodefail", "-w", "node2", "-n1", "--wrap", "sleep 300")
+    wait(running, {"RUNNING"})
+    wait(on_node2, {"RUNNING"})
+    live = reproflow("status", "--results", str(tmp_path)).stdout
+    assert f"{running:<12} RUNNING" in live and f"{held:<12} PENDING" in live, live
+    subprocess.run(["scancel", running], check=True)
+    subprocess.run(["scontrol", "update", "nodename=node2", "state=down", "reason=reproflow-test"], check=True)
+    try:
+        done["NODE_FAIL"] = on_node2
+        wait(on_node2, {"NODE_FAIL"}, timeout=60)
+    finally:
+        # ReturnToService=2 may already have brought it back, in which case resume is refused.
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True)
+    done["CANCELLED"] = running
+    done["TIMEOUT"] = timeout
+    wait(timeout, {"TIMEOUT"}, timeout=150)
+    subprocess.run(["scancel", held], check=True)
+    final = reproflow("status", "--results", str(tmp_path)).stdout
+    for state, job in done.items():
+        assert f"{job:<12} {state}" in final, (state, final)
+
+
+def test_cancelled_job_keeps_finished_points_and_rerun_completes(tmp_path):
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,PROCS_PER_NODE=1,RESULTS={results},SET={SLOW}"
+    job = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%x_%j.out"), "sbatch/param-comms.sbatch")
+    folder = results / "param-comms" / "collectives"
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not list(folder.glob("*.csv")):
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], check=True)
+    assert wait(job)[job]["state"] == "CANCELLED"
+    kept = sorted(folder.glob("*.csv"))
+    assert 1 <= len(kept) < 7
+    for path in kept:  # every kept file is whole: all sizes of its point are there
+        rows = pd.read_csv(path)
+        assert rows[rows["metric"] == "busbw"]["size_bytes"].max() == 8 * 2**20
+    status = reproflow("status", "--results", str(results)).stdout
+    assert f"param-comms/collectives: {len(kept)} point(s) measured" in status and "CANCELLED" in status
+    again = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%x_%j.out"), "sbatch/param-comms.sbatch")
+    assert wait(again, timeout=300)[again]["state"] == "COMPLETED"
+    log = (tmp_path / f"reproflow-param-comms_{again}.out").read_text()
+    assert f"{7 - len(kept)} to run, {len(kept)} already done" in log
+    assert len(list(folder.glob("*.csv"))) == 7
+
+
+def test_doctor_reports_slurm_ready_and_shared_results(tmp_path):
+    proc = reproflow("doctor", "--results", str(tmp_path))
+    assert "[  ok] Slurm is ready: controller up, 2 of 2 node(s) usable" in proc.stdout, proc.stdout
+    assert f"[  ok] results folder {tmp_path.resolve()} is visible from 2 node(s)" in proc.stdout
+    assert "[  ok] accounting on" in proc.stdout and "GPUs per node: node1=8, node2=8" in proc.stdout
