@@ -6,7 +6,7 @@ RESULTS ?= results
 REPORTS ?= reports
 SUITE ?= param-demo
 
-.PHONY: help venv demo test lint figures sbatch bench clean
+.PHONY: help venv demo test lint figures sbatch bench containers clean
 
 help:
 	@echo "make demo     set up .venv, run the $(SUITE) suite here, write tables and figures"
@@ -14,6 +14,7 @@ help:
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make bench    reproflow vs bare torch timing loops -> benchmarks/results/*.csv"
+	@echo "make containers  docker build + enroot import -> \$$APPS/reproflow-<name>.sqsh (cluster only)"
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +48,9 @@ sbatch: venv
 
 bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
+
+containers:
+	bash containers/build.sh
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) benchmarks/results

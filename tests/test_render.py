@@ -43,6 +43,8 @@ def test_gpu_suites_request_gpus_per_node():
 
 def test_template_variables_are_strict(tmp_path):
     (tmp_path / "templates").mkdir()
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / "param.Dockerfile").write_text("FROM scratch\n")
     (tmp_path / "templates" / "suite.sbatch.j2").write_text("{{ no_such_variable }}")
     with pytest.raises(jinja2.UndefinedError):
         render_sbatch(load_suite(SUITES[0]), tmp_path)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jinja2
 
+from reproflow.errors import ReproflowError
 from reproflow.suite import Suite, format_slurm_time, slurm_seconds
 
 TEMPLATE = "suite.sbatch.j2"
@@ -21,9 +22,20 @@ TEMPLATE = "suite.sbatch.j2"
 class SbatchSettings:
     """Defaults written into the script's user-variable block; each can be overridden at submit time."""
 
-    image: str = "$APPS_PATH/reproflow.sqsh"
+    apps_path: str = "/apps"
     container_dir: str = "/opt/reproflow"
     master_port: int = 20000
+
+
+def default_image(suite: Suite, root: Path) -> str:
+    """The squash file `make containers` builds for the suite's `container`; '' for none."""
+    if not suite.container:
+        return ""
+    if not (root / "containers" / f"{suite.container}.Dockerfile").is_file():
+        known = ", ".join(sorted(p.name.split(".")[0] for p in (root / "containers").glob("*.Dockerfile")))
+        raise ReproflowError(f"{suite.path}: field 'suite.container': no containers/{suite.container}.Dockerfile. "
+                             f"Allowed: {known}.")
+    return f"$APPS_PATH/reproflow-{suite.container}.sqsh"
 
 
 def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSettings()) -> str:
@@ -46,6 +58,7 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
         partition=launch.partition,
         exclusive=launch.exclusive,
         settings=settings,
+        image=default_image(suite, root),
         quote=shlex.quote,
     )
 

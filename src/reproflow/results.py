@@ -100,9 +100,19 @@ def git_commit(root: str) -> str:
 
 
 def file_sha256(path: str) -> str:
-    """sha256 of a file (the container's squash file), or '' when it is not a readable file."""
+    """sha256 of a file (the container's squash file), or '' when it is not a readable file.
+
+    A `<file>.sha256` written by `make containers` after the file is used instead of reading
+    gigabytes at every job start.
+    """
     if not path or not os.path.isfile(path):
         return ""
+    sidecar = path + ".sha256"
+    if os.path.isfile(sidecar) and os.path.getmtime(sidecar) >= os.path.getmtime(path):
+        with open(sidecar) as fh:
+            recorded = fh.read().split()
+        if recorded and len(recorded[0]) == 64:
+            return recorded[0]
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

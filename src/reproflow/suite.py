@@ -26,11 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from reproflow.errors import ParamError, ReproflowError, SuiteError
 from reproflow.family import Family, get_family
 from reproflow.params import Param, canonical, resolve
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
+    import tomli as tomllib
 
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -93,7 +96,7 @@ LAUNCH_FIELDS: dict[str, Param] = {
 }
 
 _TOP_KEYS = {"suite", "launch", "experiment"}
-_SUITE_KEYS = {"name", "description", "hardware", "expected"}
+_SUITE_KEYS = {"name", "description", "hardware", "expected", "container"}
 _EXPERIMENT_KEYS = {"name", "family", "description", "launch", "params", "matrix", "zip"}
 
 
@@ -152,6 +155,7 @@ class Suite:
     hardware: str
     expected: str
     experiments: tuple[Experiment, ...] = field(default_factory=tuple)
+    container: str = ""
 
     def experiment(self, name: str) -> Experiment:
         """The experiment called `name`, or a ReproflowError listing the others."""
@@ -336,7 +340,7 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
             raise SuiteError(path, f"--set {key}", "is not a parameter of any experiment in this suite.",
                              ", ".join(sorted(used)))
     return Suite(name, path, meta.get("description", ""), meta.get("hardware", ""), meta.get("expected", ""),
-                 tuple(experiments))
+                 tuple(experiments), meta.get("container", ""))
 
 
 def find_suite(name_or_path: str, workflows: Path) -> Path:
