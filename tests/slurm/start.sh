@@ -95,8 +95,10 @@ if ! timeout 5 mariadb-admin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>
     record mariadbd $!
     wait_for 60 MariaDB mariadb-admin --socket=/run/mysqld/mysqld.sock ping
 fi
+# A fresh accounting database per start: job ids may restart, and sacct must not mix old jobs in.
 mariadb --socket=/run/mysqld/mysqld.sock -e "
-    CREATE DATABASE IF NOT EXISTS ${CLUSTER}_acct;
+    DROP DATABASE IF EXISTS ${CLUSTER}_acct;
+    CREATE DATABASE ${CLUSTER}_acct;
     CREATE OR REPLACE USER 'slurm'@'localhost' IDENTIFIED BY 'slurm';
     GRANT ALL ON ${CLUSTER}_acct.* TO 'slurm'@'localhost';"
 
