@@ -90,3 +90,14 @@ def test_rows_record_the_image_and_its_sha256(write_suite, tmp_path):
     rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "r").rglob("*.csv"))
     assert set(rows["image"]) == {str(image)}
     assert set(rows["image_sha256"]) == {hashlib.sha256(image.read_bytes()).hexdigest()}
+
+
+@pytest.mark.skipif(shutil.which("enroot") is not None, reason="enroot is installed here")
+def test_doctor_names_missing_pyxis_and_enroot_with_the_fix():
+    proc = reproflow("doctor", "--image", "apps/reproflow-param.sqsh")
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert "[FAIL] enroot not found" in out and "fix: install enroot on every node" in out
+    assert "Pyxis" in out and "--container-image" in out
+    assert "not an absolute or ./ path" in out and "use ./apps/reproflow-param.sqsh" in out
+    assert "Traceback" not in proc.stderr
