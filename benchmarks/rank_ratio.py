@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,16 @@ def bare_gemm_tflops(m: int, n: int, k: int, steps: int) -> float:
     return 2 * m * n * k / ((time.perf_counter() - start) / steps) / 1e12
 
 
+def alternate(trials: int, ours: Callable[[], float], bare: Callable[[], float]) -> tuple[float, float]:
+    """Medians of both sides over `trials`, each trial running the other side first."""
+    got: dict[str, list[float]] = {"ours": [], "bare": []}
+    sides = [("ours", ours), ("bare", bare)]
+    for trial in range(trials):
+        for name, measure in sides if trial % 2 == 0 else sides[::-1]:
+            got[name].append(measure())
+    return statistics.median(got["ours"]), statistics.median(got["bare"])
+
+
 def main() -> None:
     mode, spec, count, trials, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     ctx = RunContext.from_env("cpu", "gloo", 600)
@@ -65,30 +76,20 @@ def main() -> None:
                 params = resolve(fam.params, {"collective": "all_reduce", "begin_size": size, "end_size": size,
                                               "iters": count, "warmup_iters": 1, "blocking": blocking,
                                               "check": False})
-                ours, bare = [], []
-                for trial in range(trials):
-                    pair = [lambda: ours.append(_value(fam.run(ctx, params), "busbw")),  # noqa: B023
-                            lambda: bare.append(bare_allreduce_busbw(ctx, size, count, blocking))]  # noqa: B023
-                    for go in pair[:: 1 if trial % 2 == 0 else -1]:
-                        go()
+                ours, bare = alternate(trials, lambda: _value(fam.run(ctx, params), "busbw"),  # noqa: B023
+                                       lambda: bare_allreduce_busbw(ctx, size, count, blocking))  # noqa: B023
                 records.append({"benchmark": "all_reduce busBW", "case": f"{size} B",
                                 "reproflow_mode": "blocking" if blocking else "non-blocking",
-                                "reproflow": statistics.median(ours), "bare": statistics.median(bare),
-                                "unit": "GB/s"})
+                                "reproflow": ours, "bare": bare, "unit": "GB/s"})
     else:
         fam = get_family("param_compute")
         for shape in spec.split(";"):
             m, n, k = (int(x) for x in shape.split("x"))
             params = resolve(fam.params, {"kernel": "gemm", "shapes": [[m, n, k]], "steps": count, "warmups": 1})
-            ours, bare = [], []
-            for trial in range(trials):
-                pair = [lambda: ours.append(_value(fam.run(ctx, params), "tflops")),  # noqa: B023
-                        lambda: bare.append(bare_gemm_tflops(m, n, k, count))]  # noqa: B023
-                for go in pair[:: 1 if trial % 2 == 0 else -1]:
-                    go()
+            ours, bare = alternate(trials, lambda: _value(fam.run(ctx, params), "tflops"),  # noqa: B023
+                                   lambda: bare_gemm_tflops(m, n, k, count))  # noqa: B023
             records.append({"benchmark": "GEMM fp32 TFLOP/s", "case": shape, "reproflow_mode": "param timing",
-                            "reproflow": statistics.median(ours), "bare": statistics.median(bare),
-                            "unit": "TFLOP/s"})
+                            "reproflow": ours, "bare": bare, "unit": "TFLOP/s"})
     if ctx.rank == 0:
         with open(out, "a") as fh:
             for r in records:
