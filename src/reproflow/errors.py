@@ -26,3 +26,11 @@ class ParamError(ValueError):
         self.problem = problem
         self.allowed = allowed
         super().__init__(problem + (f" Allowed: {allowed}." if allowed else ""))
+
+
+class PointFailed(Exception):
+    """A point that failed on every rank alike (the ranks agreed on it), so the job can go on.
+
+    Raise it only after the ranks agreed, e.g. through RunContext.all_agree; a failure on one rank
+    alone must end the job instead, since the other ranks may be waiting in a collective.
+    """

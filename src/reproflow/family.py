@@ -41,6 +41,7 @@ class Measurement:
 RunFn = Callable[["RunContext", Mapping[str, Any]], list[Measurement]]
 TableFn = Callable[[Mapping[str, Any], Sequence[Measurement]], str]
 CheckFn = Callable[[Mapping[str, Any], int], None]
+RuntimeCheckFn = Callable[[Mapping[str, Any], "RunContext"], None]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Family:
     # Cross-parameter checks that need the world size; raise ParamError. Runs on every rank
     # before any collective, so a bad point fails on all ranks alike.
     check: CheckFn | None = None
+    # Checks of the job's environment (a tool's checkout, the backend): only at run time, on every
+    # rank, before the point's first collective; raise ParamError.
+    runtime_check: RuntimeCheckFn | None = None
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError, ReproflowError
+from reproflow.errors import ParamError, PointFailed, ReproflowError
 from reproflow.family import Family, Measurement, get_family
 from reproflow.results import (
     Provenance,
@@ -88,6 +88,8 @@ def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
     try:
         if fam.check is not None:
             fam.check(point.params, ctx.world_size)
+        if fam.runtime_check is not None:
+            fam.runtime_check(point.params, ctx)
     except ParamError as exc:
         return f"invalid parameters for world size {ctx.world_size}: {exc}"
     if _injected_fault(point.label, ctx.rank) == "raise":
@@ -138,8 +140,15 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
             os._exit(17)
         start = time.perf_counter()
         measured: list[tuple[int, Measurement]] = []
-        for repeat in range(repeats):
-            measured.extend((repeat, m) for m in fam.run(ctx, point.params))
+        try:
+            for repeat in range(repeats):
+                measured.extend((repeat, m) for m in fam.run(ctx, point.params))
+        except PointFailed as exc:
+            failed += 1
+            if ctx.rank == 0:
+                write_failure(path, point.label, str(exc), prov.job_id)
+            ctx.log(f"{tag}: FAILED: {exc}")
+            continue
         if ctx.rank == 0:
             head = {"suite": suite_name, "experiment": exp.name, "family": fam.name, "point": point.label}
             atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)))

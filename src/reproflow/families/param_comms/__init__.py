@@ -17,9 +17,12 @@ import torch.distributed as dist
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
+from reproflow.families.param_comms import original
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
 from reproflow.timing import STATS, rank_stats, time_per_op
+
+IMPLEMENTATIONS = ("reproflow", "param")
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 # Collectives whose buffer is split across ranks: at least one element per rank.
@@ -86,6 +89,14 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
                          f"0 to {world_size - 1}")
     if params["collective"] == "send_recv" and world_size < 2:
         raise ParamError("send_recv needs at least 2 ranks.")
+    if params["implementation"] == "param":
+        original.check(params)
+
+
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    """The original tool must be present where the job runs."""
+    if params["implementation"] == "param":
+        original.runtime_check(params, ctx.backend)
 
 
 class _Buffers:
@@ -164,7 +175,14 @@ class _Buffers:
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """Sweep the message sizes of one collective; every rank runs this, rank 0's rows are kept."""
+    """Sweep the message sizes of one collective with the chosen implementation."""
+    if params["implementation"] == "param":
+        return original.run(ctx, params)
+    return measure(ctx, params)
+
+
+def measure(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """reproflow's own sweep; every rank runs this, rank 0's rows are kept."""
     collective, dtype_name = params["collective"], params["dtype"]
     dtype = DTYPES[dtype_name]
     element_size = torch.empty(0, dtype=dtype).element_size()
@@ -200,12 +218,12 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
             by_size.setdefault(m.coords["size_bytes"], {})[m.metric] = m.value
             per_rank[m.coords["size_bytes"]] = m.coords["elements_per_rank"]
     mode = "blocking" if params["blocking"] else "non-blocking"
+    checked = any("wrong_elements" in v for v in by_size.values())
     lines = [
-        f"COMMS-RES-{params['collective']}-{params['dtype']} ({mode}, {params['iters']} iters, "
-        f"{params['warmup_iters']} warm-up)",
+        f"COMMS-RES-{params['collective']}-{params['dtype']} ({params['implementation']}, {mode}, "
+        f"{params['iters']} iters, {params['warmup_iters']} warm-up)",
         f"{'size (B)':>14} {'nElementsPerRank':>17} {'Latency(us):p50':>16} {'p75':>10} {'p95':>10} "
-        f"{'Min':>10} {'Max':>10} {'AlgBW(GB/s)':>12} {'BusBW(GB/s)':>12}" + (f" {'#wrong':>7}" if params["check"]
-                                                                              else ""),
+        f"{'Min':>10} {'Max':>10} {'AlgBW(GB/s)':>12} {'BusBW(GB/s)':>12}" + (f" {'#wrong':>7}" if checked else ""),
     ]
     fmt: Callable[[float], str] = lambda v: f"{v:10.1f}"  # noqa: E731
     for size in sorted(by_size):
@@ -236,8 +254,11 @@ FAMILY = Family(
         Param("dtype", "str", "float32", "element type (param --data-type)", choices=tuple(DTYPES)),
         Param("root", "int", 0, "root rank of broadcast and reduce (param --root)", minimum=0),
         Param("check", "bool", True, "after timing, run once on known data and count wrong elements"),
+        Param("implementation", "str", "reproflow", "who measures: reproflow, or the original param comms.py "
+              "from $PARAM_DIR", choices=IMPLEMENTATIONS),
     ),
     run=run,
     table=table,
     check=check,
+    runtime_check=runtime_check,
 )

@@ -1,0 +1,163 @@
+"""The original param `comms.py`, run as it is from a param checkout ($PARAM_DIR), and its parser.
+
+reproflow's options map to param's own flags; an option param cannot honour is rejected, never
+passed on to be ignored (param silently ignores unknown flags). The collectives map to the param
+names that call the same torch.distributed functions as reproflow: all_gather -> all_gather_base
+(all_gather_into_tensor), reduce_scatter -> reduce_scatter_base, all_to_all -> all_to_allv
+(all_to_all_single with equal splits). Ranks are started with RANK / WORLD_SIZE / MASTER_* in the
+environment, not torchrun, because torchrun takes param's --b / --e for its own flags.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError, PointFailed
+from reproflow.family import Measurement
+from reproflow.tools import run_group
+
+PARAM_COLLECTIVE = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather_base",
+    "reduce_scatter": "reduce_scatter_base",
+    "all_to_all": "all_to_allv",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+}
+PARAM_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+               "int32": "int32", "int64": "long"}
+COMMS_SCRIPT = Path("train") / "comms" / "pt" / "comms.py"
+STATS_COLUMNS = ("latency_p50_us", "latency_p75_us", "latency_p95_us", "latency_min_us", "latency_max_us")
+
+
+class ParseError(ValueError):
+    """Output that is not a complete param comms result; no rows are taken from it."""
+
+
+@dataclass(frozen=True)
+class CommsRow:
+    """One COMMS-RES line."""
+
+    collective: str
+    dtype: str
+    size_bytes: int
+    elements_per_rank: int
+    stats_us: dict[str, float]
+    algbw: float
+    busbw: float
+
+
+_ALL_SIZES = re.compile(r"allSizes:\s*\[([\d,\s]*)\]")
+_RESULT = re.compile(r"^\s*COMMS-RES-(?P<collective>[a-z_]+)-(?P<dtype>[A-Za-z0-9]+)(?:-\S+)?\s+(?P<rest>.*)$")
+
+
+def parse_comms(text: str) -> list[CommsRow]:
+    """Rows of a param comms.py run (rank 0's output), checked against the sizes param announced."""
+    announced = _ALL_SIZES.search(text)
+    if announced is None:
+        raise ParseError("no 'allSizes: [...]' line: this is not comms.py output, or it stopped before its sweep")
+    sizes = [int(s) for s in announced.group(1).replace(",", " ").split()]
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _RESULT.match(line)
+        if not match:
+            continue
+        fields = match.group("rest").split()
+        try:
+            values = [float(f) for f in fields]
+        except ValueError:
+            raise ParseError(f"line {number}: non-numeric field in {line.strip()!r}") from None
+        if len(values) not in (9, 10):  # 10 with the TFlops column of comms-compute mode
+            raise ParseError(f"line {number}: expected 9 numbers after the tag, got {len(values)}: {line.strip()!r}")
+        rows.append(CommsRow(match.group("collective"), match.group("dtype"), int(values[0]), int(values[1]),
+                             dict(zip(STATS_COLUMNS, values[2:7], strict=True)), values[7], values[8]))
+    got = [r.size_bytes for r in rows]
+    if got != sizes:
+        raise ParseError(f"param announced {len(sizes)} sizes {sizes[:3]}... but printed {len(got)} result lines "
+                         f"{got[:3]}...: the output is truncated or mixed with another run")
+    return rows
+
+
+def param_dir() -> Path | None:
+    """The param checkout from $PARAM_DIR, if it holds comms.py."""
+    value = os.environ.get("PARAM_DIR", "")
+    if value and (Path(value) / COMMS_SCRIPT).is_file():
+        return Path(value)
+    return None
+
+
+def param_commit(root: Path) -> str:
+    """The checkout's commit ($PARAM_COMMIT in the container, which carries no .git)."""
+    if os.environ.get("PARAM_COMMIT"):
+        return os.environ["PARAM_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def check(params: Mapping[str, Any]) -> None:
+    """Options param cannot honour."""
+    if params["collective"] not in PARAM_COLLECTIVE:
+        raise ParamError(f"param's comms.py has no {params['collective']!r} in the nccl-tests sense (its pt2pt mode "
+                         "measures ping-pong and windowed bandwidth).", ", ".join(PARAM_COLLECTIVE))
+
+
+def runtime_check(params: Mapping[str, Any], backend: str) -> None:
+    """What the job's environment must provide."""
+    if param_dir() is None:
+        raise ParamError(f"implementation 'param' needs $PARAM_DIR pointing at a param checkout with {COMMS_SCRIPT} "
+                         f"(PARAM_DIR={os.environ.get('PARAM_DIR', '')!r}); the param container sets it.")
+    if params["dtype"] == "bfloat16" and backend == "gloo":
+        raise ParamError("param's comms.py refuses bfloat16 with gloo; use float32 or NCCL.")
+
+
+def argv(params: Mapping[str, Any], backend: str, device: str, script: Path) -> list[str]:
+    """comms.py's command line for one point ({MASTER_ADDR}/{MASTER_PORT} filled in per run)."""
+    return [
+        sys.executable, str(script),
+        "--master-ip", "{MASTER_ADDR}", "--master-port", "{MASTER_PORT}",
+        "--backend", backend, "--device", device,
+        "--collective", PARAM_COLLECTIVE[params["collective"]],
+        "--b", str(params["begin_size"]), "--e", str(params["end_size"]),
+        "--f", str(params["step_factor"]), "--sb", str(params["step_bytes"]),
+        "--w", str(params["warmup_iters"]), "--n", str(params["iters"]),
+        "--z", "1" if params["blocking"] else "0",
+        "--data-type", PARAM_DTYPE[params["dtype"]],
+        "--root", str(params["root"]),
+        "--c", "1" if params["check"] else "0",
+    ]
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Run comms.py for the point's sweep and turn rank 0's COMMS-RES lines into measurements."""
+    root = param_dir()
+    assert root is not None  # runtime_check ran before
+    cmd = argv(params, ctx.backend, ctx.device.type, root / COMMS_SCRIPT)
+    result = run_group(ctx, cmd, cwd=str(root / COMMS_SCRIPT.parent))
+    rows: list[CommsRow] = []
+    problem = ""
+    if ctx.rank == 0:
+        try:
+            rows = parse_comms(result.output)
+        except ParseError as exc:
+            problem = str(exc)
+    if not ctx.all_agree(not problem):
+        raise PointFailed(f"param output could not be read: {ctx.gather_objects(problem)[0]}")
+    tool = {"tool_version": param_commit(root), "command": result.command}
+    out: list[Measurement] = []
+    for row in rows:
+        coords = {"size_bytes": row.size_bytes, "elements_per_rank": row.elements_per_rank} | tool
+        out.extend(Measurement(name, value, "us", coords) for name, value in row.stats_us.items())
+        out.append(Measurement("algbw", row.algbw, "GB/s", coords))
+        out.append(Measurement("busbw", row.busbw, "GB/s", coords))
+    return out

@@ -1,0 +1,66 @@
+"""Running an original tool (param's comms.py, nccl-tests) inside a reproflow job.
+
+Every rank starts the tool once, as one rank of a new process group rendezvousing at rank 0's host
+on a fresh port, waits for it, and the ranks agree on the outcome: a tool that fails anywhere fails
+the point on every rank (PointFailed), and the job goes on with the next point.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from reproflow.context import RunContext
+from reproflow.errors import PointFailed
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one rank's tool printed, and the exact command."""
+
+    command: str
+    output: str
+
+
+def _rendezvous(ctx: RunContext) -> tuple[str, int]:
+    # The tool's rank 0 runs where reproflow's rank 0 runs, so that host and a port free on it.
+    box: list[object] = [None]
+    if ctx.rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = int(sock.getsockname()[1])
+        box = [(socket.gethostbyname(socket.gethostname()), port)]
+    dist.broadcast_object_list(box, src=0)
+    addr, port = box[0]  # type: ignore[misc]
+    return str(addr), int(port)
+
+
+def run_group(ctx: RunContext, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,
+              timeout_s: float = 600.0) -> ToolRun:
+    """Run `argv` once per rank as a process group of its own; {MASTER_ADDR} and {MASTER_PORT} in
+    `argv` are filled in. Returns this rank's output; raises PointFailed on every rank if any failed."""
+    addr, port = _rendezvous(ctx)
+    cmd = [a.replace("{MASTER_ADDR}", addr).replace("{MASTER_PORT}", str(port)) for a in argv]
+    child_env = dict(os.environ) | dict(env or {})
+    child_env.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size), LOCAL_RANK=str(ctx.local_rank),
+                     MASTER_ADDR=addr, MASTER_PORT=str(port))
+    try:
+        proc = subprocess.run(cmd, env=child_env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+        output, problem = proc.stdout + proc.stderr, ""
+        if proc.returncode != 0:
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            problem = f"exited with {proc.returncode}: {tail}"
+    except subprocess.TimeoutExpired:
+        output, problem = "", f"did not finish in {timeout_s:.0f} s"
+    except OSError as exc:
+        output, problem = "", str(exc)
+    if not ctx.all_agree(not problem):
+        errors = ctx.gather_objects(problem)
+        detail = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        raise PointFailed(f"{os.path.basename(cmd[1] if len(cmd) > 1 else cmd[0])} {detail}")
+    return ToolRun(" ".join(cmd), output)
