@@ -12,8 +12,16 @@ import pandas as pd
 
 from reproflow.report import aggregates, newest, save_figure, setting_label, wide, write_table
 
-SETTING = ["world_size", "backend", "device", "dtype", "blocking"]
+SETTING = ["implementation", "world_size", "backend", "device", "dtype", "blocking"]
 METRICS = ["latency_p50_us", "latency_min_us", "latency_max_us", "algbw", "busbw", "wrong_elements"]
+DEFINITIONS = (
+    "Definitions: every implementation divides the total buffer size by the time and multiplies by the "
+    "nccl-tests factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, "
+    "reduce 1). The time differs: param at the AWS recipe's commit (6236487) takes rank 0's own mean time, "
+    "reproflow the p50 across ranks (as param does since August 2023), so with skewed ranks param's "
+    "algBW follows rank 0. param's all_gather_base, reduce_scatter_base and all_to_allv call the same "
+    "torch.distributed functions as reproflow's all_gather, reduce_scatter and all_to_all."
+)
 
 
 def _size_label(nbytes: float) -> str:
@@ -24,7 +32,11 @@ def _size_label(nbytes: float) -> str:
 
 
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """param_comms_table (every size) and param_comms_busbw_<collective> figures."""
+    """param_comms_table (every size), param_comms_busbw_<collective> figures, and the comparison of
+    implementations when more than one measured."""
+    # Rows from before the implementation parameter existed are reproflow's own.
+    frame = frame.assign(implementation=frame.get("implementation", pd.Series(index=frame.index, dtype=object)))
+    frame = frame.fillna({"implementation": "reproflow"})
     rows = aggregates(newest(frame))
     table = wide(rows, ["collective", *SETTING, "size_bytes", "elements_per_rank"], METRICS)
     table = table.sort_values(["collective", *SETTING, "size_bytes"])
@@ -48,4 +60,35 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         written += save_figure(fig, out_dir, f"param_comms_busbw_{collective}")
+    if table["implementation"].nunique() > 1:
+        written += compare(table, out_dir)
+    return written
+
+
+def compare(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """busBW of every implementation per size, and reproflow's ratio to each other one."""
+    keys = ["collective", *[c for c in SETTING if c != "implementation"], "size_bytes"]
+    wide_bw = table.pivot_table(index=keys, columns="implementation", values="busbw").reset_index()
+    others = [c for c in wide_bw.columns if c not in keys and c != "reproflow"]
+    for other in others:
+        wide_bw[f"reproflow/{other}"] = wide_bw["reproflow"] / wide_bw[other]
+    wide_bw.columns.name = None
+    written = write_table(wide_bw, out_dir, "param_comms_compare",
+                          "busBW (GB/s) per implementation, same job, and reproflow's ratio", DEFINITIONS)
+    summary = wide_bw.groupby(keys[:-1])[[f"reproflow/{o}" for o in others]].median().reset_index()
+    written += write_table(summary, out_dir, "param_comms_compare_summary",
+                           "Median over sizes of reproflow's busBW ratio to each implementation", DEFINITIONS)
+    for collective, sub in wide_bw.groupby("collective"):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for impl in ["reproflow", *others]:
+            ax.plot(sub["size_bytes"], sub[impl], marker="o", markersize=3, label=impl)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(sub["size_bytes"].unique())
+        ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=45)
+        ax.set_xlabel("message size (total buffer, bytes)")
+        ax.set_ylabel("busBW (GB/s)")
+        ax.set_title(f"{collective}: reproflow vs {', '.join(others)} (same job)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        written += save_figure(fig, out_dir, f"param_comms_compare_{collective}")
     return written

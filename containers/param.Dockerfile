@@ -19,5 +19,6 @@ RUN pip install --no-cache-dir --no-deps -e /opt/reproflow
 ARG REPROFLOW_GIT_COMMIT=unknown
 ENV REPROFLOW_GIT_COMMIT=${REPROFLOW_GIT_COMMIT} \
     REPROFLOW_ROOT=/opt/reproflow \
-    PARAM_DIR=/param
+    PARAM_DIR=/param \
+    PARAM_COMMIT=${PARAM_COMMIT}
 WORKDIR /opt/reproflow

@@ -80,13 +80,13 @@ def integral(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str) -> list[Path]:
-    """`<name>.csv` and `<name>.md` (with a title line) in `out_dir`."""
+def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note: str = "") -> list[Path]:
+    """`<name>.csv` and `<name>.md` (title line, table, and an optional note) in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = integral(frame)
     csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
     frame.to_csv(csv_path, index=False)
-    md_path.write_text(f"# {title}\n\n" + to_markdown(frame))
+    md_path.write_text(f"# {title}\n\n" + to_markdown(frame) + (f"\n{note}\n" if note else ""))
     return [csv_path, md_path]
 
 

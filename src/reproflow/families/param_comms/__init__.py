@@ -3,8 +3,10 @@
 Per message size: elements per rank, latency min / p50 / p75 / p95 / max across ranks (each rank's
 mean time per operation), algBW = bytes / p50 and busBW = algBW x the nccl-tests factor. Sizes are
 total buffer sizes, as in param and nccl-tests. Tensor collectives use the flat-tensor forms
-(`all_gather_into_tensor`, `reduce_scatter_tensor`, `all_to_all_single`); `send_recv` is the
-nccl-tests ring: every rank sends to rank+1 and receives from rank-1 in one group.
+(`all_gather_into_tensor` / `all_gather_single`, `reduce_scatter_tensor` / `reduce_scatter_single`,
+`all_to_all_single`); `send_recv` is the nccl-tests ring: every rank sends to rank+1 and receives
+from rank-1 in one group. With `implementation = "param"` the original comms.py measures instead
+(original.py), inside the same job, and its output becomes the same rows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ DTYPES = {
     "int64": torch.int64,
 }
 MAX_SIZES = 100
+# torch 2.13 renamed the flat-tensor collectives and warns on the old names; the GPU images'
+# older torch releases only have the old ones. Same functions either way.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def bus_factor(collective: str, world_size: int) -> float:
@@ -124,9 +130,9 @@ class _Buffers:
         if c == "all_reduce":
             return dist.all_reduce(self.inp, async_op=async_op)
         if c == "all_gather":
-            return dist.all_gather_into_tensor(self.out, self.inp, async_op=async_op)
+            return ALL_GATHER(self.out, self.inp, async_op=async_op)
         if c == "reduce_scatter":
-            return dist.reduce_scatter_tensor(self.out, self.inp, async_op=async_op)
+            return REDUCE_SCATTER(self.out, self.inp, async_op=async_op)
         if c == "all_to_all":
             return dist.all_to_all_single(self.out, self.inp, async_op=async_op)
         if c == "broadcast":
