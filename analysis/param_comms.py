@@ -10,7 +10,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.report import aggregates, newest, save_figure, setting_label, wide, write_table
+from reproflow.report import (
+    aggregates,
+    compare_implementations,
+    newest,
+    save_figure,
+    setting_label,
+    wide,
+    with_implementation,
+    write_table,
+)
 
 SETTING = ["implementation", "world_size", "backend", "device", "dtype", "blocking"]
 METRICS = ["latency_p50_us", "latency_min_us", "latency_max_us", "algbw", "busbw", "wrong_elements"]
@@ -34,10 +43,7 @@ def _size_label(nbytes: float) -> str:
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """param_comms_table (every size), param_comms_busbw_<collective> figures, and the comparison of
     implementations when more than one measured."""
-    # Rows from before the implementation parameter existed are reproflow's own.
-    frame = frame.assign(implementation=frame.get("implementation", pd.Series(index=frame.index, dtype=object)))
-    frame = frame.fillna({"implementation": "reproflow"})
-    rows = aggregates(newest(frame))
+    rows = aggregates(newest(with_implementation(frame)))
     table = wide(rows, ["collective", *SETTING, "size_bytes", "elements_per_rank"], METRICS)
     table = table.sort_values(["collective", *SETTING, "size_bytes"])
     written = write_table(table, out_dir, "param_comms_table",
@@ -66,18 +72,12 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 
 def compare(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """busBW of every implementation per size, and reproflow's ratio to each other one."""
+    """busBW of every implementation per size, reproflow's ratio to each, and a figure per collective."""
     keys = ["collective", *[c for c in SETTING if c != "implementation"], "size_bytes"]
-    wide_bw = table.pivot_table(index=keys, columns="implementation", values="busbw").reset_index()
-    others = [c for c in wide_bw.columns if c not in keys and c != "reproflow"]
-    for other in others:
-        wide_bw[f"reproflow/{other}"] = wide_bw["reproflow"] / wide_bw[other]
-    wide_bw.columns.name = None
-    written = write_table(wide_bw, out_dir, "param_comms_compare",
-                          "busBW (GB/s) per implementation, same job, and reproflow's ratio", DEFINITIONS)
-    summary = wide_bw.groupby(keys[:-1])[[f"reproflow/{o}" for o in others]].median().reset_index()
-    written += write_table(summary, out_dir, "param_comms_compare_summary",
-                           "Median over sizes of reproflow's busBW ratio to each implementation", DEFINITIONS)
+    wide_bw, written = compare_implementations(
+        table, keys, "busbw", out_dir, "param_comms_compare",
+        "busBW (GB/s) per implementation, same job, and reproflow's ratio", DEFINITIONS)
+    others = [c for c in wide_bw.columns if c not in keys and "/" not in c and c != "reproflow"]
     for collective, sub in wide_bw.groupby("collective"):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for impl in ["reproflow", *others]:

@@ -90,6 +90,28 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note:
     return [csv_path, md_path]
 
 
+def with_implementation(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows with an `implementation` column; rows from before it existed are reproflow's own."""
+    frame = frame.assign(implementation=frame.get("implementation", pd.Series(index=frame.index, dtype=object)))
+    return frame.fillna({"implementation": "reproflow"})
+
+
+def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, out_dir: Path, name: str,
+                            title: str, note: str) -> tuple[pd.DataFrame, list[Path]]:
+    """`value` per implementation side by side, reproflow's ratio to each other one, and the median
+    ratio per group of `keys[:-1]`; writes `<name>.*` and `<name>_summary.*`."""
+    wide_values = table.pivot_table(index=keys, columns="implementation", values=value).reset_index()
+    wide_values.columns.name = None
+    others = [c for c in wide_values.columns if c not in keys and c != "reproflow"]
+    ratios = [f"reproflow/{other}" for other in others]
+    for other, ratio in zip(others, ratios, strict=True):
+        wide_values[ratio] = wide_values["reproflow"] / wide_values[other]
+    written = write_table(wide_values, out_dir, name, title, note)
+    summary = wide_values.groupby(keys[:-1])[ratios].median().reset_index()
+    written += write_table(summary, out_dir, f"{name}_summary", f"Median of reproflow's {value} ratio", note)
+    return wide_values, written
+
+
 def save_figure(fig: object, out_dir: Path, name: str) -> list[Path]:
     """`<name>.png` and `<name>.pdf` in `out_dir`; closes the figure."""
     import matplotlib.pyplot as plt

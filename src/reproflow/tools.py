@@ -12,11 +12,32 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 
 from reproflow.context import RunContext
-from reproflow.errors import PointFailed
+from reproflow.errors import ParamError, PointFailed
+
+
+def param_checkout(script: Path) -> Path:
+    """The param checkout in $PARAM_DIR holding `script`, or ParamError saying how to provide it."""
+    value = os.environ.get("PARAM_DIR", "")
+    if value and (Path(value) / script).is_file():
+        return Path(value)
+    raise ParamError(f"implementation 'param' needs $PARAM_DIR pointing at a param checkout with {script} "
+                     f"(PARAM_DIR={value!r}); the param container sets it.")
+
+
+def checkout_commit(root: Path, env_var: str) -> str:
+    """A tool checkout's commit: $<env_var> (containers carry no .git), else git, else 'unknown'."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,7 @@ environment, not torchrun, because torchrun takes param's --b / --e for its own 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from typing import Any
 from reproflow.context import RunContext
 from reproflow.errors import ParamError, PointFailed
 from reproflow.family import Measurement
-from reproflow.tools import run_group
+from reproflow.tools import checkout_commit, param_checkout, run_group
 
 PARAM_COLLECTIVE = {
     "all_reduce": "all_reduce",
@@ -86,25 +84,6 @@ def parse_comms(text: str) -> list[CommsRow]:
     return rows
 
 
-def param_dir() -> Path | None:
-    """The param checkout from $PARAM_DIR, if it holds comms.py."""
-    value = os.environ.get("PARAM_DIR", "")
-    if value and (Path(value) / COMMS_SCRIPT).is_file():
-        return Path(value)
-    return None
-
-
-def param_commit(root: Path) -> str:
-    """The checkout's commit ($PARAM_COMMIT in the container, which carries no .git)."""
-    if os.environ.get("PARAM_COMMIT"):
-        return os.environ["PARAM_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def check(params: Mapping[str, Any]) -> None:
     """Options param cannot honour."""
     if params["collective"] not in PARAM_COLLECTIVE:
@@ -114,9 +93,7 @@ def check(params: Mapping[str, Any]) -> None:
 
 def runtime_check(params: Mapping[str, Any], backend: str) -> None:
     """What the job's environment must provide."""
-    if param_dir() is None:
-        raise ParamError(f"implementation 'param' needs $PARAM_DIR pointing at a param checkout with {COMMS_SCRIPT} "
-                         f"(PARAM_DIR={os.environ.get('PARAM_DIR', '')!r}); the param container sets it.")
+    param_checkout(COMMS_SCRIPT)
     if params["dtype"] == "bfloat16" and backend == "gloo":
         raise ParamError("param's comms.py refuses bfloat16 with gloo; use float32 or NCCL.")
 
@@ -140,8 +117,7 @@ def argv(params: Mapping[str, Any], backend: str, device: str, script: Path) -> 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Run comms.py for the point's sweep and turn rank 0's COMMS-RES lines into measurements."""
-    root = param_dir()
-    assert root is not None  # runtime_check ran before
+    root = param_checkout(COMMS_SCRIPT)
     cmd = argv(params, ctx.backend, ctx.device.type, root / COMMS_SCRIPT)
     result = run_group(ctx, cmd, cwd=str(root / COMMS_SCRIPT.parent))
     rows: list[CommsRow] = []
@@ -153,7 +129,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             problem = str(exc)
     if not ctx.all_agree(not problem):
         raise PointFailed(f"param output could not be read: {ctx.gather_objects(problem)[0]}")
-    tool = {"tool_version": param_commit(root), "command": result.command}
+    tool = {"tool_version": checkout_commit(root, "PARAM_COMMIT"), "command": result.command}
     out: list[Measurement] = []
     for row in rows:
         coords = {"size_bytes": row.size_bytes, "elements_per_rank": row.elements_per_rank} | tool

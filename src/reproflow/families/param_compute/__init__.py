@@ -17,13 +17,14 @@ from torch import nn
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
+from reproflow.families.param_compute import original
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
 from reproflow.timing import rank_stats, time_steps
 
 _GEMM_A = [(m, 4096, 4096) for m in (128, 256, 512, 1024)] + [(m, 1024, 1024) for m in (128, 256, 512, 1024)]
 _GEMM_A += [(4096, 4096, k) for k in (128, 256, 512, 1024)] + [(1024, 1024, k) for k in (128, 256, 512)]
-_GEMM_B = [s for m in (128, 256, 512, 1024) for s in ((m, 4096, 40928), (m, 40928, 4096))]
+_GEMM_B = [(m, 4096, 40928) for m in (128, 256, 512, 1024)] + [(m, 40928, 4096) for m in (128, 256, 512, 1024)]
 _GEMM_B += [(m, 1024, 2000) for m in (128, 256, 512, 1024)]
 _GEMM_B += [(1024, 2000, k) for k in (128, 256, 512, 1024)] + [(4096, 40928, k) for k in (128, 256, 512, 1024)]
 _BATCHES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -71,30 +72,36 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError(f"shape {list(shape)} needs {SHAPE_LEN[kernel]} numbers for kernel {kernel!r}.")
     if kernel == "emb" and params["dtype"] != "float32":
         raise ParamError("the emb kernel measures float32 tables only, as param does.")
+    if params["implementation"] == "param":
+        original.check(params)
 
 
-def _gemm(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    """The original driver.py must be present where the job runs."""
+    if params["implementation"] == "param":
+        original.runtime_check(params, ctx.device.type)
+
+
+def _gemm(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
     m, n, k = shape
     gen = torch.Generator().manual_seed(0)
     dt = _dtype(params["dtype"])
     a = torch.randn(m, k, generator=gen).to(dt).to(ctx.device)
     b = torch.randn(k, n, generator=gen).to(dt).to(ctx.device)
-    seconds = time_steps(ctx.sync, lambda: torch.mm(a, b), params["warmups"], params["steps"])
-    return seconds, {"tflops": 2.0 * m * n * k}
+    return time_steps(ctx.sync, lambda: torch.mm(a, b), params["warmups"], params["steps"])
 
 
-def _emb(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+def _emb(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
     features, dim, nnz, batch = shape
     gen = torch.Generator().manual_seed(0)
     bag = nn.EmbeddingBag(features, dim, mode="sum").to(ctx.device)
     indices = torch.randint(0, features, (batch * nnz,), generator=gen).to(ctx.device)
     offsets = (torch.arange(batch) * nnz).to(ctx.device)
     with torch.no_grad():
-        seconds = time_steps(ctx.sync, lambda: bag(indices, offsets), params["warmups"], params["steps"])
-    return seconds, {"bandwidth": float(batch * nnz * dim * 4)}
+        return time_steps(ctx.sync, lambda: bag(indices, offsets), params["warmups"], params["steps"])
 
 
-def _linear(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+def _linear(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
     layers, width_in, hidden, width_out, batch = shape
     torch.manual_seed(1)
     sizes = [width_in] + [hidden] * layers + [width_out]
@@ -117,12 +124,23 @@ def _linear(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) 
         if opt is not None:
             opt.step()
 
-    seconds = time_steps(ctx.sync, step, params["warmups"], params["steps"])
-    flops = 6.0 * batch * sum(a * b for a, b in pairwise(sizes))
-    return seconds, {"tflops": flops, "qps": float(batch)}
+    return time_steps(ctx.sync, step, params["warmups"], params["steps"])
 
 
-KERNELS: dict[str, Callable[[RunContext, tuple[int, ...], Mapping[str, Any]], tuple[float, dict[str, float]]]] = {
+def work(kernel: str, shape: tuple[int, ...]) -> dict[str, float]:
+    """What one step does, in the units of each rate: FLOPs, bytes gathered, samples (param's formulas)."""
+    if kernel == "gemm":
+        m, n, k = shape
+        return {"tflops": 2.0 * m * n * k}
+    if kernel == "emb":
+        _, dim, nnz, batch = shape
+        return {"bandwidth": float(batch * nnz * dim * 4)}  # fp32 rows gathered
+    layers, width_in, hidden, width_out, batch = shape
+    sizes = [width_in] + [hidden] * layers + [width_out]
+    return {"tflops": 6.0 * batch * sum(a * b for a, b in pairwise(sizes)), "qps": float(batch)}
+
+
+KERNELS: dict[str, Callable[[RunContext, tuple[int, ...], Mapping[str, Any]], float]] = {
     "gemm": _gemm,
     "emb": _emb,
     "linear": _linear,
@@ -132,26 +150,35 @@ COORDS = {"gemm": ("m", "n", "k"), "emb": ("features", "dim", "nnz", "batch"),
 UNITS = {"tflops": ("TFLOP/s", 1e12), "bandwidth": ("GB/s", 1e9), "qps": ("samples/s", 1.0)}
 
 
-def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """Measure every shape on every rank; rows hold per-rank times and p50 rates."""
-    kernel = params["kernel"]
+def _own(ctx: RunContext, params: Mapping[str, Any]) -> list[tuple[tuple[int, ...], float]]:
     previous = torch.get_float32_matmul_precision()
     # "tf32" turns on TensorFloat-32 for fp32 storage (param PR #54); CPUs ignore it.
     torch.set_float32_matmul_precision("high" if params["dtype"] == "tf32" else "highest")
-    out: list[Measurement] = []
     try:
-        for shape in shapes(params):
-            seconds, work = KERNELS[kernel](ctx, shape, params)
-            per_rank = ctx.gather_floats(seconds)
-            p50 = rank_stats(per_rank)["p50"]
-            coords = dict(zip(COORDS[kernel], shape, strict=True))
-            out.extend(Measurement("time_s", s, "s", coords, rank=i) for i, s in enumerate(per_rank))
-            out.append(Measurement("time_p50_s", p50, "s", coords))
-            for metric, amount in work.items():
-                unit, scale = UNITS[metric]
-                out.append(Measurement(metric, amount / p50 / scale, unit, coords))
+        return [(shape, KERNELS[params["kernel"]](ctx, shape, params)) for shape in shapes(params)]
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Measure every shape on every rank (reproflow's kernels or param's driver.py); rows hold
+    per-rank times and rates at the p50 time across ranks."""
+    kernel = params["kernel"]
+    tool: dict[str, str] = {}
+    if params["implementation"] == "param":
+        timed, tool = original.measure(ctx, params, shapes(params))
+    else:
+        timed = _own(ctx, params)
+    out: list[Measurement] = []
+    for shape, seconds in timed:
+        per_rank = ctx.gather_floats(seconds)
+        p50 = rank_stats(per_rank)["p50"]
+        coords = dict(zip(COORDS[kernel], shape, strict=True)) | tool
+        out.extend(Measurement("time_s", s, "s", coords, rank=i) for i, s in enumerate(per_rank))
+        out.append(Measurement("time_p50_s", p50, "s", coords))
+        for metric, amount in work(kernel, shape).items():
+            unit, scale = UNITS[metric]
+            out.append(Measurement(metric, amount / p50 / scale, unit, coords))
     return out
 
 
@@ -166,7 +193,8 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
         if m.rank is None:
             by_shape.setdefault(tuple(m.coords[c] for c in cols), {})[m.metric] = m.value
     lines = [
-        f"Measuring the performance of {kernel}: steps = {params['steps']}, warmups = {params['warmups']}, "
+        f"Measuring the performance of {kernel} ({params['implementation']}): steps = {params['steps']}, "
+        f"warmups = {params['warmups']}, "
         f"dtype {params['dtype']}",
         " ".join(f"{c.upper():>10}" for c in cols) + f" {'Time(s)':>12}" + "".join(f" {heads[k]:>12}" for k in metrics),
     ]
@@ -191,8 +219,11 @@ FAMILY = Family(
         Param("warmups", "int", 10, "untimed steps per shape (param --warmups)", minimum=0, maximum=100000),
         Param("optimizer", "str", "sgd", "linear kernel's optimizer, stepped every step",
               choices=("sgd", "adagrad", "none")),
+        Param("implementation", "str", "reproflow", "who measures: reproflow, or the original param driver.py "
+              "from $PARAM_DIR", choices=("reproflow", "param")),
     ),
     run=run,
     table=table,
     check=check,
+    runtime_check=runtime_check,
 )
