@@ -40,6 +40,19 @@ def _size_label(nbytes: float) -> str:
     return f"{nbytes:g}"
 
 
+def _finish_busbw_axes(ax: plt.Axes, sizes: pd.Series, title: str) -> None:
+    """Log2 size axis labelled 1K/1M/1G (at most ~10 ticks), busBW axis, title, grid, legend."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(sizes.unique())
+    ticks = ticks[:: max(1, len(ticks) // 10 + (len(ticks) % 10 > 0))]
+    ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=45)
+    ax.set_xlabel("message size (total buffer, bytes)")
+    ax.set_ylabel("busBW (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """param_comms_table (every size), param_comms_busbw_<collective> figures, and the comparison of
     implementations when more than one measured."""
@@ -55,16 +68,10 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for _, series in sub.groupby(SETTING):
             first = series.iloc[0]
-            label = f"{setting_label(first)}, {first['dtype']}" + (", blocking" if first["blocking"] else "")
+            label = f"{first['implementation']}: {setting_label(first)}, {first['dtype']}" + (
+                ", blocking" if first["blocking"] else "")
             ax.plot(series["size_bytes"], series["busbw"], marker="o", markersize=3, label=label)
-        ax.set_xscale("log", base=2)
-        ticks = sorted(sub["size_bytes"].unique())[::2]
-        ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=45)
-        ax.set_xlabel("message size (total buffer, bytes)")
-        ax.set_ylabel("busBW (GB/s)")
-        ax.set_title(f"{collective}: bus bandwidth vs message size")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _finish_busbw_axes(ax, sub["size_bytes"], f"{collective}: bus bandwidth vs message size")
         written += save_figure(fig, out_dir, f"param_comms_busbw_{collective}")
     if table["implementation"].nunique() > 1:
         written += compare(table, out_dir)
@@ -82,13 +89,6 @@ def compare(table: pd.DataFrame, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for impl in ["reproflow", *others]:
             ax.plot(sub["size_bytes"], sub[impl], marker="o", markersize=3, label=impl)
-        ax.set_xscale("log", base=2)
-        ticks = sorted(sub["size_bytes"].unique())
-        ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=45)
-        ax.set_xlabel("message size (total buffer, bytes)")
-        ax.set_ylabel("busBW (GB/s)")
-        ax.set_title(f"{collective}: reproflow vs {', '.join(others)} (same job)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _finish_busbw_axes(ax, sub["size_bytes"], f"{collective}: reproflow vs {', '.join(others)} (same job)")
         written += save_figure(fig, out_dir, f"param_comms_compare_{collective}")
     return written
