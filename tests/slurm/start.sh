@@ -42,6 +42,13 @@ if command -v scontrol >/dev/null && all_alive; then
     exit 0
 fi
 [ -s "$DIR/daemons" ] && bash "$here/stop.sh" >/dev/null 2>&1 || true
+# A controller this script did not start (another checkout's test cluster, or a real one) holds the
+# ports and /etc/slurm: say so instead of failing half-way.
+if command -v scontrol >/dev/null && timeout 5 scontrol ping 2>/dev/null | grep -q UP; then
+    say "a Slurm controller not started from $DIR is already running ($(timeout 5 scontrol ping | head -1))."
+    say "stop it first (for another checkout's test cluster: LOCAL_SLURM_DIR=<its .local-slurm> tests/slurm/stop.sh)."
+    exit 1
+fi
 
 # 1. Packages (Debian's): slurmctld, slurmd, slurmdbd, munge, MariaDB.
 need=()
