@@ -1,7 +1,7 @@
 """Rank program for test_timing: reproflow's timed loop against an independent bare loop.
 
-Both time the same all_reduce in the same process group, interleaved, so load on the machine
-affects both alike. Rank 0 prints one JSON line.
+Both time the same all_reduce in the same process group and the same mode (non-blocking or
+blocking), interleaved, so load on the machine affects both alike. Rank 0 prints one JSON line.
 """
 
 import json
@@ -16,11 +16,16 @@ from reproflow.context import RunContext
 from reproflow.timing import time_per_op
 
 
-def bare_seconds(buf: torch.Tensor, iters: int) -> float:
+def bare_seconds(buf: torch.Tensor, iters: int, blocking: bool) -> float:
+    """A plain loop in the same mode: synchronous calls, or async launches then one wait."""
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf)
+    if blocking:
+        for _ in range(iters):
+            dist.all_reduce(buf)
+    else:
+        for work in [dist.all_reduce(buf, async_op=True) for _ in range(iters)]:
+            work.wait()
     return (time.perf_counter() - start) / iters
 
 
@@ -28,15 +33,15 @@ def main() -> None:
     nbytes, iters, trials = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     ctx = RunContext.from_env("cpu", "gloo", 120)
     buf = torch.rand(nbytes // 4)
-    ours, ours_blocking, bare = [], [], []
+    got: dict[str, list[float]] = {"ours": [], "bare": [], "ours_blocking": [], "bare_blocking": []}
+    issue = lambda async_op: dist.all_reduce(buf, async_op=async_op)  # noqa: E731
     for _ in range(trials):
-        issue = lambda async_op: dist.all_reduce(buf, async_op=async_op)  # noqa: E731
-        ours.append(statistics.median(ctx.gather_floats(time_per_op(ctx, issue, 1, iters, False))))
-        ours_blocking.append(statistics.median(ctx.gather_floats(time_per_op(ctx, issue, 1, iters, True))))
-        bare.append(statistics.median(ctx.gather_floats(bare_seconds(buf, iters))))
+        for blocking, suffix in ((False, ""), (True, "_blocking")):
+            mine = time_per_op(ctx, issue, 1, iters, blocking)
+            got["ours" + suffix].append(statistics.median(ctx.gather_floats(mine)))
+            got["bare" + suffix].append(statistics.median(ctx.gather_floats(bare_seconds(buf, iters, blocking))))
     if ctx.rank == 0:
-        print(json.dumps({"ours": statistics.median(ours), "ours_blocking": statistics.median(ours_blocking),
-                          "bare": statistics.median(bare)}), flush=True)
+        print(json.dumps({k: statistics.median(v) for k, v in got.items()}), flush=True)
     ctx.close()
 
 
