@@ -22,6 +22,7 @@ import torch.distributed as dist
 from reproflow.context import RunContext
 from reproflow.family import get_family
 from reproflow.params import resolve
+from reproflow.timing import bare_loop_seconds
 
 
 def _value(rows, metric: str) -> float:
@@ -29,18 +30,11 @@ def _value(rows, metric: str) -> float:
 
 
 def bare_allreduce_busbw(ctx: RunContext, nbytes: int, iters: int, blocking: bool) -> float:
-    """busBW of a plain loop: async launches then one wait, or back-to-back synchronous calls."""
+    """busBW of a plain loop in the same mode, with the nccl-tests factor written out here."""
     buf = torch.rand(nbytes // 4)
     dist.all_reduce(buf)
     dist.barrier()
-    start = time.perf_counter()
-    if blocking:
-        for _ in range(iters):
-            dist.all_reduce(buf)
-    else:
-        for work in [dist.all_reduce(buf, async_op=True) for _ in range(iters)]:
-            work.wait()
-    mine = (time.perf_counter() - start) / iters
+    mine = bare_loop_seconds(lambda async_op: dist.all_reduce(buf, async_op=async_op), iters, blocking)
     p50 = statistics.median(ctx.gather_floats(mine))
     n = ctx.world_size
     return nbytes / p50 / 1e9 * 2 * (n - 1) / n

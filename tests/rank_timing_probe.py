@@ -7,26 +7,12 @@ blocking), interleaved, so load on the machine affects both alike. Rank 0 prints
 import json
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 from reproflow.context import RunContext
-from reproflow.timing import time_per_op
-
-
-def bare_seconds(buf: torch.Tensor, iters: int, blocking: bool) -> float:
-    """A plain loop in the same mode: synchronous calls, or async launches then one wait."""
-    dist.barrier()
-    start = time.perf_counter()
-    if blocking:
-        for _ in range(iters):
-            dist.all_reduce(buf)
-    else:
-        for work in [dist.all_reduce(buf, async_op=True) for _ in range(iters)]:
-            work.wait()
-    return (time.perf_counter() - start) / iters
+from reproflow.timing import bare_loop_seconds, time_per_op
 
 
 def main() -> None:
@@ -39,7 +25,9 @@ def main() -> None:
         for blocking, suffix in ((False, ""), (True, "_blocking")):
             mine = time_per_op(ctx, issue, 1, iters, blocking)
             got["ours" + suffix].append(statistics.median(ctx.gather_floats(mine)))
-            got["bare" + suffix].append(statistics.median(ctx.gather_floats(bare_seconds(buf, iters, blocking))))
+            dist.barrier()
+            bare = bare_loop_seconds(issue, iters, blocking)
+            got["bare" + suffix].append(statistics.median(ctx.gather_floats(bare)))
     if ctx.rank == 0:
         print(json.dumps({k: statistics.median(v) for k, v in got.items()}), flush=True)
     ctx.close()

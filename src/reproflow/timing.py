@@ -69,6 +69,22 @@ def time_per_op(
     return total / iters
 
 
+def bare_loop_seconds(issue: Callable[[bool], Any], iters: int, blocking: bool) -> float:
+    """The plainest timing of `iters` operations: synchronous calls, or async launches then one wait.
+
+    No warm-up, no barriers, no statistics: the reference the benchmarks and tests hold
+    `time_per_op` against (call a barrier first so the ranks start together).
+    """
+    start = time.perf_counter()
+    if blocking:
+        for _ in range(iters):
+            issue(False)
+    else:
+        for work in [issue(True) for _ in range(iters)]:
+            work.wait()
+    return (time.perf_counter() - start) / iters
+
+
 def time_steps(sync: Callable[[], None], step: Callable[[], Any], warmup: int, steps: int) -> float:
     """Seconds per call of `step` after `warmup` untimed calls (param compute's method)."""
     for _ in range(warmup):
