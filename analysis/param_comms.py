@@ -17,7 +17,6 @@ from reproflow.report import (
     save_figure,
     setting_label,
     wide,
-    with_implementation,
     write_table,
 )
 
@@ -56,7 +55,7 @@ def _finish_busbw_axes(ax: plt.Axes, sizes: pd.Series, title: str) -> None:
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """param_comms_table (every size), param_comms_busbw_<collective> figures, and the comparison of
     implementations when more than one measured."""
-    rows = aggregates(newest(with_implementation(frame)))
+    rows = aggregates(newest(frame))
     table = wide(rows, ["collective", *SETTING, "size_bytes", "elements_per_rank"], METRICS)
     table = table.sort_values(["collective", *SETTING, "size_bytes"])
     written = write_table(table, out_dir, "param_comms_table",

@@ -16,7 +16,6 @@ from reproflow.report import (
     newest,
     save_figure,
     wide,
-    with_implementation,
     write_table,
 )
 
@@ -36,7 +35,7 @@ NOTE = ("Both implementations time `steps` calls after `warmups` untimed ones; r
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """param_compute_<kernel> tables, a TFLOP/s-per-shape figure for GEMM, and the comparison of
     implementations when more than one measured."""
-    rows = aggregates(newest(with_implementation(frame)))
+    rows = aggregates(newest(frame))
     written: list[Path] = []
     for kernel, sub in rows.groupby("kernel"):
         coords, metrics, title = KERNELS[str(kernel)]

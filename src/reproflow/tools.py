@@ -10,14 +10,18 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch.distributed as dist
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError, PointFailed
+from reproflow.local import free_port
+
+T = TypeVar("T")
 
 
 def param_checkout(script: Path) -> Path:
@@ -48,14 +52,15 @@ class ToolRun:
     output: str
 
 
+class ToolOutputError(ValueError):
+    """A tool's output that is not a complete result; no rows are taken from it."""
+
+
 def _rendezvous(ctx: RunContext) -> tuple[str, int]:
     # The tool's rank 0 runs where reproflow's rank 0 runs, so that host and a port free on it.
     box: list[object] = [None]
     if ctx.rank == 0:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        box = [(socket.gethostbyname(socket.gethostname()), port)]
+        box = [(socket.gethostbyname(socket.gethostname()), free_port(""))]
     dist.broadcast_object_list(box, src=0)
     addr, port = box[0]  # type: ignore[misc]
     return str(addr), int(port)
@@ -80,8 +85,22 @@ def run_group(ctx: RunContext, argv: Sequence[str], env: Mapping[str, str] | Non
         output, problem = "", f"did not finish in {timeout_s:.0f} s"
     except OSError as exc:
         output, problem = "", str(exc)
-    if not ctx.all_agree(not problem):
-        errors = ctx.gather_objects(problem)
-        detail = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+    detail = ctx.failures(problem)
+    if detail:
         raise PointFailed(f"{os.path.basename(cmd[1] if len(cmd) > 1 else cmd[0])} {detail}")
     return ToolRun(" ".join(cmd), output)
+
+
+def read_output(ctx: RunContext, parse: Callable[[], T] | None, tool: str) -> T | None:
+    """`parse()` on the ranks that read the tool's output (None elsewhere); a ToolOutputError on any
+    of them fails the point on every rank."""
+    result, problem = None, ""
+    if parse is not None:
+        try:
+            result = parse()
+        except ToolOutputError as exc:
+            problem = str(exc)
+    detail = ctx.failures(problem)
+    if detail:
+        raise PointFailed(f"{tool} output could not be read: {detail}")
+    return result

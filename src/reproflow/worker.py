@@ -125,12 +125,9 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
         if not run_it:
             ctx.log(f"{tag}: done earlier, skipped ({path.name})")
             continue
-        problem = _preflight(fam, point, ctx)
-        everyone_ok = ctx.all_agree(not problem)
-        if not everyone_ok:
+        message = ctx.failures(_preflight(fam, point, ctx))
+        if message:
             failed += 1
-            errors = ctx.gather_objects(problem)
-            message = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
             if ctx.rank == 0:
                 write_failure(path, point.label, message, prov.job_id)
             ctx.log(f"{tag}: FAILED before running: {message}")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError, PointFailed
+from reproflow.errors import ParamError
 from reproflow.family import Measurement
-from reproflow.tools import checkout_commit, param_checkout, run_group
+from reproflow.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
 
 PARAM_COLLECTIVE = {
     "all_reduce": "all_reduce",
@@ -34,10 +34,6 @@ PARAM_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16
                "int32": "int32", "int64": "long"}
 COMMS_SCRIPT = Path("train") / "comms" / "pt" / "comms.py"
 STATS_COLUMNS = ("latency_p50_us", "latency_p75_us", "latency_p95_us", "latency_min_us", "latency_max_us")
-
-
-class ParseError(ValueError):
-    """Output that is not a complete param comms result; no rows are taken from it."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,7 @@ def parse_comms(text: str) -> list[CommsRow]:
     """Rows of a param comms.py run (rank 0's output), checked against the sizes param announced."""
     announced = _ALL_SIZES.search(text)
     if announced is None:
-        raise ParseError("no 'allSizes: [...]' line: this is not comms.py output, or it stopped before its sweep")
+        raise ToolOutputError("no 'allSizes: [...]' line: this is not comms.py output, or it stopped before its sweep")
     sizes = [int(s) for s in announced.group(1).replace(",", " ").split()]
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -72,14 +68,15 @@ def parse_comms(text: str) -> list[CommsRow]:
         try:
             values = [float(f) for f in fields]
         except ValueError:
-            raise ParseError(f"line {number}: non-numeric field in {line.strip()!r}") from None
+            raise ToolOutputError(f"line {number}: non-numeric field in {line.strip()!r}") from None
         if len(values) not in (9, 10):  # 10 with the TFlops column of comms-compute mode
-            raise ParseError(f"line {number}: expected 9 numbers after the tag, got {len(values)}: {line.strip()!r}")
+            raise ToolOutputError(f"line {number}: expected 9 numbers after the tag, got {len(values)}: "
+                                  f"{line.strip()!r}")
         rows.append(CommsRow(match.group("collective"), match.group("dtype"), int(values[0]), int(values[1]),
                              dict(zip(STATS_COLUMNS, values[2:7], strict=True)), values[7], values[8]))
     got = [r.size_bytes for r in rows]
     if got != sizes:
-        raise ParseError(f"param announced {len(sizes)} sizes {sizes[:3]}... but printed {len(got)} result lines "
+        raise ToolOutputError(f"param announced {len(sizes)} sizes {sizes[:3]}... but printed {len(got)} result lines "
                          f"{got[:3]}...: the output is truncated or mixed with another run")
     return rows
 
@@ -89,6 +86,10 @@ def check(params: Mapping[str, Any]) -> None:
     if params["collective"] not in PARAM_COLLECTIVE:
         raise ParamError(f"param's comms.py has no {params['collective']!r} in the nccl-tests sense (its pt2pt mode "
                          "measures ping-pong and windowed bandwidth).", ", ".join(PARAM_COLLECTIVE))
+    if params["check"] and not params["blocking"] and params["collective"] in ("all_reduce", "reduce"):
+        # comms.py turns --c 1 off for reduce collectives in non-blocking mode, with only a warning.
+        raise ParamError(f"param's comms.py cannot check {params['collective']} data in non-blocking mode; "
+                         "set check = false or blocking = true.")
 
 
 def runtime_check(params: Mapping[str, Any], backend: str) -> None:
@@ -120,15 +121,8 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     root = param_checkout(COMMS_SCRIPT)
     cmd = argv(params, ctx.backend, ctx.device.type, root / COMMS_SCRIPT)
     result = run_group(ctx, cmd, cwd=str(root / COMMS_SCRIPT.parent))
-    rows: list[CommsRow] = []
-    problem = ""
-    if ctx.rank == 0:
-        try:
-            rows = parse_comms(result.output)
-        except ParseError as exc:
-            problem = str(exc)
-    if not ctx.all_agree(not problem):
-        raise PointFailed(f"param output could not be read: {ctx.gather_objects(problem)[0]}")
+    # Only rank 0 of comms.py prints the results.
+    rows = read_output(ctx, (lambda: parse_comms(result.output)) if ctx.rank == 0 else None, "comms.py") or []
     tool = {"tool_version": checkout_commit(root, "PARAM_COMMIT"), "command": result.command}
     out: list[Measurement] = []
     for row in rows:

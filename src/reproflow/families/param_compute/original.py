@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError, PointFailed
-from reproflow.tools import checkout_commit, param_checkout, run_group
+from reproflow.errors import ParamError
+from reproflow.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
 
 DRIVER = Path("train") / "compute" / "pt" / "driver.py"
 # Numbers per result line and the column holding the time per step.
@@ -23,16 +23,12 @@ COLUMNS = {"gemm": (5, 3), "emb": (7, 4), "linear": (8, 5)}
 _HEADER = re.compile(r"Measuring the performance of\s+(\w+)\s+on device")
 
 
-class ParseError(ValueError):
-    """Output that is not a complete param compute result; no rows are taken from it."""
-
-
 def parse_compute(text: str, kernel: str, expected: Sequence[tuple[int, ...]]) -> list[tuple[tuple[int, ...], float]]:
     """(shape, seconds per step) for every line of a driver.py run, checked against the expected shapes."""
     header = _HEADER.search(text)
     if header is None or header.group(1) != kernel:
         found = header.group(1) if header else "no 'Measuring the performance of' line"
-        raise ParseError(f"not param driver.py output for {kernel!r} ({found})")
+        raise ToolOutputError(f"not param driver.py output for {kernel!r} ({found})")
     count, time_col = COLUMNS[kernel]
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -42,9 +38,9 @@ def parse_compute(text: str, kernel: str, expected: Sequence[tuple[int, ...]]) -
         try:
             values = [float(f) for f in fields]
         except ValueError:
-            raise ParseError(f"line {number}: non-numeric field in {line.strip()!r}") from None
+            raise ToolOutputError(f"line {number}: non-numeric field in {line.strip()!r}") from None
         if len(values) != count:
-            raise ParseError(f"line {number}: expected {count} numbers for {kernel}, got {len(values)}: "
+            raise ToolOutputError(f"line {number}: expected {count} numbers for {kernel}, got {len(values)}: "
                              f"{line.strip()!r}")
         shape = tuple(int(v) for v in values[:time_col])
         if kernel == "linear":  # param prints len(layers_size) = layers + 2 in its #Layer column
@@ -52,7 +48,7 @@ def parse_compute(text: str, kernel: str, expected: Sequence[tuple[int, ...]]) -
         rows.append((shape, values[time_col]))
     shapes = [s for s, _ in rows]
     if shapes != [tuple(s) for s in expected]:
-        raise ParseError(f"expected {len(expected)} result lines for shapes {list(expected)[:2]}..., got "
+        raise ToolOutputError(f"expected {len(expected)} result lines for shapes {list(expected)[:2]}..., got "
                          f"{len(shapes)} {shapes[:2]}...: the output is truncated or from another dataset")
     return rows
 
@@ -96,12 +92,5 @@ def measure(ctx: RunContext, params: Mapping[str, Any], expected: Sequence[tuple
     cmd = argv(params, ctx.device.type, root / DRIVER)
     env = {"CUDA_VISIBLE_DEVICES": str(ctx.local_rank)} if ctx.device.type == "cuda" else {}
     result = run_group(ctx, cmd, env=env, cwd=str(root / DRIVER.parent))
-    rows: list[tuple[tuple[int, ...], float]] = []
-    problem = ""
-    try:
-        rows = parse_compute(result.output, params["kernel"], expected)
-    except ParseError as exc:
-        problem = str(exc)
-    if not ctx.all_agree(not problem):
-        raise PointFailed(f"param driver.py output could not be read: {ctx.gather_objects(problem)}")
-    return rows, {"tool_version": checkout_commit(root, "PARAM_COMMIT"), "command": result.command}
+    rows = read_output(ctx, lambda: parse_compute(result.output, params["kernel"], expected), "driver.py")
+    return rows or [], {"tool_version": checkout_commit(root, "PARAM_COMMIT"), "command": result.command}
