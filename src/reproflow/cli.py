@@ -1,4 +1,4 @@
-"""The `reproflow` command: list, run, render, submit, status, report.
+"""The `reproflow` command: list, run, render, submit, status, report, and the families' own commands.
 
 User errors (bad suite, unknown name, missing tool) print one paragraph and exit 2, never a traceback.
 """
@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from reproflow import __version__
-from reproflow.errors import ReproflowError
-from reproflow.family import families
+from reproflow.errors import ParamError, ReproflowError
+from reproflow.family import families, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
-from reproflow.suite import Suite, find_suite, load_suite, parse_overrides
+from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
 
 EPILOG = """examples:
   reproflow list                         families, suites and their points
   reproflow run param-demo               run the demo suite here (4 gloo ranks + GEMM)
   reproflow run param-comms --procs 2 --dry-run
+  reproflow run resharding -e n-to-m --explain    the plan of every resharding case
+  reproflow resharding --suite n-to-m --case case1 --resharding-mode broadcast \
+      --resharding-loadbalance-mode loadbalance_order
   reproflow render --check               are the committed sbatch scripts current?
   reproflow submit param-comms --nodes 2 --image /apps/reproflow.sqsh --dry-run
   reproflow report                       tables (CSV, markdown) and figures (PNG, PDF)
@@ -67,6 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     worst = 0
     for exp in suite.select(args.experiment):
         world = executor.world_size(exp)
+        if args.explain:
+            _explain(exp, executor.host_size(exp))
+            continue
         if args.dry_run:
             print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
             print(f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python -m reproflow.worker "
@@ -82,9 +89,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"reproflow: experiment {exp.name} ended with exit code {code}"
                   + (" (some points failed; see *.failed.json)" if code == 3 else ""), file=sys.stderr)
             worst = worst or code
-    if not args.dry_run:
+    if not (args.dry_run or args.explain):
         print(f"reproflow: results of suite {suite.name} are in {Path(args.results) / suite.name}")
     return worst
+
+
+def _explain(exp: Experiment, host_size: int) -> None:
+    """Print the family's plan of every point, computed as the ranks would compute it."""
+    fam = get_family(exp.family)
+    print(f"# {exp.name}: {len(exp.points)} point(s), {exp.launch.nodes} host(s) x {host_size} rank(s)")
+    for point in exp.points:
+        print(f"- {point.label}")
+        if fam.explain is None:
+            print(f"  (family {fam.name} has no plan to explain; --dry-run shows the command)")
+            continue
+        try:
+            print(textwrap.indent(fam.explain(point.params, host_size), "  "))
+        except ParamError as exc:
+            print(f"  cannot plan this point: {exc}")
+
+
+def cmd_family(args: argparse.Namespace) -> int:
+    """A family's own subcommand: translate its options into a suite, an experiment and --set items."""
+    try:
+        suite, experiment, sets = args.family_command.to_run(args)
+    except ParamError as exc:
+        raise ReproflowError(f"{args.command}: {exc}") from None
+    args.suite, args.experiment, args.set = suite, [experiment], [*sets, *args.set]
+    return cmd_run(args)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -215,13 +247,32 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="fix a parameter for every point, e.g. --set end_size=1M --set iters=5")
 
+    def local_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+        p.add_argument("--explain", action="store_true",
+                       help="print each point's plan (families that plan, e.g. resharding), run nothing")
+
     p = sub.add_parser("run", help="run a suite on this machine", formatter_class=fmt,
                        description="Run a suite's experiments here: each experiment is one process group of "
                                    "nodes x procs_per_node ranks (gloo on CPU, NCCL on GPUs). Points with "
                                    "results are skipped unless --force.")
     common(p)
-    p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+    local_options(p)
     p.set_defaults(func=cmd_run)
+
+    for fam in families().values():
+        if fam.command is None:
+            continue
+        p = sub.add_parser(fam.command.name, help=fam.command.help, description=fam.command.description,
+                           formatter_class=fmt)
+        fam.command.add_arguments(p)
+        p.add_argument("--results", default="results", help="results folder")
+        p.add_argument("--force", action="store_true", help="measure again if the point already has results")
+        p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="fix another parameter, e.g. --set scale=64")
+        local_options(p)
+        p.set_defaults(func=cmd_family, family_command=fam.command)
 
     p = sub.add_parser("render", help="write sbatch/<suite>.sbatch from templates/", formatter_class=fmt,
                        description="Render each suite's sbatch script from templates/suite.sbatch.j2.")

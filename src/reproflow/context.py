@@ -47,6 +47,9 @@ class RunContext:
     device: torch.device
     backend: str
     hostname: str
+    # Ranks per host: torchrun's LOCAL_WORLD_SIZE; the local executor emulates hosts with it.
+    # Ranks [h * host_size, (h + 1) * host_size) share host h.
+    host_size: int
 
     @classmethod
     def from_env(cls, device: str, backend: str, timeout_s: float) -> RunContext:
@@ -60,6 +63,7 @@ class RunContext:
         rank = int(os.environ["RANK"])
         world = int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        host_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         device, backend = choose_device_and_backend(device, backend)
         if device == "cuda":
             torch.cuda.set_device(local_rank)
@@ -69,7 +73,7 @@ class RunContext:
         dist.init_process_group(
             backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=timeout_s)
         )
-        return cls(rank, world, local_rank, dev, backend, socket.gethostname())
+        return cls(rank, world, local_rank, dev, backend, socket.gethostname(), host_size)
 
     def close(self) -> None:
         """Leave the process group."""

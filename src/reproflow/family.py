@@ -8,6 +8,7 @@ scanning that package, so a new family needs no change to the engine.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,23 @@ RunFn = Callable[["RunContext", Mapping[str, Any]], list[Measurement]]
 TableFn = Callable[[Mapping[str, Any], Sequence[Measurement]], str]
 CheckFn = Callable[[Mapping[str, Any], int], None]
 RuntimeCheckFn = Callable[[Mapping[str, Any], "RunContext"], None]
+# The plan of a point when each host runs `host_size` ranks, as text (`reproflow run --explain`).
+ExplainFn = Callable[[Mapping[str, Any], int], str]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A family's own subcommand with the original tool's option names.
+
+    `to_run` turns the parsed options into (suite, experiment, --set items): the command is a
+    shorthand for `reproflow run`, so it runs, skips and records exactly as a suite does.
+    """
+
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    to_run: Callable[[argparse.Namespace], tuple[str, str, list[str]]]
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,8 @@ class Family:
     # Checks of the job's environment (a tool's checkout, the backend): only at run time, on every
     # rank, before the point's first collective; raise ParamError.
     runtime_check: RuntimeCheckFn | None = None
+    explain: ExplainFn | None = None
+    command: Command | None = None
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""

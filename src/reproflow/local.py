@@ -37,9 +37,11 @@ def worker_args(suite: Suite, exp: Experiment, results: Path, force: bool, root:
 
 
 def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
-              limit_s: float = 3600.0) -> int:
+              limit_s: float = 3600.0, host_size: int | None = None) -> int:
     """Start `cmd` once per rank with the torch.distributed environment, on this machine.
 
+    `host_size` ranks form one emulated host (LOCAL_WORLD_SIZE), as on `world / host_size` nodes;
+    LOCAL_RANK stays the rank, so ranks on a multi-GPU machine still get distinct GPUs.
     Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
     a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
     code of the first failing rank (then the other ranks are stopped rather than left waiting).
@@ -50,7 +52,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(host_size or world),
         # As torchrun does: share the cores, or ranks oversubscribe them and time each other.
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world)),
     )
@@ -126,6 +128,11 @@ class LocalExecutor:
         """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
         return self.procs or exp.launch.world_size
 
+    def host_size(self, exp: Experiment) -> int:
+        """Ranks per emulated host: the suite's procs_per_node, unless --procs does not fit it."""
+        world, ppn = self.world_size(exp), exp.launch.procs_per_node
+        return ppn if world % ppn == 0 else world
+
     def run(self, suite: Suite, exp: Experiment) -> int:
         """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""
         job_id = f"local-{_dt.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}"
@@ -136,4 +143,5 @@ class LocalExecutor:
             self.results / suite.name / "logs" / job_id,
             {"REPROFLOW_JOB_ID": job_id},
             slurm_seconds(exp.launch.time_limit),
+            self.host_size(exp),
         )

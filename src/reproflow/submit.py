@@ -38,6 +38,7 @@ def run_rank(worker_argv: list[str]) -> int:
         RANK=str(env.global_rank),
         WORLD_SIZE=str(env.num_tasks),
         LOCAL_RANK=str(env.local_rank),
+        LOCAL_WORLD_SIZE=str(env.num_tasks // env.num_nodes),
         MASTER_ADDR=env.hostnames[0],
         MASTER_PORT=os.environ.get("MASTER_PORT") or str(rendezvous_port(env.job_id)),
     )

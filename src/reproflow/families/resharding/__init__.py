@@ -1,0 +1,168 @@
+"""Cross-mesh resharding: Alpa's 1-to-m and n-to-m microbenchmarks (arXiv 2211.05322, sections 5.1.1,
+5.1.2 and 5.3.1) in torch.distributed.
+
+A tensor sharded over a source mesh is moved to a destination mesh with another sharding. DTensor
+cannot redistribute across meshes, so the plan is reproflow's own (layout.py, plan.py, balance.py)
+and executed with point-to-point sends or sub-group broadcasts (execute.py). One point is one case
+in one configuration; it reports the reference's `exec_time_mean` and `exec_time_var` (seconds,
+over the runs kept) and fails when any destination rank holds a wrong tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError, PointFailed
+from reproflow.families.resharding.cases import CASES, N_TO_M, ONE_TO_M
+from reproflow.families.resharding.execute import expected_elements, run_plan
+from reproflow.families.resharding.plan import CUSTOM, LOADBALANCE, MODES, ORDER_ALGOS, Plan, make_plan, problem
+from reproflow.family import Command, Family, Measurement
+from reproflow.params import Param
+
+
+@lru_cache(maxsize=64)
+def _plan(items: tuple[tuple[str, Any], ...], host_size: int) -> Plan:
+    return make_plan(dict(items), host_size)
+
+
+def plan_for(params: Mapping[str, Any], host_size: int) -> Plan:
+    """The point's plan, computed once per job and host size (the greedy solver is not free)."""
+    return _plan(tuple(sorted(params.items())), host_size)
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    """Everything that does not depend on how ranks sit on hosts."""
+    if params["warmup_runs"] >= params["runs"]:
+        raise ParamError(f"warmup_runs ({params['warmup_runs']}) leaves none of the {params['runs']} runs.",
+                         "warmup_runs < runs")
+    p = problem(params)
+    plan_for(params, p.devices)
+
+
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    """The job must have the hosts and ranks per host the two meshes need."""
+    plan = plan_for(params, ctx.host_size)
+    hosts = ctx.world_size // ctx.host_size
+    need = plan.problem.hosts
+    if need > hosts:
+        raise ParamError(f"case {plan.problem.name!r} needs {need} hosts ({plan.problem.src_mesh.hosts} source + "
+                         f"{plan.problem.dst_mesh.hosts} destination); the job has {hosts} of {ctx.host_size} "
+                         "ranks each.", f"nodes >= {need}")
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Time the plan, check every destination tile, and report the reference's statistics."""
+    plan = plan_for(params, ctx.host_size)
+    ctx.log(f"  {len(plan.tasks)} unit tasks, {len(plan.transfers)} transfers, local all-gather "
+            f"{plan.allgather_note}")
+    times, wrong = run_plan(ctx, plan, params["runs"])
+    if wrong:
+        raise PointFailed(f"tile check failed: {wrong} of {expected_elements(plan)} destination elements differ "
+                          "from the source tensor")
+    drop = params["warmup_runs"]
+    kept = times[drop:]
+    mean = statistics.fmean(kept)
+    out = [Measurement("run_time", t, "s", {"run": i, "kept": i >= drop}) for i, t in enumerate(times)]
+    out += [
+        Measurement("exec_time_mean", mean, "s"),
+        Measurement("exec_time_var", statistics.pvariance(kept), "s^2"),
+        Measurement("effective_bw", plan.problem.nbytes / mean / 1e9, "GB/s"),
+        Measurement("delivered_bw", plan.delivered_bytes() / mean / 1e9, "GB/s"),
+        Measurement("unit_tasks", float(len(plan.tasks)), "count"),
+        Measurement("transfers", float(len(plan.transfers)), "count"),
+        Measurement("max_host_sent_bytes", float(max(plan.sent_per_host().values())), "B"),
+        Measurement("wrong_elements", float(wrong), "count"),
+    ]
+    return out
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    """One line per point, with the fields of the reference's result record."""
+    v = {m.metric: m.value for m in rows if m.metric != "run_time"}
+    p = problem(params)
+    return (f"{p.name}: {p.src_mesh.text()} -> {p.dst_mesh.text()}, {'x'.join(map(str, p.shape))} int32, "
+            f"{p.src_spec} -> {p.dst_spec}, {params['resharding_mode']} / {params['resharding_loadbalance_mode']}"
+            f"{' + local all-gather' if params['use_local_allgather'] else ''}: exec_time_mean "
+            f"{v['exec_time_mean']:.6f} s, exec_time_var {v['exec_time_var']:.3g} s^2, "
+            f"{v['effective_bw']:.3f} GB/s effective, {int(v['unit_tasks'])} unit tasks, tiles correct")
+
+
+def explain(params: Mapping[str, Any], host_size: int) -> str:
+    """The plan of one point, as `--explain` prints it."""
+    return plan_for(params, host_size).explain()
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", required=True, choices=("1-to-m", "n-to-m"),
+                        help="1-to-m: one source device to a destination mesh; n-to-m: the multi-device cases")
+    parser.add_argument("--n-nodes", type=int, default=1, help="1-to-m: hosts of the destination mesh")
+    parser.add_argument("--gpu-per-node", type=int, default=1, help="1-to-m: devices per destination host")
+    parser.add_argument("--case", default=None, help="n-to-m: " + ", ".join(N_TO_M))
+    parser.add_argument("--resharding-mode", required=True, choices=MODES)
+    parser.add_argument("--resharding-loadbalance-mode", required=True, choices=LOADBALANCE)
+    parser.add_argument("--use-local-allgather", action="store_true",
+                        help="send_recv: receive 1/r per device, then all-gather within the host")
+    parser.add_argument("--disable-tqdm", action="store_true", help="accepted for compatibility; no effect")
+
+
+def _to_run(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    if args.suite == "1-to-m":
+        case = f"1-to-{args.n_nodes}x{args.gpu_per_node}"
+        if args.case is not None:
+            raise ParamError("--case belongs to --suite n-to-m; 1-to-m cases are chosen with --n-nodes and "
+                             "--gpu-per-node.")
+        if case not in ONE_TO_M:
+            raise ParamError(f"the 1-to-m suite has no destination mesh {args.n_nodes}x{args.gpu_per_node}.",
+                             ", ".join(c.removeprefix("1-to-") for c in ONE_TO_M) + " (--n-nodes x --gpu-per-node)")
+    else:
+        case = args.case or ""
+        if case not in N_TO_M:
+            raise ParamError(f"--case {case or '(missing)'} is not an n-to-m case.", ", ".join(N_TO_M))
+    sets = [f"case={case}", f"resharding_mode={args.resharding_mode}",
+            f"resharding_loadbalance_mode={args.resharding_loadbalance_mode}",
+            f"use_local_allgather={'true' if args.use_local_allgather else 'false'}"]
+    return "resharding", args.suite, sets
+
+
+FAMILY = Family(
+    name="resharding",
+    summary="cross-mesh resharding (Alpa): 1-to-m and n-to-m cases, send_recv vs broadcast, load balancing",
+    params=(
+        Param("case", "str", "case1", "reference case (1-to-NxG or caseK), or 'custom' with the five fields below",
+              choices=(*CASES, CUSTOM)),
+        Param("src_mesh", "str", "", "custom case: source mesh HOSTSxDEVICES, e.g. '2x4'"),
+        Param("dst_mesh", "str", "", "custom case: destination mesh on the next hosts, e.g. '2x4'"),
+        Param("shape", "str", "", "custom case: int32 tensor shape, e.g. '1024x1024x512'"),
+        Param("src_spec", "str", "", "custom case: per mesh axis R (replicate) or S<d> (shard dim d), e.g. 'S0,R'"),
+        Param("dst_spec", "str", "", "custom case: destination spec, same notation"),
+        Param("scale", "int", 1, "divide the tensor's dim 0 by this (1: the reference's 1-2 GiB tensors)", minimum=1),
+        Param("resharding_mode", "str", "send_recv", "send_recv (one sender per receiver) or broadcast",
+              choices=MODES),
+        Param("resharding_loadbalance_mode", "str", "normal", "how senders are chosen and tasks ordered",
+              choices=LOADBALANCE),
+        Param("use_local_allgather", "bool", False, "send_recv: receive 1/r, then all-gather within the host"),
+        Param("order_algo", "str", "greedy", "loadbalance_order solver: Alpa's randomised greedy, or "
+              "depth-first search", choices=ORDER_ALGOS),
+        Param("seed", "int", 0, "seed of the greedy solver (every rank plans alike)"),
+        Param("runs", "int", 13, "timed repetitions (reference: 13)", minimum=1, maximum=100000),
+        Param("warmup_runs", "int", 3, "first runs dropped from the statistics (reference: 3)", minimum=0),
+    ),
+    run=run,
+    table=table,
+    check=check,
+    runtime_check=runtime_check,
+    explain=explain,
+    command=Command(
+        name="resharding",
+        help="one resharding case with the reference benchmark's options",
+        description="Run one case of the resharding suites with the options of Alpa's "
+                    "benchmark_cross_mesh_resharding.py; it becomes `reproflow run resharding -e SUITE --set ...`.",
+        add_arguments=_add_arguments,
+        to_run=_to_run,
+    ),
+)

@@ -1,0 +1,149 @@
+"""Run a resharding plan with torch.distributed and time it as the reference does.
+
+Every rank walks the plan's transfers in issue order and does the ones it takes part in, one at a
+time, as each Alpa host worker runs its compiled send/recv or broadcast list; the global order
+makes this deadlock-free. Sub-groups for broadcasts and all-gathers are created on every rank
+before timing (Alpa creates its communicators eagerly) and kept for the rest of the job.
+
+Timing: `runs` repetitions (reference: 13), each from a barrier of all ranks to the moment the
+slowest destination rank has its tile (Alpa syncs the destination mesh only); the first
+`warmup_runs` (reference: 3) are dropped. Unlike Alpa, receive buffers are allocated and zeroed
+before the timer starts and the sender's slices are packed beforehand, so only communication and
+the copy into non-contiguous tile slices are timed. After the last run each destination rank
+compares its tile with the expected part of the source arange.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from reproflow.context import RunContext
+from reproflow.families.resharding.layout import box_values, numel, relative
+from reproflow.families.resharding.plan import Plan
+
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_GROUPS: dict[tuple[int, ...], object] = {}
+
+
+def group(ranks: tuple[int, ...]) -> object:
+    """The process group of `ranks`, created once per job. Every rank must ask for the same groups
+    in the same order, because creating one is a collective of the whole job."""
+    key = tuple(sorted(ranks))
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(key))
+    return _GROUPS[key]
+
+
+@dataclass
+class _Step:
+    """One transfer as this rank sees it."""
+
+    sender: int
+    peers: tuple[int, ...]  # the receivers; for broadcast the group is sender + receivers
+    data: torch.Tensor  # what is sent, or the buffer received into
+    target: torch.Tensor | None = None  # tile slice to copy a received buffer into (non-contiguous)
+
+
+@dataclass
+class _RankWork:
+    steps: list[_Step] = field(default_factory=list)
+    recv: torch.Tensor | None = None  # what arrives over the network
+    final: torch.Tensor | None = None  # the tile this rank must hold at the end (recv unless all-gather)
+
+
+def _prepare(ctx: RunContext, plan: Plan) -> _RankWork:
+    me, dev, shape = ctx.rank, ctx.device, plan.problem.shape
+    work = _RankWork()
+    src_box = plan.src_boxes.get(me)
+    src = box_values(shape, src_box, dev) if src_box is not None else None
+    recv_box = plan.recv_boxes.get(me)
+    if recv_box is not None:
+        work.recv = torch.zeros([hi - lo for lo, hi in recv_box], dtype=torch.int32, device=dev)
+        dst_box = plan.dst_boxes[me]
+        work.final = work.recv if not plan.gather_groups else \
+            torch.zeros([hi - lo for lo, hi in dst_box], dtype=torch.int32, device=dev)
+    for t in plan.transfers:
+        task = plan.tasks[t.task]
+        if t.sender == me:
+            assert src is not None and src_box is not None
+            work.steps.append(_Step(t.sender, t.receivers, src[relative(task.box, src_box)].contiguous()))
+        elif me in t.receivers:
+            assert work.recv is not None and recv_box is not None
+            view = work.recv[relative(task.box, recv_box)]
+            if view.is_contiguous():
+                work.steps.append(_Step(t.sender, t.receivers, view))
+            else:
+                work.steps.append(_Step(t.sender, t.receivers, torch.empty_like(view), view))
+    return work
+
+
+def _groups(plan: Plan) -> None:
+    if plan.mode == "broadcast":
+        for t in plan.transfers:
+            group((t.sender, *t.receivers))
+    for g in plan.gather_groups:
+        group(g)
+
+
+def _run_once(ctx: RunContext, plan: Plan, work: _RankWork) -> None:
+    broadcast = plan.mode == "broadcast"
+    for step in work.steps:
+        if broadcast:
+            dist.broadcast(step.data, src=step.sender, group=group((step.sender, *step.peers)))
+        elif step.sender == ctx.rank:
+            dist.send(step.data, dst=step.peers[0])
+        else:
+            dist.recv(step.data, src=step.sender)
+        if step.target is not None:
+            step.target.copy_(step.data)
+    for members in plan.gather_groups:
+        if ctx.rank in members:
+            _all_gather_tile(ctx, plan, work, members)
+    ctx.sync()
+
+
+def _all_gather_tile(ctx: RunContext, plan: Plan, work: _RankWork, members: tuple[int, ...]) -> None:
+    assert work.recv is not None and work.final is not None
+    n = work.recv.numel()
+    pieces = torch.empty(n * len(members), dtype=work.recv.dtype, device=work.recv.device)
+    ALL_GATHER(pieces, work.recv.reshape(-1), group=group(members))
+    dst_box = plan.dst_boxes[ctx.rank]
+    for i, member in enumerate(members):
+        box = plan.recv_boxes[member]
+        work.final[relative(box, dst_box)] = pieces[i * n:(i + 1) * n].view([hi - lo for lo, hi in box])
+
+
+def run_plan(ctx: RunContext, plan: Plan, runs: int) -> tuple[list[float], int]:
+    """Time `runs` repetitions of the plan; return the seconds of each and the wrong elements found.
+
+    Ranks outside both meshes only join the barriers and the gathers of per-rank times.
+    """
+    work = _prepare(ctx, plan)
+    _groups(plan)
+    dst = sorted(plan.dst_boxes)
+    times = []
+    for _ in range(runs):
+        for t in (work.recv, work.final):
+            if t is not None:
+                t.zero_()
+        ctx.barrier()
+        start = time.perf_counter()
+        _run_once(ctx, plan, work)
+        elapsed = time.perf_counter() - start
+        per_rank = ctx.gather_floats(elapsed)
+        times.append(max(per_rank[r] for r in dst))
+    wrong = 0
+    if work.final is not None:
+        expected = box_values(plan.problem.shape, plan.dst_boxes[ctx.rank], ctx.device)
+        wrong = int((work.final != expected).sum().item())
+    total = sum(int(x) for x in ctx.gather_floats(float(wrong)))
+    return times, total
+
+
+def expected_elements(plan: Plan) -> int:
+    """Elements the destination ranks hold together (the check's denominator)."""
+    return sum(numel(b) for b in plan.dst_boxes.values())
