@@ -1,0 +1,33 @@
+"""Run one resharding plan on every rank, optionally with two destination tiles swapped in the
+expected layout, and print the wrong elements the tile check finds (rank 0). Launched by
+test_resharding_run.py through reproflow's local launcher."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from reproflow.context import RunContext
+from reproflow.families.resharding import FAMILY, plan_for
+from reproflow.families.resharding.execute import run_plan
+from reproflow.params import resolve
+
+
+def main() -> None:
+    swap = sys.argv[1] == "swap"
+    ctx = RunContext.from_env("cpu", "gloo", 60)
+    params = resolve(FAMILY.params, {"case": "custom", "src_mesh": "1x2", "dst_mesh": "2x2", "shape": "8x6",
+                                     "src_spec": "R,S1", "dst_spec": "S0,R", "resharding_mode": sys.argv[2]})
+    plan = plan_for(params, ctx.host_size)
+    if swap:  # ranks 2 and 4 hold different halves; expecting them the other way round must fail
+        boxes = dict(plan.dst_boxes)
+        boxes[2], boxes[4] = boxes[4], boxes[2]
+        plan = dataclasses.replace(plan, dst_boxes=boxes)
+    times, wrong = run_plan(ctx, plan, 2)
+    if ctx.rank == 0:
+        print(f"runs={len(times)} wrong={wrong}", flush=True)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
