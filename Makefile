@@ -1,15 +1,15 @@
-# reproflow: `make demo` runs the small local suite; `make test` runs the tests.
+# reproflow: `make demo` runs the small local suites; `make test` runs the tests.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 RESULTS ?= results
 REPORTS ?= reports
-SUITE ?= param-demo
+SUITES ?= param-demo resharding
 
 .PHONY: help venv demo test lint figures sbatch bench containers clean
 
 help:
-	@echo "make demo     set up .venv, run the $(SUITE) suite here, write tables and figures"
+	@echo "make demo     set up .venv, run the suites $(SUITES) here, write tables and figures"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
@@ -25,12 +25,14 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/reproflow run $(SUITE) --results $(RESULTS)
+	for suite in $(SUITES); do $(BIN)/reproflow run $$suite --results $(RESULTS) || exit 1; done
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
 	@echo
-	@echo "results (CSV, one file per point): $(RESULTS)/$(SUITE)/"
-	@echo "tables (CSV + markdown):           $(REPORTS)/param_comms_table.md, $(REPORTS)/param_compute_gemm.md"
-	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png"
+	@echo "results (CSV, one file per point): $(RESULTS)/<suite>/<experiment>/"
+	@echo "tables (CSV + markdown):           $(REPORTS)/param_comms_table.md, $(REPORTS)/param_compute_gemm.md,"
+	@echo "                                   $(REPORTS)/resharding_1_to_m.md, $(REPORTS)/resharding_n_to_m_speedup.md"
+	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png,"
+	@echo "                                   $(REPORTS)/resharding_1_to_m.png, $(REPORTS)/resharding_n_to_m.png"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -233,3 +233,48 @@ def test_doctor_reports_slurm_ready_and_shared_results(tmp_path):
     assert "[  ok] Slurm is ready: controller up, 2 of 2 node(s) usable" in proc.stdout, proc.stdout
     assert f"[  ok] results folder {tmp_path.resolve()} is visible from 2 node(s)" in proc.stdout
     assert "[  ok] accounting on" in proc.stdout and "GPUs per node: node1=8, node2=8" in proc.stdout
+
+
+RESHARDING = """
+[suite]
+description = "a 2-host resharding case for the test cluster"
+[launch]
+nodes = 2
+procs_per_node = 2
+backend = "gloo"
+device = "cpu"
+time_limit = "00:05:00"
+[[experiment]]
+name = "two-hosts"
+family = "resharding"
+zip = { resharding_mode = ["send_recv", "send_recv", "broadcast"], use_local_allgather = [false, true, false] }
+[experiment.params]
+case = "custom"
+src_mesh = "1x2"
+dst_mesh = "1x2"
+shape = "64x8"
+src_spec = "R,S0"
+dst_spec = "S0,R"
+runs = 3
+warmup_runs = 1
+"""
+
+
+def test_resharding_meshes_sit_on_separate_nodes(tmp_path, write_suite):
+    from reproflow.render import render_sbatch
+    from reproflow.suite import load_suite
+
+    script = tmp_path / "resharding.sbatch"
+    script.write_text(render_sbatch(load_suite(write_suite(RESHARDING, "resharding-two-hosts")), ROOT))
+    results = tmp_path / "results"
+    job = sbatch("-N", "2", f"--export=NONE,IMAGE=,RESULTS={results}", "-o", str(tmp_path / "%x_%j.out"),
+                 str(script))
+    state = wait(job)[job]
+    log = (tmp_path / f"reproflow-resharding-two-hosts_{job}.out").read_text()
+    assert state["state"] == "COMPLETED", log[-3000:]
+    # Source mesh on the first node, destination on the second: the hosts of the plan are real nodes.
+    assert log.count("hosts: 0=node1 1=node2") == 3
+    rows = rows_of(results)
+    assert set(rows["nodelist"]) == {"node1,node2"} and set(rows["world_size"]) == {4}
+    assert (rows[rows["metric"] == "wrong_elements"]["value"] == 0).all()
+    assert len(rows[rows["metric"] == "exec_time_mean"]) == 3

@@ -59,7 +59,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Time the plan, check every destination tile, and report the reference's statistics."""
     plan = plan_for(params, ctx.host_size)
     ctx.log(f"  {len(plan.tasks)} unit tasks, {len(plan.transfers)} transfers, local all-gather "
-            f"{plan.allgather_note}")
+            f"{plan.allgather_note}; hosts: {_host_names(ctx, plan)}")
     times, wrong = run_plan(ctx, plan, params["runs"])
     if wrong:
         raise PointFailed(f"tile check failed: {wrong} of {expected_elements(plan)} destination elements differ "
@@ -79,6 +79,21 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         Measurement("wrong_elements", float(wrong), "count"),
     ]
     return out
+
+
+def _host_names(ctx: RunContext, plan: Plan) -> str:
+    """'0=node1 1=node2 ...' for the hosts the meshes use; PointFailed if a host's ranks sit on
+    different machines (then a 'host' would not share one NIC and the plan would mean nothing)."""
+    names = ctx.gather_objects(ctx.hostname)
+    hs = ctx.host_size
+    out = []
+    for h in range(plan.problem.hosts):
+        on = sorted({str(n) for n in names[h * hs:(h + 1) * hs]})
+        if len(on) != 1:
+            raise PointFailed(f"ranks {h * hs}-{(h + 1) * hs - 1} should share one host but run on {', '.join(on)}; "
+                              "start one process per GPU with torchrun --nproc_per_node (the sbatch scripts do).")
+        out.append(f"{h}={on[0]}")
+    return " ".join(out)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
