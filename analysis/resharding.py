@@ -74,6 +74,14 @@ def _table(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _verdict(speedups: pd.Series) -> str:
+    """Which configuration was fastest for one case, and by how much against send_recv."""
+    best = speedups.idxmax()
+    if speedups[best] > 1:
+        return f"{best} fastest, {speedups[best]:.2f}x send_recv's speed"
+    return f"send_recv fastest; next {best} at {speedups[best]:.2f}x"
+
+
 def _records(table: pd.DataFrame) -> list[dict]:
     """The reference benchmark's result records (benchmark.py's JSON)."""
     keys = ["src_mesh_shape", "dst_mesh_shape", "src_sharding_spec", "dst_sharding_spec", "tensor_shape",
@@ -142,7 +150,9 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
                                f"Resharding {exp}: every case and configuration ({setting[0]} ranks, "
                                f"{setting[1]}/{setting[2]}, {setting[3]})", NOTE)
         speedups = sub.pivot_table(index="case", columns="config", values="speedup_vs_send_recv", sort=False)
-        speedups = speedups.drop(columns=[BASELINE]).reset_index()
+        speedups = speedups.drop(columns=[BASELINE])
+        speedups["verdict"] = [_verdict(row) for _, row in speedups.iterrows()]
+        speedups = speedups.reset_index()
         speedups.columns.name = None
         written += write_table(speedups, out_dir, f"resharding_{tag}_speedup",
                                f"Resharding {exp}: speed-up over send_recv (above 1: faster)", NOTE)

@@ -82,18 +82,20 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 
 
 def _host_names(ctx: RunContext, plan: Plan) -> str:
-    """'0=node1 1=node2 ...' for the hosts the meshes use; PointFailed if a host's ranks sit on
-    different machines (then a 'host' would not share one NIC and the plan would mean nothing)."""
+    """'0=node1 1=node2 ...' for the hosts the meshes use ('N emulated on X' locally); PointFailed if
+    a host's ranks sit on different machines (then a 'host' would not share one NIC)."""
     names = ctx.gather_objects(ctx.hostname)
     hs = ctx.host_size
-    out = []
+    hosts = []
     for h in range(plan.problem.hosts):
         on = sorted({str(n) for n in names[h * hs:(h + 1) * hs]})
         if len(on) != 1:
             raise PointFailed(f"ranks {h * hs}-{(h + 1) * hs - 1} should share one host but run on {', '.join(on)}; "
                               "start one process per GPU with torchrun --nproc_per_node (the sbatch scripts do).")
-        out.append(f"{h}={on[0]}")
-    return " ".join(out)
+        hosts.append(on[0])
+    if len(set(hosts)) < len(hosts):
+        return f"{len(hosts)} emulated on {hosts[0]}, {hs} ranks each"
+    return " ".join(f"{h}={name}" for h, name in enumerate(hosts))
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
