@@ -1,0 +1,148 @@
+"""Aceso's profiled database, in the reference's exact file format, so each side reads the other's.
+
+* `{model}_{size}_mbs{M}_tp{T}_algo{A}.csv`: one row per distinct op, in op order, header
+  `op_name,forward-compute,backward-compute,input_size,output_size,weights,activations,fwd_reserved,bwd_reserved`;
+  times in microseconds, sizes in MB (2^20 bytes), three decimals.
+* `prim_{model}_{size}_{collective}_{N}gpus.csv`: `data_size(MB),time(ms)`, one row per integer MB.
+* `p2p_intra_node.csv`, `p2p_inter_node.csv`: a row of sizes in MB, then a row of GB/s.
+
+Entries that were not profiled read as 1e6, as in the reference, so a config that needs them is
+never chosen; a collective size missing from its table costs 100000 ms.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reproflow.errors import ReproflowError
+from reproflow.families.aceso.models import Model
+from reproflow.results import atomic_write
+
+OP_COLUMNS = ("op_name", "forward-compute", "backward-compute", "input_size", "output_size", "weights",
+              "activations", "fwd_reserved", "bwd_reserved")
+FIELDS = OP_COLUMNS[1:]
+COLLECTIVE_HEADER = ("data_size(MB)", "time(ms)")
+MISSING = 1e6
+MISSING_COLLECTIVE_MS = 100000.0
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+
+
+def op_file(model: Model, mbs: int, tp: int, algo: int) -> str:
+    return f"{model.file_stem}_mbs{mbs}_tp{tp}_algo{algo}.csv"
+
+
+def collective_file(model: Model, prim: str, gpus: int) -> str:
+    return f"prim_{model.file_stem}_{prim}_{gpus}gpus.csv"
+
+
+@dataclass
+class Database:
+    """Op profiles as arrays [field][op, mbs index, log2(tp), algo], plus collectives and P2P bandwidth."""
+
+    model: Model
+    ops: list[str]  # distinct ops in model order
+    mbs: list[int]
+    tps: list[int]
+    table: np.ndarray  # shape (len(FIELDS), ops, mbs, tps, 2)
+    collectives: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    intra_band: list[float] = field(default_factory=list)  # GB/s at 1, 2, 4, ... MB
+    inter_band: list[float] = field(default_factory=list)
+
+    def index(self) -> dict[str, int]:
+        return {op: i for i, op in enumerate(self.ops)}
+
+    def collective_ms(self, prim: str, gpus: int, size_mb: float) -> float:
+        """Time of a collective on `gpus` ranks, looked up by whole MB as the reference does."""
+        if prim == "split":
+            return 0.0
+        sizes = self.collectives.get(prim, {}).get(gpus, {})
+        for key in (f"{size_mb:.0f}", f"{size_mb - 1:.0f}"):
+            if key in sizes:
+                return sizes[key]
+        return MISSING_COLLECTIVE_MS
+
+    def bandwidth(self, size_mb: float, cross_node: bool) -> float:
+        """P2P bandwidth in MB per microsecond for a message of `size_mb` (1 when nothing is sent)."""
+        band = self.inter_band if cross_node and self.inter_band else self.intra_band
+        if size_mb <= 0 or not band:
+            return 1.0
+        i = int(math.log(size_mb, 2))
+        i = i - 1 if i >= 1 else i
+        return band[min(i, len(band) - 1)] * 0.001
+
+
+_OP_FILE = re.compile(r"_mbs(\d+)_tp(\d+)_algo(\d+)\.csv$")
+
+
+def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) -> Database:
+    """Read every op file of `model` for the micro-batch sizes and TP sizes asked for."""
+    path = Path(path)
+    tps = [2**i for i in range(int(math.log2(max_tp)) + 1)]
+    first = path / op_file(model, mbs_list[0], 1, 0)
+    if not first.is_file():
+        raise ReproflowError(f"no profile {first}: the database at {path} lacks {model.file_stem} at micro-batch "
+                             f"{mbs_list[0]}, tp 1. Profile it (reproflow aceso profile) or point "
+                             "--profiled-time-path at a database that has it.")
+    ops = [row[0] for row in _rows(first, OP_COLUMNS)]
+    table = np.full((len(FIELDS), len(ops), len(mbs_list), len(tps), 2), MISSING)
+    where = {op: i for i, op in enumerate(ops)}
+    for m, mbs in enumerate(mbs_list):
+        for t, tp in enumerate(tps):
+            for algo in model.algos:
+                f = path / op_file(model, mbs, tp, algo)
+                if not f.is_file():
+                    continue
+                for row in _rows(f, OP_COLUMNS):
+                    if row[0] not in where:
+                        raise ReproflowError(f"{f}: op {row[0]!r} is not in {first.name}; the files of one "
+                                             "model must list the same ops.")
+                    table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
+    db = Database(model, ops, list(mbs_list), tps, table)
+    for prim in COLLECTIVES:
+        for gpus in tps[1:]:
+            f = path / collective_file(model, prim, gpus)
+            if f.is_file():
+                db.collectives.setdefault(prim, {})[gpus] = {row[0]: float(row[1]) for row in
+                                                             _rows(f, COLLECTIVE_HEADER)}
+    for name, attr in (("p2p_intra_node.csv", "intra_band"), ("p2p_inter_node.csv", "inter_band")):
+        f = path / name
+        if f.is_file():
+            lines = list(csv.reader(f.open()))
+            setattr(db, attr, [float(x) for x in lines[1]])
+    return db
+
+
+def _rows(path: Path, header: tuple[str, ...]) -> list[list[str]]:
+    with path.open() as fh:
+        rows = [[c.strip() for c in r] for r in csv.reader(fh) if r]
+    if not rows or tuple(rows[0]) != header:
+        raise ReproflowError(f"{path}: header {rows[0] if rows else '(empty file)'} is not {','.join(header)}.")
+    bad = [i + 2 for i, r in enumerate(rows[1:]) if len(r) != len(header)]
+    if bad:
+        raise ReproflowError(f"{path}: line {bad[0]} has the wrong number of fields (want {len(header)}).")
+    return rows[1:]
+
+
+def write_op_table(path: Path, rows: list[tuple[str, list[float]]]) -> None:
+    """One op file: (op name, the eight numbers) per distinct op, in op order."""
+    lines = [",".join(OP_COLUMNS)] + [f"{name}," + ",".join(f"{v:.3f}" for v in values) for name, values in rows]
+    _write(path, "\n".join(lines) + "\n")
+
+
+def write_collective_table(path: Path, rows: list[tuple[int, float]]) -> None:
+    lines = [",".join(COLLECTIVE_HEADER)] + [f"{mb},{ms:.3f}" for mb, ms in rows]
+    _write(path, "\n".join(lines) + "\n")
+
+
+def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
+    _write(path, ",".join(str(s) for s in sizes_mb) + "\n" + ",".join(f"{b:.2f}" for b in gbps) + "\n")
+
+
+def _write(path: Path, text: str) -> None:
+    atomic_write(path, text)

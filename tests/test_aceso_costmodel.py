@@ -1,0 +1,166 @@
+"""Aceso's performance model on a hand-made database (values worked out by hand below), the database
+format round trip, and the Megatron-LM uniform plans on the reference's own miniset database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reproflow.errors import ReproflowError
+from reproflow.families.aceso.costmodel import Config, CostModel, Stage
+from reproflow.families.aceso.database import (
+    OP_COLUMNS,
+    op_file,
+    read_database,
+    write_collective_table,
+    write_op_table,
+    write_p2p,
+)
+from reproflow.families.aceso.models import GPT_LAYER, model, op_spec, reshard
+from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
+
+MINISET = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso" / "profiled-time-miniset"
+DISTINCT = ["encoder-embedding", *GPT_LAYER, "final-layernorm", "gpt-post-process"]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path):
+    """A 2-layer GPT database: every op 10 us forward, 20 us backward at tp 1, weights 1 MB,
+    activations 2 MB, reserved 3 + 4 MB; layer ops pass 8 MB on, the embedding's input and the
+    post-process output are empty. At tp 2 ops take half the time."""
+    m = model("scale-layer", "scale-layer", num_layers=2)
+    for mbs in (1, 2):
+        for tp in (1, 2):
+            for algo in (0, 1):
+                rows = []
+                for op in DISTINCT:
+                    size_in = 0.0 if op == "encoder-embedding" else 8.0
+                    size_out = 0.0 if op == "gpt-post-process" else 8.0
+                    rows.append((op, [10.0 * mbs / tp, 20.0 * mbs / tp, size_in, size_out, 1.0, 2.0, 3.0, 4.0]))
+                write_op_table(tmp_path / op_file(m, mbs, tp, algo), rows)
+    write_collective_table(tmp_path / "prim_gpt_scale-layer_all_gather_2gpus.csv", [(8, 0.5), (16, 0.9)])
+    write_p2p(tmp_path / "p2p_intra_node.csv", [1, 2, 4, 8, 16], [2.0, 4.0, 8.0, 8.0, 8.0])
+    db = read_database(tmp_path, m, [1, 2], max_tp=2)
+    return m, db, m.full_op_list(db.ops)
+
+
+def one_tp(ops: list[str], tp: int = 1, dp: int = 1, rc: list[int] | None = None) -> Stage:
+    n = len(ops)
+    return Stage(list(ops), [tp] * n, [dp] * n, [0] * n, rc or [0] * n)
+
+
+def test_database_round_trip(tiny, tmp_path: Path) -> None:
+    m, db, ops = tiny
+    assert db.ops == DISTINCT and len(ops) == 1 + 2 * 13 + 2
+    assert (tmp_path / op_file(m, 1, 1, 0)).read_text().splitlines()[0] == ",".join(OP_COLUMNS)
+    assert db.collective_ms("all_gather", 2, 8.4) == 0.5  # whole MB, as the reference
+    assert db.collective_ms("all_gather", 2, 9.0) == 0.5  # one MB below is accepted
+    assert db.collective_ms("all_gather", 2, 12.0) == 100000.0  # missing: prohibitive
+    assert db.bandwidth(8.0, cross_node=False) == pytest.approx(0.008)  # 8 MB -> index 2 -> 8 GB/s
+
+
+def test_one_stage_time_and_pipeline(tiny) -> None:
+    m, db, ops = tiny
+    cost = CostModel(db, gpus_per_node=4, memory_limit=1e9)
+    p = cost.predict(Config(m, 4, 1, [one_tp(ops)]))
+    # 29 ops x (10 + 20) us, no P2P (empty input and output): 0.87 ms; 4 micro-batches: 4 x 0.87.
+    assert p.stage_ms == pytest.approx([0.87])
+    assert p.iteration_ms == pytest.approx(3.48)
+    assert p.throughput(4) == pytest.approx(4 / 0.00348)
+
+
+def test_two_stages_pay_p2p_and_keep_activations_for_the_stage_behind(tiny) -> None:
+    m, db, ops = tiny
+    cost = CostModel(db, gpus_per_node=4, memory_limit=1e9, shared_space=False)
+    p = cost.predict(Config(m, 4, 1, [one_tp(ops[:15]), one_tp(ops[15:])]))
+    # Stage 0: 15 x 30 us + 8 MB out at 8 GB/s (1000 us); stage 1: 14 x 30 us + 8 MB in.
+    assert p.stage_ms == pytest.approx([1.45, 1.42])
+    assert p.pipeline_ms == pytest.approx([3 * 1.45 + 2.87, 3 * 1.42 + 2.87])
+    first, last = p.memory
+    # Stage 0, one stage behind: weights 15 (+2x master) 45, gradients 15, Adam 60, activations
+    # 30 kept for the stage behind, 30 in flight, reserved max(3 + 4, 15) = 15.
+    assert (first.weights, first.gradients, first.optimizer, first.activations, first.peak, first.reserved) == \
+        pytest.approx((45, 15, 60, 30, 30, 15))
+    assert first.total == pytest.approx(195)
+    # Stage 1: 14 ops, input 8 MB + activations 28 in flight only, reserved 14.
+    assert last.total == pytest.approx(42 + 14 + 56 + 0 + 36 + 14)
+
+
+def test_flexible_recompute_takes_the_largest_group_until_it_fits(tiny) -> None:
+    m, db, ops = tiny
+    cost = CostModel(db, gpus_per_node=4, memory_limit=193, shared_space=False)
+    stage = one_tp(ops[:15])
+    rc = cost.choose_recompute(stage, micro_bs=1, behind=1)
+    # 195 MB > 193: qkv (the first group not starting a layer) and its successor are recomputed;
+    # that keeps 2 MB less for the stage behind (x2) and adds a 2 MB recompute peak: 193.
+    assert rc == [0, 0, 1, 1] + [0] * 11
+    assert cost.stage_memory(stage, 1, 1, rc).total == pytest.approx(193)
+    recomputed = Config(m, 4, 1, [one_tp(ops[:15], rc=rc), one_tp(ops[15:])])
+    assert cost.predict(recomputed).stage_ms[0] == pytest.approx(1.45 + 0.02)  # two forwards again
+    assert CostModel(db, 4, 1e9).choose_recompute(stage, 1, 1) == [0] * 15
+
+
+def test_shared_storage_rules(tiny) -> None:
+    _, db, ops = tiny
+    plain = CostModel(db, 4, 1e9, shared_space=False).stage_memory(one_tp(ops[15:]), 1, 0)
+    shared = CostModel(db, 4, 1e9).stage_memory(one_tp(ops[15:]), 1, 0)
+    # Layer 2 has one softmax (counted 0 instead of 2 MB) and one attention dropout (3 MB instead of 2).
+    assert shared.peak - plain.peak == pytest.approx(-2.0 + 1.0)
+
+
+def test_tensor_parallel_halves_time_and_reshards_between_layouts(tiny) -> None:
+    m, db, ops = tiny
+    cost = CostModel(db, 4, 1e9)
+    t1 = cost.predict(Config(m, 4, 1, [one_tp(ops)])).stage_ms[0]
+    t2 = cost.predict(Config(m, 4, 1, [one_tp(ops, tp=2)])).stage_ms[0]
+    assert t2 == pytest.approx(t1 / 2)
+    # GEMM-1 column-parallel leaves its output split over 2 ranks; GEMM-2 with algo 1 wants it whole:
+    # an all-gather of its 8 MB input over 2 ranks (0.5 ms) forwards, a free split backwards.
+    mlp = ["enc-2nd-layernorm", "enc-MLP-GEMM-1", "enc-MLP-gelu", "enc-MLP-GEMM-2"]
+    stage = Stage(mlp, [2] * 4, [1] * 4, [0, 0, 0, 1], [0] * 4)
+    fwd, bwd, cin, cout, _ = cost.stage_time(stage, 2, False, False)
+    assert (fwd, bwd) == pytest.approx((4 * 10.0, 4 * 20.0))  # micro-batch 2 at tp 2
+    assert cin == pytest.approx(8 / 0.008 + 0.5 * 1000) and cout == pytest.approx(8 / 0.008)
+    assert reshard(op_spec("enc-MLP-gelu", 2, 1, 0, False), op_spec("enc-MLP-GEMM-2", 2, 1, 1, True)) \
+        == ("all_gather", "split", 2)
+    assert reshard(op_spec("enc-MLP-GEMM-2", 2, 1, 0, False), op_spec("enc-post-MLP-dropout", 2, 1, 0, True)) \
+        == (None, None, 0)
+
+
+def test_config_json_round_trip(tiny, tmp_path: Path) -> None:
+    m, _, ops = tiny
+    config = Config(m, 8, 2, [one_tp(ops[:15], tp=2), one_tp(ops[15:], dp=2)])
+    write_json(config, tmp_path / "c.json")
+    again = read_json(tmp_path / "c.json", m, ops)
+    assert again == config
+
+
+def test_a_bad_database_names_the_file(tmp_path: Path) -> None:
+    m = model("gpt", "1_3B")
+    (tmp_path / op_file(m, 1, 1, 0)).write_text("op,fwd\n")
+    with pytest.raises(ReproflowError, match=r"header .* is not op_name,forward-compute"):
+        read_database(tmp_path, m, [1], 1)
+    with pytest.raises(ReproflowError, match=r"no profile .*gpt_1_3B_mbs2_tp1_algo0\.csv"):
+        read_database(tmp_path, m, [2], 1)
+
+
+# The reference's gen_megatron_plan.py on its miniset (1 node x 4 GPUs, 12000 MB) predicts these
+# iteration times for its fastest feasible uniform plan.
+REFERENCE_MEGATRON = [
+    ("gpt", "1_3B", 512, [1, 2, 4, 8], 73654, (4, 1, 1, 2)),
+    ("t5", "770M", 512, [1, 2, 4, 8], 52169, (4, 1, 1, 2)),
+    ("resnet", "1B", 768, [16, 32, 48, 64], 69046, (2, 2, 1, 16)),
+]
+
+
+@pytest.mark.skipif(not MINISET.is_dir(), reason=f"the reference's miniset database is not at {MINISET}")
+@pytest.mark.parametrize(("name", "size", "gbs", "mbs", "ms", "shape"), REFERENCE_MEGATRON)
+def test_megatron_plans_match_the_reference_on_its_miniset(name, size, gbs, mbs, ms, shape) -> None:
+    m = model(name, size)
+    db = read_database(MINISET, m, mbs, m.max_tp(4))
+    cost = CostModel(db, 4, 12000)
+    best = best_feasible(megatron_plans(cost, m.full_op_list(db.ops), gbs, 4, m.max_tp(4), range(1, 5)), 12000)
+    assert best is not None
+    assert int(best.prediction.iteration_ms) == ms
+    assert (best.pp, best.tp, best.dp, best.micro_bs) == shape and best.recompute
