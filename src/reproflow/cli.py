@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reproflow import __version__
 from reproflow.errors import ParamError, ReproflowError
-from reproflow.family import families, get_family
+from reproflow.family import families, family_clis, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
 from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
@@ -273,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fix another parameter, e.g. --set scale=64")
         local_options(p)
         p.set_defaults(func=cmd_family, family_command=fam.command)
+
+    for register in family_clis():
+        register(sub, fmt)
 
     p = sub.add_parser("render", help="write sbatch/<suite>.sbatch from templates/", formatter_class=fmt,
                        description="Render each suite's sbatch script from templates/suite.sbatch.j2.")

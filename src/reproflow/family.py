@@ -102,6 +102,18 @@ def families() -> dict[str, Family]:
     return found
 
 
+def family_clis() -> list[Callable[..., None]]:
+    """`register_cli(subparsers, formatter)` of every family package that has its own tools (e.g. aceso)."""
+    import reproflow.families as pkg
+
+    out = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        register = getattr(importlib.import_module(f"{pkg.__name__}.{info.name}"), "register_cli", None)
+        if register is not None:
+            out.append(register)
+    return out
+
+
 def get_family(name: str) -> Family:
     """The family called `name`, or a ReproflowError listing the known ones."""
     known = families()

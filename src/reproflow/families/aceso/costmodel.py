@@ -79,6 +79,7 @@ class Prediction:
     stage_ms: list[float]  # one micro-batch through the stage
     pipeline_ms: list[float]  # (M - 1) t_s + sum t_j per stage
     memory: list[StageMemory]
+    compute_ms: list[float] = field(default_factory=list)  # fwd + bwd + recompute of one micro-batch
     ideal_ms: list[float] = field(default_factory=list)  # compute at tp = dp = 1, per GPU
     eff_loss_ms: list[float] = field(default_factory=list)
     recompute_ms: list[float] = field(default_factory=list)
@@ -111,6 +112,7 @@ class CostModel:
         self.no_recompute = self.model.no_recompute()
         # Activation weight per distinct op when tensors share storage (the reference's rules).
         self.share = np.array([self._share(op) for op in db.ops])
+        self._memo: dict[tuple, tuple] = {}
 
     def _share(self, op: str) -> float:
         if not self.shared_space:
@@ -248,25 +250,38 @@ class CostModel:
             saved, peak = new_saved, new_peak
         return rc
 
+    def _stage(self, stage: Stage, micro_bs: int, behind: int, in_cross: bool,
+               out_cross: bool) -> tuple[float, float, float, float, float, float, StageMemory]:
+        """(time, compute, ideal, efficiency loss, recompute, efficiency) in ms and memory of one stage, memoised
+        (a search evaluates the same stage in many configs)."""
+        key = (tuple(stage.ops), tuple(stage.tp), tuple(stage.dp), tuple(stage.algo), tuple(stage.recompute),
+               micro_bs, behind, in_cross, out_cross)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        fwd, bwd, cin, cout, rc = self.stage_time(stage, micro_bs, in_cross, out_cross)
+        t = (fwd + bwd + cin + cout + rc) / 1000
+        ffwd, fbwd, fin, fout, _ = self.stage_time(stage, micro_bs, in_cross, out_cross, flat=True)
+        out = (t, (fwd + bwd + rc) / 1000, (ffwd + fbwd) / stage.num_gpus / 1000,
+               ((fwd + bwd) - (ffwd + fbwd) / stage.num_gpus) / 1000, rc / 1000,
+               (ffwd + fbwd + fin + fout) / 1000 / (t * stage.num_gpus), self.stage_memory(stage, micro_bs, behind))
+        if len(self._memo) > 200000:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
+
     def predict(self, config: Config) -> Prediction:
         """Every stage's time and memory, the pipeline time, and the policy's breakdowns."""
         m = config.global_bs // config.micro_bs
-        stage_ms, memory, ideal, loss, recomp, eff = [], [], [], [], [], []
+        rows = []
         before = 0
         n = len(config.stages)
         for i, stage in enumerate(config.stages):
             in_cross = before > 0 and before % self.gpus_per_node == 0
             before += stage.num_gpus
-            out_cross = before % self.gpus_per_node == 0
-            fwd, bwd, cin, cout, rc = self.stage_time(stage, config.micro_bs, in_cross, out_cross)
-            t = (fwd + bwd + cin + cout + rc) / 1000
-            stage_ms.append(t)
-            ffwd, fbwd, fin, fout, _ = self.stage_time(stage, config.micro_bs, in_cross, out_cross, flat=True)
-            ideal.append((ffwd + fbwd) / stage.num_gpus / 1000)
-            loss.append(((fwd + bwd) - (ffwd + fbwd) / stage.num_gpus) / 1000)
-            recomp.append(rc / 1000)
-            eff.append((ffwd + fbwd + fin + fout) / 1000 / (t * stage.num_gpus))
-            memory.append(self.stage_memory(stage, config.micro_bs, n - 1 - i))
+            rows.append(self._stage(stage, config.micro_bs, n - 1 - i, in_cross, before % self.gpus_per_node == 0))
+        stage_ms = [r[0] for r in rows]
         total = sum(stage_ms)
-        pipeline = [t * (m - 1) + total for t in stage_ms]
-        return Prediction(stage_ms, pipeline, memory, ideal, loss, recomp, eff)
+        return Prediction(stage_ms, [t * (m - 1) + total for t in stage_ms], [r[6] for r in rows],
+                          [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+                          [r[5] for r in rows])

@@ -1,0 +1,176 @@
+"""`reproflow aceso search | megatron | predict`: the reference's search tools with its option names.
+
+Search and plan generation are CPU-only and read a profiled database in the reference's format
+(`--profiled-time-path`). Outputs follow the reference: config JSON per pipeline depth, the best
+ones under `top_configs/`, per-stage info CSVs under `csv/`, and a search-cost summary CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import shutil
+import time
+from pathlib import Path
+
+from reproflow.errors import ReproflowError
+from reproflow.families.aceso.costmodel import Config, CostModel
+from reproflow.families.aceso.database import read_database
+from reproflow.families.aceso.models import Model, model
+from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
+from reproflow.families.aceso.search import Options, Result, search
+from reproflow.results import atomic_write
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-name", required=True, choices=("gpt", "t5", "resnet", "scale-layer"))
+    p.add_argument("--model-size", default="", help="e.g. 1_3B, 770M, 1B (scale-layer: none)")
+    p.add_argument("--num-layers", type=int, default=None, help="default: the size's depth; required for scale-layer")
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--micro-batch-size", type=int, nargs="+", default=None,
+                   help="profiled micro-batch sizes (default: 16 32 48 64 for resnet, else 1 2 4 8)")
+    p.add_argument("--num-nodes", type=int, required=True)
+    p.add_argument("--num-gpus-per-node", type=int, required=True)
+    p.add_argument("--memory-limit", type=float, default=28000, help="MB per GPU")
+    p.add_argument("--max-tp", type=int, default=None, help="default: GPUs per node (4 for GPT-350M)")
+    p.add_argument("--start-num-stages", type=int, default=1)
+    p.add_argument("--end-num-stages", type=int, default=None, help="default: min(GPUs, 16)")
+    p.add_argument("--profiled-time-path", type=Path, required=True, help="the profiled database folder")
+    p.add_argument("--config-save-path", type=Path, required=True, help="where config JSONs go")
+
+
+class _Setup:
+    """Model, database and cost model from the common options, with errors that name the option."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        try:
+            self.model: Model = model(args.model_name, args.model_size, args.num_layers)
+        except ValueError as exc:
+            raise ReproflowError(f"--model-name/--model-size/--num-layers: {exc}") from None
+        self.mbs = args.micro_batch_size or ([16, 32, 48, 64] if args.model_name == "resnet" else [1, 2, 4, 8])
+        self.gpus = args.num_nodes * args.num_gpus_per_node
+        self.max_tp = args.max_tp or self.model.max_tp(args.num_gpus_per_node)
+        self.db = read_database(args.profiled_time_path, self.model, self.mbs, self.max_tp)
+        self.ops = self.model.full_op_list(self.db.ops)
+        self.cost = CostModel(self.db, args.num_gpus_per_node, args.memory_limit)
+        self.depths = range(args.start_num_stages, (args.end_num_stages or min(self.gpus, 16)) + 1)
+        self.name = f"{self.model.name}_{self.model.size}"
+        args.config_save_path.mkdir(parents=True, exist_ok=True)
+
+
+def _megatron_line(setup: _Setup, args: argparse.Namespace) -> tuple[str, Config | None, float]:
+    plans = megatron_plans(setup.cost, setup.ops, args.global_batch_size, setup.gpus, setup.max_tp, setup.depths)
+    best = best_feasible(plans, args.memory_limit)
+    if best is None:
+        return "Megatron-LM uniform plans: none fits the memory limit", None, 0.0
+    thpt = best.prediction.throughput(args.global_batch_size)
+    return (f"Megatron-LM uniform plan: pp {best.pp} tp {best.tp} dp {best.dp} micro-batch {best.micro_bs} "
+            f"recompute {'all' if best.recompute else 'none'}: {best.prediction.iteration_ms / 1000:.2f} s, "
+            f"{thpt:.2f} samples/s, {best.prediction.max_memory:.0f} MB", best.config, best.prediction.iteration_ms)
+
+
+def cmd_megatron(args: argparse.Namespace) -> int:
+    """The fastest feasible uniform (pp, tp, dp, micro-batch, recompute) plan, as Aceso's JSON."""
+    setup = _Setup(args)
+    line, config, ms = _megatron_line(setup, args)
+    print(line)
+    if config is not None:
+        path = args.config_save_path / f"{setup.name}_{setup.model.num_layers}layers_megatron_est_{int(ms)}.json"
+        write_json(config, path)
+        print(f"config: {path}")
+    return 0 if config is not None else 1
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """One search per pipeline depth in parallel; write the reference's outputs and compare with Megatron-LM."""
+    setup = _Setup(args)
+    suffix = args.config_suffix or f"{_dt.datetime.now():%Y-%m-%d-%H-%M-%S}"
+    opts = Options(args.global_batch_size, tuple(setup.mbs), args.num_nodes, args.num_gpus_per_node,
+                   args.memory_limit, setup.max_tp, args.max_num_hops, args.time_budget_total)
+    print(f"searching {setup.name} ({len(setup.ops)} ops) on {args.num_nodes} x {args.num_gpus_per_node} GPUs, "
+          f"depths {setup.depths.start}-{setup.depths.stop - 1}, {args.time_budget_total:g} s budget per depth",
+          flush=True)
+    start = time.monotonic()
+    results = search(setup.cost, setup.ops, opts, setup.depths, args.processes)
+    wall = time.monotonic() - start
+    found = sorted((r for r in results if r.best is not None), key=lambda r: r.best.time)  # type: ignore[union-attr]
+    save, csv_dir = args.config_save_path, args.config_save_path / "csv"
+    for r in found:
+        assert r.best is not None
+        write_json(r.best.config, save / f"{setup.name}_{r.num_stages}stages_{suffix}.json")
+        _stage_info(r, csv_dir / f"info_{setup.name}_{r.num_stages}stages_{suffix}.csv")
+    (save / "top_configs").mkdir(exist_ok=True)
+    for r in found[:args.num_of_saved_configs]:
+        name = f"{setup.name}_{r.num_stages}stages_{suffix}.json"
+        shutil.copy(save / name, save / "top_configs" / name)
+    print("# of stages\test_iteration_time(s)\test_thpt(samples/s)\test_mem(MB)\t# of explored cases\t"
+          "search(s)\tto best(s)")
+    for r in found:
+        assert r.best is not None
+        print(f"{r.num_stages}\t{r.best.time / 1000:.2f}\t{args.global_batch_size / (r.best.time / 1000):.2f}\t"
+              f"{r.best.memory:.0f}\t{r.explored}\t{r.seconds:.2f}\t{r.seconds_to_best:.2f}")
+    for r in results:
+        if r.best is None:
+            print(f"{r.num_stages}\tno feasible config")
+    log = args.log_path or save
+    log.mkdir(parents=True, exist_ok=True)
+    atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
+    print(f"\noverall search time: {wall:.2f} s")
+    line, _, mega_ms = _megatron_line(setup, args)
+    print(line)
+    if found:
+        best = found[0].best
+        assert best is not None
+        verdict = "at least as fast as" if mega_ms == 0 or best.time <= mega_ms else "SLOWER than"
+        print(f"Aceso search: {best.time / 1000:.2f} s, {args.global_batch_size / (best.time / 1000):.2f} samples/s, "
+              f"{best.memory:.0f} MB: {verdict} the uniform plan")
+    return 0 if found else 1
+
+
+def _stage_info(r: Result, path: Path) -> None:
+    assert r.best is not None
+    pred = r.best.pred
+    lines = ["stage-index,time,memory(total),memory(normal),memory(reserved)"]
+    for i, (t, m) in enumerate(zip(pred.pipeline_ms, pred.memory, strict=True)):
+        lines.append(f"stage-{i},{t:.2f},{m.total:.2f},{m.total - m.reserved:.2f},{m.reserved:.2f}")
+    atomic_write(path, "\n".join(lines) + "\n")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Per-stage time and memory of a config JSON (Aceso's or reproflow's)."""
+    setup = _Setup(args)
+    config = read_json(args.config, setup.model, setup.ops)
+    pred = setup.cost.predict(config)
+    print(f"iteration {pred.iteration_ms:.2f} ms, {pred.throughput(config.global_bs):.2f} samples/s, "
+          f"max memory {pred.max_memory:.0f} MB")
+    print("stage, gpus, ops, time per micro-batch (ms), pipeline (ms), memory (MB: total = normal + reserved)")
+    for i, (s, t, p, m) in enumerate(zip(config.stages, pred.stage_ms, pred.pipeline_ms, pred.memory, strict=True)):
+        print(f"{i}, {s.num_gpus}, {len(s.ops)}, {t:.2f}, {p:.2f}, {m.total:.0f} = {m.total - m.reserved:.0f} + "
+              f"{m.reserved:.0f}")
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    """Add `reproflow aceso ...`."""
+    top = sub.add_parser("aceso", help="Aceso: search and Megatron-LM plans on a profiled database",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tools = top.add_subparsers(dest="aceso_command", required=True, metavar="TOOL")
+    p = tools.add_parser("search", help="iterative bottleneck alleviation, one search per pipeline depth",
+                         formatter_class=formatter, description=cmd_search.__doc__)
+    _common(p)
+    p.add_argument("--max-num-hops", type=int, default=7)
+    p.add_argument("--time-budget-total", type=float, default=10, help="seconds per pipeline depth")
+    p.add_argument("--num-of-saved-configs", type=int, default=1)
+    p.add_argument("--log-path", type=Path, default=None, help="summary CSV folder (default: --config-save-path)")
+    p.add_argument("--config-suffix", default="", help="file-name suffix (default: the start time)")
+    p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
+    p.set_defaults(func=cmd_search)
+    p = tools.add_parser("megatron", help="the fastest feasible Megatron-LM uniform plan",
+                         formatter_class=formatter, description=cmd_megatron.__doc__)
+    _common(p)
+    p.set_defaults(func=cmd_megatron)
+    p = tools.add_parser("predict", help="per-stage time and memory of a config JSON",
+                         formatter_class=formatter, description=cmd_predict.__doc__)
+    _common(p)
+    p.add_argument("--config", type=Path, required=True, help="config JSON")
+    p.set_defaults(func=cmd_predict)
