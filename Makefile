@@ -13,7 +13,7 @@ help:
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
-	@echo "make bench    reproflow vs bare torch timing loops -> benchmarks/results/*.csv"
+	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost -> benchmarks/results/*.csv"
 	@echo "make containers  docker build + enroot import -> \$$APPS/reproflow-<name>.sqsh (cluster only)"
 
 $(BIN)/.installed: pyproject.toml
@@ -50,6 +50,7 @@ sbatch: venv
 
 bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
+	$(BIN)/python benchmarks/aceso_bench.py --out benchmarks/results
 
 containers:
 	bash containers/build.sh
