@@ -17,7 +17,6 @@ Like the reference, it does not model the data-parallel gradient all-reduce.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +25,8 @@ from reproflow.families.aceso.database import FIELDS, Database
 from reproflow.families.aceso.models import Model, is_layer_start, op_spec, reshard
 
 F = {name: i for i, name in enumerate(FIELDS)}
+# Bits of (op, tp, dp, algo) of producer and consumer, then the size in 1/1000 MB: 63 bits in all.
+PAIR_BITS = (9, 5, 5, 1, 9, 5, 5, 1, 23)
 SHARED_ZERO_OPS = ("enc-attention-softmax", "bn1")
 
 
@@ -113,6 +114,12 @@ class CostModel:
         # Activation weight per distinct op when tensors share storage (the reference's rules).
         self.share = np.array([self._share(op) for op in db.ops])
         self._memo: dict[tuple, tuple] = {}
+        self._id_memo: dict[tuple, np.ndarray] = {}
+        self._pair_memo: dict[tuple, tuple[float, float]] = {}
+        self._log2 = np.zeros(max(db.tps) + 1, dtype=np.intp)
+        self._log2[db.tps] = np.arange(len(db.tps))
+        self._mbs_lut = np.full(max(db.mbs) + 2, -1, dtype=np.intp)
+        self._mbs_lut[db.mbs] = np.arange(len(db.mbs))
 
     def _share(self, op: str) -> float:
         if not self.shared_space:
@@ -123,52 +130,92 @@ class CostModel:
             return 0.0
         return 1.0
 
-    def _lookup(self, ops: list[str], tp: list[int], mbs: list[int], algo: list[int]) -> np.ndarray:
+    def _ids(self, ops: list[str]) -> np.ndarray:
+        """Database row of each op, memoised per op sequence (stages are slices of one model)."""
+        key = tuple(ops)
+        ids = self._id_memo.get(key)
+        if ids is None:
+            ids = np.fromiter((self.index[o] for o in ops), dtype=np.intp, count=len(ops))
+            if len(self._id_memo) > 50000:
+                self._id_memo.clear()
+            self._id_memo[key] = ids
+        return ids
+
+    def _lookup(self, ids: np.ndarray, tp: np.ndarray, mbs: np.ndarray, algo: np.ndarray) -> np.ndarray:
         """[field, op] values of the stage's ops."""
-        try:
-            m = [self.mbs_index[b] for b in mbs]
-        except KeyError as exc:
-            raise ValueError(f"micro-batch {exc.args[0]} per op is not in the profiled list {self.db.mbs}") from None
-        ids = [self.index[o] for o in ops]
-        t = [int(math.log2(x)) for x in tp]
-        return self.db.table[:, ids, m, t, algo]
+        m = self._mbs_lut[np.minimum(mbs, len(self._mbs_lut) - 1)]
+        if (m < 0).any():
+            bad = int(mbs[m < 0][0])
+            raise ValueError(f"micro-batch {bad} per op is not in the profiled list {self.db.mbs}")
+        return self.db.table[:, ids, m, self._log2[tp], algo]
+
+    def _arrays(self, stage: Stage, micro_bs: int, flat: bool = False) -> tuple[np.ndarray, ...]:
+        n = len(stage.ops)
+        tp = np.ones(n, dtype=np.intp) if flat else np.asarray(stage.tp, dtype=np.intp)
+        dp = np.ones(n, dtype=np.intp) if flat else np.asarray(stage.dp, dtype=np.intp)
+        return self._ids(stage.ops), tp, dp, micro_bs // dp, np.asarray(stage.algo, dtype=np.intp)
 
     def stage_time(self, stage: Stage, micro_bs: int, in_cross: bool, out_cross: bool,
                    flat: bool = False) -> tuple[float, float, float, float, float]:
         """(fwd, bwd, input comm, output comm, recompute) in microseconds for one micro-batch.
 
         `flat` evaluates the same ops at tp = dp = 1 on the whole micro-batch (the ideal compute)."""
-        n = len(stage.ops)
-        if n == 0:
+        if not stage.ops:
             return 0.0, 0.0, 0.0, 0.0, 0.0
-        tp = [1] * n if flat else stage.tp
-        dp = [1] * n if flat else stage.dp
-        mbs = [micro_bs // d for d in dp]
-        v = self._lookup(stage.ops, tp, mbs, stage.algo)
+        ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs, flat)
+        v = self._lookup(ids, tp, mbs, algo)
         fwd, bwd = float(v[F["forward-compute"]].sum()), float(v[F["backward-compute"]].sum())
         rc = np.asarray(stage.recompute, dtype=bool)
         recomp = 0.0 if flat else float(v[F["forward-compute"]][rc].sum())
         size_in, size_out = float(v[F["input_size"], 0]), float(v[F["output_size"], -1])
         in_comm = size_in / self.db.bandwidth(size_in, in_cross)
         out_comm = size_out / self.db.bandwidth(size_out, out_cross)
-        if self.resharding and not flat:
-            for k in range(1, n):
-                fwd_prim, bwd_prim, group = reshard(
-                    op_spec(stage.ops[k - 1], tp[k - 1], dp[k - 1], stage.algo[k - 1], False),
-                    op_spec(stage.ops[k], tp[k], dp[k], stage.algo[k], True))
-                size = float(v[F["input_size"], k])
-                if fwd_prim is not None:
-                    in_comm += self.db.collective_ms(fwd_prim, group, size) * 1000
-                if bwd_prim is not None:
-                    out_comm += self.db.collective_ms(bwd_prim, group, size) * 1000
+        if self.resharding and not flat and len(ids) > 1:
+            fwd_r, bwd_r = self._reshard_us(ids, tp, dp, algo, v[F["input_size"]])
+            in_comm, out_comm = in_comm + fwd_r, out_comm + bwd_r
         return fwd, bwd, in_comm, out_comm, recomp
+
+    def _reshard_us(self, ids: np.ndarray, tp: np.ndarray, dp: np.ndarray, algo: np.ndarray,
+                    sizes: np.ndarray) -> tuple[float, float]:
+        """Forward and backward resharding time between neighbouring ops; each distinct
+        (producer, consumer, layouts, size) pair is worked out once."""
+        cols = [ids[:-1], tp[:-1], dp[:-1], algo[:-1], ids[1:], tp[1:], dp[1:], algo[1:],
+                # sizes past 8 GB (the 1e6 of unprofiled entries) all cost a missing collective anyway
+                np.minimum(np.round(sizes[1:] * 1000), 2**PAIR_BITS[-1] - 1).astype(np.int64)]
+        # One int64 key per pair (sort of a 1-D array is far faster than unique rows).
+        key = np.zeros(len(ids) - 1, dtype=np.int64)
+        for col, bits in zip(cols, PAIR_BITS, strict=True):
+            key = (key << bits) | col
+        distinct, counts = np.unique(key, return_counts=True)
+        fwd = bwd = 0.0
+        for k, count in zip(distinct.tolist(), counts.tolist(), strict=True):
+            f, b = self._pair_us(k)
+            fwd, bwd = fwd + f * count, bwd + b * count
+        return fwd, bwd
+
+    def _pair_us(self, key: int) -> tuple[float, float]:
+        hit = self._pair_memo.get(key)
+        if hit is None:
+            fields = []
+            for bits in reversed(PAIR_BITS):
+                fields.append(key & ((1 << bits) - 1))
+                key >>= bits
+            prev, tp0, dp0, a0, cur, tp1, dp1, a1, size = reversed(fields)
+            fwd_prim, bwd_prim, group = reshard(op_spec(self.db.ops[prev], tp0, dp0, a0, False),
+                                                op_spec(self.db.ops[cur], tp1, dp1, a1, True))
+            mb = size / 1000
+            hit = (self.db.collective_ms(fwd_prim, group, mb) * 1000 if fwd_prim else 0.0,
+                   self.db.collective_ms(bwd_prim, group, mb) * 1000 if bwd_prim else 0.0)
+            self._pair_memo[key] = hit
+        return hit
 
     def stage_memory(self, stage: Stage, micro_bs: int, behind: int, recompute: list[int] | None = None) -> StageMemory:
         """Memory of one stage with `behind` stages after it (their micro-batches keep activations here)."""
         ops, rc = stage.ops, stage.recompute if recompute is None else recompute
-        v = self._lookup(ops, stage.tp, [micro_bs // d for d in stage.dp], stage.algo)
+        ids, tp, _, mbs, algo = self._arrays(stage, micro_bs)
+        v = self._lookup(ids, tp, mbs, algo)
         act = v[F["activations"]]
-        share = self.share[[self.index[o] for o in ops]]
+        share = self.share[ids]
         weights = float(v[F["weights"]].sum())
         inputs = float(v[F["input_size"], 0])
         activations = float((act * share).sum())
@@ -215,8 +262,8 @@ class CostModel:
         memory = self.stage_memory(stage, micro_bs, behind, rc).total
         if memory <= self.memory_limit:
             return rc
-        v = self._lookup(stage.ops, stage.tp, [micro_bs // d for d in stage.dp], stage.algo)
-        act, share = v[F["activations"]], self.share[[self.index[o] for o in stage.ops]]
+        ids, tp, _, mbs, algo = self._arrays(stage, micro_bs)
+        act, share = self._lookup(ids, tp, mbs, algo)[F["activations"]], self.share[ids]
         groups: dict[str, list[int]] = {}
         for i, op in enumerate(stage.ops):
             groups.setdefault(op, []).append(i)
