@@ -23,8 +23,9 @@ EPILOG = """examples:
   reproflow run param-demo               run the demo suite here (4 gloo ranks + GEMM)
   reproflow run param-comms --procs 2 --dry-run
   reproflow run resharding -e n-to-m --explain    the plan of every resharding case
-  reproflow resharding --suite n-to-m --case case1 --resharding-mode broadcast \
-      --resharding-loadbalance-mode loadbalance_order
+  reproflow resharding --suite n-to-m --case case1 --resharding-mode broadcast
+      --resharding-loadbalance-mode loadbalance_order    one case with the reference's options
+  reproflow aceso search --help          Aceso's search on a profiled database
   reproflow render --check               are the committed sbatch scripts current?
   reproflow submit param-comms --nodes 2 --image /apps/reproflow.sqsh --dry-run
   reproflow report                       tables (CSV, markdown) and figures (PNG, PDF)
