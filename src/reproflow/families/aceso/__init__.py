@@ -1,10 +1,31 @@
 """Aceso (EuroSys'24): profile -> search (iterative bottleneck alleviation) -> train.
 
-This package holds the model zoo and op granularity (models.py), the profiled database in the
-reference's format (database.py), the performance model (costmodel.py), config JSON and the
-Megatron-LM uniform plans (plans.py), the search (search.py) and its command line (cli.py).
+The family itself is the op profiler (profile.py, GPT ops in gpt_ops.py): it runs every op on the
+job's ranks and records Aceso's database columns as rows. The package also holds the model zoo
+(models.py), the database format (database.py), the performance model (costmodel.py), config JSON
+and Megatron-LM uniform plans (plans.py), the search (search.py) and `reproflow aceso` (cli.py).
 """
 
 from reproflow.families.aceso.cli import register_cli
+from reproflow.families.aceso.profile import check, run, table
+from reproflow.family import Family
+from reproflow.params import Param
 
-__all__ = ["register_cli"]
+FAMILY = Family(
+    name="aceso",
+    summary="Aceso op profiler: every op's forward/backward time and sizes on TP ranks (GPT so far)",
+    params=(
+        Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer")),
+        Param("size", "str", "tiny", "model size (Aceso's, or tiny for CPUs)"),
+        Param("mbs", "int", 1, "micro-batch size", minimum=1),
+        Param("algo", "int", 0, "partition algorithm of the TP ops (0 or 1)", choices=(0, 1)),
+        Param("seq_len", "int", 0, "sequence length; 0: the size's", minimum=0),
+        Param("warmup", "int", 3, "untimed calls per op", minimum=0),
+        Param("repeats", "int", 10, "timed calls per op", minimum=1),
+    ),
+    run=run,
+    table=table,
+    check=check,
+)
+
+__all__ = ["FAMILY", "register_cli"]

@@ -1,4 +1,4 @@
-"""`reproflow aceso search | megatron | predict`: the reference's search tools with its option names.
+"""`reproflow aceso search | megatron | predict | database`: the reference's search tools with its option names.
 
 Search and plan generation are CPU-only and read a profiled database in the reference's format
 (`--profiled-time-path`). Outputs follow the reference: config JSON per pipeline depth, the best
@@ -150,6 +150,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_database(args: argparse.Namespace) -> int:
+    """Write the profiler's rows under --results as Aceso's database files."""
+    from reproflow.families.aceso.database import write_from_rows
+    from reproflow.report import load_results
+
+    frame = load_results(args.results)
+    if frame.empty or "aceso" not in set(frame["family"]):
+        raise ReproflowError(f"no aceso profiler rows under {args.results}. Run a profile suite first, e.g. "
+                             "`reproflow run aceso-profile-tiny`.")
+    for path in write_from_rows(frame, args.out):
+        print(path)
+    return 0
+
+
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Add `reproflow aceso ...`."""
     top = sub.add_parser("aceso", help="Aceso: search and Megatron-LM plans on a profiled database",
@@ -169,6 +183,11 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                          formatter_class=formatter, description=cmd_megatron.__doc__)
     _common(p)
     p.set_defaults(func=cmd_megatron)
+    p = tools.add_parser("database", help="the profiler's rows as Aceso's database files",
+                         formatter_class=formatter, description=cmd_database.__doc__)
+    p.add_argument("--results", type=Path, default=Path("results"), help="results folder with profiler rows")
+    p.add_argument("--out", type=Path, required=True, help="database folder to write")
+    p.set_defaults(func=cmd_database)
     p = tools.add_parser("predict", help="per-stage time and memory of a config JSON",
                          formatter_class=formatter, description=cmd_predict.__doc__)
     _common(p)

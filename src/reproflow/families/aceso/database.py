@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from reproflow.errors import ReproflowError
 from reproflow.families.aceso.models import Model
@@ -146,3 +147,23 @@ def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
 
 def _write(path: Path, text: str) -> None:
     atomic_write(path, text)
+
+
+def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Op files from the profiler's rows (family aceso): one per model, size, micro-batch, TP size and
+    algo, from the newest measurement of each, ops in profiled order."""
+    written = []
+    rows = frame[frame["family"] == "aceso"]
+    keys = ["model", "size", "mbs", "tp", "algo"]
+    for (name, size, mbs, tp, algo), sub in rows.groupby(keys):
+        sub = sub[sub["timestamp"] == sub["timestamp"].max()]
+        wide = sub.pivot_table(index=["op_index", "op"], columns="metric", values="value").reset_index()
+        wide = wide.sort_values("op_index")
+        missing = [f for f in FIELDS if f not in wide.columns]
+        if missing:
+            raise ReproflowError(f"profiler rows of {name} {size} mbs {mbs} tp {tp} algo {algo} lack {missing}.")
+        m = Model(str(name), str(size), 1)
+        path = out / op_file(m, int(mbs), int(tp), int(algo))
+        write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS]) for _, r in wide.iterrows()])
+        written.append(path)
+    return written

@@ -20,6 +20,7 @@ GPT = {
     "6_7B": (32, 2048, 4096, 16384, 32, 128, 51200),
     "13B": (40, 2048, 5120, 20480, 40, 128, 51200),
     "scale-layer": (1, 2048, 512, 2048, 8, 64, 51200),
+    "tiny": (4, 256, 256, 1024, 4, 64, 8192),  # not in the reference: profiles on a CPU in seconds
 }
 # size: (layers, encoder seq, decoder seq, hidden, ffn, heads, kv_channels, vocab)
 T5 = {

@@ -1,0 +1,129 @@
+"""Aceso's op profiler as a reproflow family: every op of a model, really run on the job's ranks
+(the TP group: gloo on CPU, NCCL on GPUs), timed forward and backward, with its sizes.
+
+Per op and point (model, size, micro-batch, algo; TP size = the job's world size): forward time
+(mean of `repeats` calls after `warmup`, averaged over the ranks), backward time (the same for a
+backward pass to the inputs and the weights), input and output size (MB, carried tensors
+included), weights per rank, activations (tensors the forward keeps for backward plus new
+outputs) and reserved memory. `reproflow aceso database` writes these rows as Aceso's CSV files.
+
+Differences from the reference profiler: the backward also computes weight gradients (the
+reference differentiates with respect to the op inputs only), activations come from the tensors
+autograd saves (the reference reads the CUDA allocator), reserved memory is 0 on CPU (no caching
+allocator), and CPU runs use float32 (GPUs fp16, as the reference). Only GPT ops exist so far.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError
+from reproflow.families.aceso import gpt_ops
+from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
+from reproflow.families.aceso.models import GPT
+from reproflow.family import Measurement
+
+MB = 2**20
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    if params["model"] not in ("gpt", "scale-layer"):
+        raise ParamError(f"'model' = {params['model']!r}: only GPT ops can be profiled so far.", "'gpt', 'scale-layer'")
+    if params["size"] not in GPT:
+        raise ParamError(f"'size' = {params['size']!r} is not a GPT size.", ", ".join(GPT))
+    dims = dims_of(params)
+    for what, n in (("heads", dims.heads), ("ffn", dims.ffn), ("vocab", dims.vocab)):
+        if n % world_size:
+            raise ParamError(f"{what} ({n}) does not split over {world_size} TP ranks.", "a TP size dividing it")
+
+
+def dims_of(params: Mapping[str, Any]) -> gpt_ops.Dims:
+    _, seq, hidden, ffn, heads, _, vocab = GPT[params["size"]]
+    return gpt_ops.Dims(params["seq_len"] or seq, hidden, ffn, heads, vocab)
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t.is_floating_point())
+
+
+def _mean_over_ranks(ctx: RunContext, seconds: float) -> float:
+    values = ctx.gather_floats(seconds)
+    return sum(values) / len(values)
+
+
+def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: int) -> dict[str, float]:
+    """Forward and backward microseconds and sizes (MB) of one built op on this rank's group."""
+    known = {t.untyped_storage().data_ptr() for t in [*built.inputs, *built.params]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in known:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs = built.forward(*built.inputs)
+    old = known | set(saved)
+    new_out = [o for o in outputs if o.untyped_storage().data_ptr() not in old]
+    activations = sum(saved.values()) + _bytes(new_out)
+    with torch.no_grad():
+        for _ in range(warmup):
+            built.forward(*built.inputs)
+        ctx.barrier()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            built.forward(*built.inputs)
+        ctx.sync()
+        fwd = (time.perf_counter() - start) / repeats
+    outs = [o for o in outputs if o.requires_grad]
+    grads = [torch.randn_like(o) for o in outs]
+    for _ in range(max(1, warmup)):
+        torch.autograd.backward(outs, grads, retain_graph=True)
+    ctx.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.autograd.backward(outs, grads, retain_graph=True)
+    ctx.sync()
+    bwd = (time.perf_counter() - start) / repeats
+    return {
+        "forward-compute": _mean_over_ranks(ctx, fwd) * 1e6,
+        "backward-compute": _mean_over_ranks(ctx, bwd) * 1e6,
+        "input_size": _bytes(built.inputs) / MB,
+        "output_size": _bytes(list(outputs)) / MB,
+        "weights": _bytes(list(built.params)) / MB,
+        "activations": activations / MB,
+        "fwd_reserved": 0.0,
+        "bwd_reserved": 0.0,
+    }
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Profile every distinct GPT op in model order; rank 0's rows are kept."""
+    dims = dims_of(params)
+    dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
+    out: list[Measurement] = []
+    for index, op in enumerate(gpt_ops.OPS):
+        torch.manual_seed(1234 + index)
+        built = gpt_ops.build(op, dims, params["mbs"], ctx.world_size, params["algo"], ctx.device, dtype)
+        values = profile_op(ctx, built, params["warmup"], params["repeats"])
+        coords = {"op": op, "op_index": index, "tp": ctx.world_size}
+        units = {"forward-compute": "us", "backward-compute": "us"}
+        out += [Measurement(k, v, units.get(k, "MB"), coords) for k, v in values.items()]
+        ctx.log(f"  {op}: fwd {values['forward-compute']:.1f} us, bwd {values['backward-compute']:.1f} us")
+    return out
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    """The op file as the reference writes it."""
+    by_op: dict[str, dict[str, float]] = {}
+    for m in rows:
+        by_op.setdefault(m.coords["op"], {})[m.metric] = m.value
+    lines = [",".join(OP_COLUMNS)]
+    lines += [f"{op}," + ",".join(f"{v[f]:.3f}" for f in FIELDS) for op, v in by_op.items()]
+    return "\n".join(lines)

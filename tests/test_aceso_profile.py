@@ -1,0 +1,76 @@
+"""Aceso's op profiler end to end: GPT ops really run on 1 and 2 gloo ranks, their rows become the
+reference's database files, and the performance model and search read them back."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import reproflow
+
+from reproflow.families.aceso.costmodel import CostModel
+from reproflow.families.aceso.database import OP_COLUMNS, read_database
+from reproflow.families.aceso.gpt_ops import OPS
+from reproflow.families.aceso.models import model
+from reproflow.families.aceso.plans import best_feasible, megatron_plans
+
+pytestmark = pytest.mark.distributed
+
+SUITE = """
+[launch]
+backend = "gloo"
+device = "cpu"
+time_limit = "00:10:00"
+[[experiment]]
+name = "tp1"
+family = "aceso"
+launch = { procs_per_node = 1 }
+params = { model = "gpt", size = "tiny", seq_len = 64, warmup = 1, repeats = 2 }
+matrix = { mbs = [1, 2], algo = [0, 1] }
+[[experiment]]
+name = "tp2"
+family = "aceso"
+launch = { procs_per_node = 2 }
+params = { model = "gpt", size = "tiny", seq_len = 64, warmup = 1, repeats = 2 }
+matrix = { mbs = [1, 2], algo = [0, 1] }
+"""
+
+
+def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
+    results, db = tmp_path / "results", tmp_path / "db"
+    run = reproflow("run", str(write_suite(SUITE)), "--results", str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    made = reproflow("aceso", "database", "--results", str(results), "--out", str(db))
+    assert made.returncode == 0, made.stderr
+    files = sorted(p.name for p in db.glob("*.csv"))
+    assert files == sorted(f"gpt_tiny_mbs{m}_tp{t}_algo{a}.csv" for m in (1, 2) for t in (1, 2) for a in (0, 1))
+    rows = list(csv.reader((db / "gpt_tiny_mbs2_tp1_algo0.csv").open()))
+    assert tuple(rows[0]) == OP_COLUMNS and [r[0] for r in rows[1:]] == list(OPS)
+    values = {r[0]: [float(x) for x in r[1:]] for r in rows[1:]}
+    assert all(v[0] > 0 and v[1] > 0 for v in values.values())  # forward and backward were timed
+    # Sizes (MB, float32 on CPU): hidden [64, 2, 256] = 0.125 MB; qkv weights 3 x 256 x 256 + bias.
+    assert values["enc-1st-layernorm"][2] == pytest.approx(0.125)  # input
+    assert values["enc-1st-layernorm"][3] == pytest.approx(0.25)  # output + the residual it carries
+    assert values["enc-attention-qkv"][4] == pytest.approx((3 * 256 * 256 + 3 * 256) * 4 / 2**20, abs=1e-3)
+    tp2 = {r[0]: float(r[5]) for r in list(csv.reader((db / "gpt_tiny_mbs2_tp2_algo0.csv").open()))[1:]}
+    assert tp2["enc-MLP-GEMM-1"] == pytest.approx(values["enc-MLP-GEMM-1"][4] / 2, abs=1e-3)  # weights split
+
+    m = model("gpt", "tiny")
+    database = read_database(db, m, [1, 2], 2)
+    cost = CostModel(database, 2, 10000)
+    plan = best_feasible(megatron_plans(cost, m.full_op_list(database.ops), 16, 2, 2, range(1, 3)), 10000)
+    assert plan is not None and plan.prediction.iteration_ms > 0
+    search = reproflow("aceso", "search", "--model-name", "gpt", "--model-size", "tiny", "--global-batch-size", "16",
+                       "--micro-batch-size", "1", "2", "--num-nodes", "1", "--num-gpus-per-node", "2",
+                       "--memory-limit", "10000", "--profiled-time-path", str(db), "--config-save-path",
+                       str(tmp_path / "configs"), "--time-budget-total", "1")
+    assert search.returncode == 0, search.stderr
+    assert "at least as fast as the uniform plan" in search.stdout
+
+
+def test_profiler_rejects_what_it_cannot_profile(write_suite, tmp_path: Path) -> None:
+    proc = reproflow("run", str(write_suite(SUITE.replace("procs_per_node = 2", "procs_per_node = 3"))),
+                     "--results", str(tmp_path), "-e", "tp2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "heads (4) does not split over 3 TP ranks" in proc.stderr
