@@ -1,9 +1,13 @@
-"""`make bench`: Aceso search cost and result on the reference's miniset database.
+"""`make bench`: Aceso search cost and result.
 
-For GPT-1.3B, T5-770M and Wide-ResNet-1B on 1 node x 4 GPUs (the reference's small settings),
-runs reproflow's search (one process per pipeline depth) and records its wall time, the time
-until its best config was found, the predicted throughput of that config and of the best
-Megatron-LM uniform plan. Writes <out>/aceso_search.csv. Needs the miniset (../shared).
+1. On the reference's miniset database (../shared): GPT-1.3B, T5-770M and Wide-ResNet-1B on 1 node x
+   4 GPUs (the reference's small settings). Records reproflow's search wall time, the time until
+   its best config was found, the predicted throughput of that config and of the best Megatron-LM
+   uniform plan: <out>/aceso_search.csv.
+2. Search cost against depth, as the reference's figure 9: GPT scale-layer with 8 ... 1024 layers
+   on 1 node x 8 GPUs (batch 1024, 28000 MB), on a database this machine's profiler produced
+   (`workflows/aceso-profile-scale.toml`, profiled first if missing; TP up to 2):
+   <out>/aceso_scale_search.csv and .png, beside the reference's published search times.
 """
 
 from __future__ import annotations
@@ -14,36 +18,53 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.cli import main as reproflow
 from reproflow.families.aceso.costmodel import CostModel
-from reproflow.families.aceso.database import read_database
+from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.search import Options, search
-from reproflow.report import to_markdown
+from reproflow.report import load_results, to_markdown
 
-MINISET = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso" / "profiled-time-miniset"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
+MINISET = SHARED / "profiled-time-miniset"
+PUBLISHED = SHARED / "reference-results" / "search_cost_scale_scale-layer.csv"
+LAYERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 SMALL = [("gpt", "1_3B", 512, (1, 2, 4, 8)), ("t5", "770M", 512, (1, 2, 4, 8)), ("resnet", "1B", 768, (16, 32, 48, 64))]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results", help="folder for aceso_search.csv")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the CSVs and the figure")
     parser.add_argument("--database", type=Path, default=MINISET, help="the reference's miniset database")
     parser.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0], help="seconds per depth")
+    parser.add_argument("--scale-budget", type=float, default=10.0, help="seconds per depth, scale experiment")
+    parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS), help="scale experiment depths")
     args = parser.parse_args()
-    if not args.database.is_dir():
-        print(f"bench: aceso search skipped: no miniset database at {args.database}", file=sys.stderr)
-        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.database.is_dir():
+        small(args.database, args.budgets, out)
+    else:
+        print(f"bench: aceso miniset search skipped: no miniset database at {args.database}", file=sys.stderr)
+    return scale(out, args.scale_budget, args.layers)
+
+
+def small(database: Path, budgets: list[float], out: Path) -> None:
     rows = []
     for name, size, gbs, mbs in SMALL:
         m = model(name, size)
-        db = read_database(args.database, m, list(mbs), m.max_tp(4))
+        db = read_database(database, m, list(mbs), m.max_tp(4))
         ops = m.full_op_list(db.ops)
         cost = CostModel(db, 4, 12000)
         uniform = best_feasible(megatron_plans(cost, ops, gbs, 4, m.max_tp(4), range(1, 5)), 12000)
-        for budget in args.budgets:
+        for budget in budgets:
             print(f"bench: aceso search {name} {size}, {budget:g} s per depth ...", flush=True)
             start = time.monotonic()
             results = search(CostModel(db, 4, 12000), ops, Options(gbs, mbs, 1, 4, 12000, m.max_tp(4),
@@ -58,14 +79,69 @@ def main() -> int:
                          "memory_mb": round(best.best.memory), "megatron_samples_per_s":
                          round(uniform.prediction.throughput(gbs), 2),
                          "explored": sum(r.explored for r in results)})
+    _write(pd.DataFrame(rows), out / "aceso_search.csv")
+
+
+def scale(out: Path, budget: float, layers: list[int]) -> int:
+    db = out / "aceso-db-scale"
+    if not (db / "gpt_scale-layer_mbs1_tp1_algo0.csv").is_file():
+        results = out / "aceso-profile"
+        print("bench: profiling GPT scale-layer ops (workflows/aceso-profile-scale.toml) ...", flush=True)
+        code = reproflow(["run", "aceso-profile-scale", "--results", str(results)])
+        if code:
+            return code
+        write_from_rows(load_results(results), db)
+    rows = []
+    for n in layers:
+        m = model("scale-layer", "scale-layer", n)
+        database = read_database(db, m, [1, 2, 4, 8], 2)
+        ops = m.full_op_list(database.ops)
+        cost = CostModel(database, 8, 28000)
+        uniform = best_feasible(megatron_plans(cost, ops, 1024, 8, 2, range(1, 9)), 28000)
+        print(f"bench: aceso search scale-layer, {n} layers ({len(ops)} ops), {budget:g} s per depth ...", flush=True)
+        start = time.monotonic()
+        results = search(cost, ops, Options(1024, (1, 2, 4, 8), 1, 8, 28000, 2, budget_s=budget), range(1, 9))
+        wall = time.monotonic() - start
+        best = min((r for r in results if r.best), key=lambda r: r.best.time)  # type: ignore[union-attr]
+        assert best.best is not None
+        rows.append({"layers": n, "ops": len(ops), "budget_s_per_depth": budget, "wall_s": round(wall, 2),
+                     "to_best_s": round(max(r.seconds_to_best for r in results), 2),
+                     "iteration_ms": round(best.best.time, 2),
+                     "samples_per_s": round(1024 / (best.best.time / 1000), 3),
+                     "megatron_samples_per_s": round(uniform.prediction.throughput(1024), 3) if uniform else None,
+                     "explored": sum(r.explored for r in results)})
     frame = pd.DataFrame(rows)
-    frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "aceso_search.csv", index=False)
-    print(to_markdown(frame.drop(columns=["timestamp"])))
-    print(f"bench: wrote {out / 'aceso_search.csv'}")
+    if PUBLISHED.is_file():
+        published = pd.read_csv(PUBLISHED, index_col=0, skipinitialspace=True)
+        for system in ("aceso", "alpa"):
+            values = {int(c.removesuffix("layers")): float(v) for c, v in published.loc[system].items()}
+            frame[f"published_{system}_search_s"] = [values.get(n) or None for n in frame["layers"]]
+    _write(frame, out / "aceso_scale_search.csv")
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    ax.plot(frame["layers"], frame["wall_s"], "-o", label=f"reproflow, wall ({budget:g} s budget per depth)")
+    ax.plot(frame["layers"], frame["to_best_s"], "--o", label="reproflow, until its best config")
+    for system in ("aceso", "alpa"):
+        col = f"published_{system}_search_s"
+        if col in frame and frame[col].notna().any():
+            ax.plot(frame["layers"], frame[col], ":s", label=f"{system.capitalize()} (published, 8 V100)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPT layers (scale-layer: hidden 512, 8 heads)")
+    ax.set_ylabel("search time (s)")
+    ax.set_title("Search cost against model depth, 1 node x 8 GPUs", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(out / "aceso_scale_search.png", dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    print(f"bench: wrote {out / 'aceso_scale_search.png'}")
     return 0
+
+
+def _write(frame: pd.DataFrame, path: Path) -> None:
+    frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    frame.to_csv(path, index=False)
+    print(to_markdown(frame.drop(columns=["timestamp"])))
+    print(f"bench: wrote {path}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
 
 INF = float("inf")
+POLISH_AT = 0.9  # share of the budget after which the search stops and the polish may run
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,9 @@ class DepthSearch:
     def fits(self, p: Point) -> bool:
         return p.memory <= self.opts.memory_limit
 
-    def time_up(self) -> bool:
-        return time.monotonic() - self.start >= self.opts.budget_s
+    def time_up(self, share: float = POLISH_AT) -> bool:
+        """Past `share` of the budget (the search stops at POLISH_AT, the polish at the full budget)."""
+        return time.monotonic() - self.start >= self.opts.budget_s * share
 
     def alone_ms(self, stage: Stage, micro_bs: int) -> float:
         """One micro-batch through a stage, intra-node links (the reference's partner estimate)."""
@@ -591,7 +593,8 @@ class DepthSearch:
         return Result(self.n, best, self.explored, time.monotonic() - self.start, trials, trend)
 
     def polish(self, p: Point, max_ops: int = 16) -> Point:
-        """Move 1..max_ops ops across each stage boundary while that shortens the iteration and fits.
+        """Move 1..max_ops ops across each stage boundary while that shortens the iteration and fits,
+        within the last tenth of the budget.
 
         Not in the reference: a last local step that picks up boundary shifts its randomised order
         may leave (a few ms on the miniset); it never makes the config slower."""
@@ -601,6 +604,8 @@ class DepthSearch:
             for b in range(self.n - 1):
                 for src, dst in ((b, b + 1), (b + 1, b)):
                     for k in range(1, max_ops + 1):
+                        if self.time_up(1.0):
+                            return p
                         config = self.move_once(p.config, src, dst, k)
                         if config is p.config:
                             break
