@@ -123,7 +123,8 @@ def scale(out: Path, budget: float, layers: list[int]) -> int:
     for system in ("aceso", "alpa"):
         col = f"published_{system}_search_s"
         if col in frame and frame[col].notna().any():
-            ax.plot(frame["layers"], frame[col], ":s", label=f"{system.capitalize()} (published, 8 V100)")
+            ax.plot(frame["layers"], frame[col], ":s",
+                    label=f"{system.capitalize()} search (published, for 1 x 8 V100)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("GPT layers (scale-layer: hidden 512, 8 heads)")
