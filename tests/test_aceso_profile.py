@@ -34,6 +34,12 @@ family = "aceso"
 launch = { procs_per_node = 2 }
 params = { model = "gpt", size = "tiny", seq_len = 64, warmup = 1, repeats = 2 }
 matrix = { mbs = [1, 2], algo = [0, 1] }
+[[experiment]]
+name = "comm"
+family = "aceso"
+launch = { procs_per_node = 2 }
+params = { model = "gpt", size = "tiny", warmup = 1, repeats = 2, sizes_mb = "0-2,4", p2p_max_mb = 4 }
+matrix = { kind = ["collectives", "p2p"] }
 """
 
 
@@ -43,8 +49,14 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     made = reproflow("aceso", "database", "--results", str(results), "--out", str(db))
     assert made.returncode == 0, made.stderr
-    files = sorted(p.name for p in db.glob("*.csv"))
+    files = sorted(p.name for p in db.glob("gpt_tiny_*.csv"))
     assert files == sorted(f"gpt_tiny_mbs{m}_tp{t}_algo{a}.csv" for m in (1, 2) for t in (1, 2) for a in (0, 1))
+    for prim in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all"):
+        table = list(csv.reader((db / f"prim_gpt_tiny_{prim}_2gpus.csv").open()))
+        assert table[0] == ["data_size(MB)", "time(ms)"] and [r[0] for r in table[1:]] == ["0", "1", "2", "4"]
+        assert all(float(r[1]) > 0 for r in table[1:])
+    sizes, bandwidth = list(csv.reader((db / "p2p_intra_node.csv").open()))
+    assert sizes == ["1", "2", "4"] and all(float(b) > 0 for b in bandwidth)
     rows = list(csv.reader((db / "gpt_tiny_mbs2_tp1_algo0.csv").open()))
     assert tuple(rows[0]) == OP_COLUMNS and [r[0] for r in rows[1:]] == list(OPS)
     values = {r[0]: [float(x) for x in r[1:]] for r in rows[1:]}
@@ -58,6 +70,7 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
 
     m = model("gpt", "tiny")
     database = read_database(db, m, [1, 2], 2)
+    assert database.intra_band and database.collective_ms("all_gather", 2, 1.2) < 100000
     cost = CostModel(database, 2, 10000)
     plan = best_feasible(megatron_plans(cost, m.full_op_list(database.ops), 16, 2, 2, range(1, 3)), 10000)
     assert plan is not None and plan.prediction.iteration_ms > 0

@@ -15,6 +15,8 @@ FAMILY = Family(
     name="aceso",
     summary="Aceso op profiler: every op's forward/backward time and sizes on TP ranks (GPT so far)",
     params=(
+        Param("kind", "str", "ops", "what to profile: every op, the collectives, or P2P bandwidth (2 ranks)",
+              choices=("ops", "collectives", "p2p")),
         Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer")),
         Param("size", "str", "tiny", "model size (Aceso's, or tiny for CPUs)"),
         Param("mbs", "int", 1, "micro-batch size", minimum=1),
@@ -22,6 +24,8 @@ FAMILY = Family(
         Param("seq_len", "int", 0, "sequence length; 0: the size's", minimum=0),
         Param("warmup", "int", 3, "untimed calls per op", minimum=0),
         Param("repeats", "int", 10, "timed calls per op", minimum=1),
+        Param("sizes_mb", "str", "0-64", "collectives: whole-MB sizes, e.g. '0-16,32,64'"),
+        Param("p2p_max_mb", "int", 64, "p2p: largest message (1, 2, 4, ... MB)", minimum=1),
     ),
     run=run,
     table=table,

@@ -73,8 +73,10 @@ class Database:
         band = self.inter_band if cross_node and self.inter_band else self.intra_band
         if size_mb <= 0 or not band:
             return 1.0
+        # Table entry i is 2^i MB, looked up one below log2 as the reference does; messages under
+        # 1 MB use the smallest entry (the reference indexes from the end of the table there).
         i = int(math.log(size_mb, 2))
-        i = i - 1 if i >= 1 else i
+        i = max(i - 1 if i >= 1 else i, 0)
         return band[min(i, len(band) - 1)] * 0.001
 
 
@@ -150,20 +152,37 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Op files from the profiler's rows (family aceso): one per model, size, micro-batch, TP size and
-    algo, from the newest measurement of each, ops in profiled order."""
-    written = []
+    """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each:
+    op files per model, size, micro-batch, TP size and algo; collective tables per model, size,
+    collective and GPU count; P2P bandwidth per link (intra- or inter-node)."""
     rows = frame[frame["family"] == "aceso"]
-    keys = ["model", "size", "mbs", "tp", "algo"]
-    for (name, size, mbs, tp, algo), sub in rows.groupby(keys):
-        sub = sub[sub["timestamp"] == sub["timestamp"].max()]
+    if "kind" not in rows.columns:
+        rows = rows.assign(kind="ops")
+    written = []
+    ops = rows[rows["kind"] == "ops"]
+    for (name, size, mbs, tp, algo), sub in ops.groupby(["model", "size", "mbs", "tp", "algo"]):
+        sub = _newest(sub)
         wide = sub.pivot_table(index=["op_index", "op"], columns="metric", values="value").reset_index()
-        wide = wide.sort_values("op_index")
         missing = [f for f in FIELDS if f not in wide.columns]
         if missing:
             raise ReproflowError(f"profiler rows of {name} {size} mbs {mbs} tp {tp} algo {algo} lack {missing}.")
-        m = Model(str(name), str(size), 1)
-        path = out / op_file(m, int(mbs), int(tp), int(algo))
-        write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS]) for _, r in wide.iterrows()])
+        path = out / op_file(Model(str(name), str(size), 1), int(mbs), int(tp), int(algo))
+        write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS])
+                              for _, r in wide.sort_values("op_index").iterrows()])
+        written.append(path)
+    coll = rows[rows["kind"] == "collectives"]
+    for (name, size, prim, gpus), sub in coll.groupby(["model", "size", "prim", "gpus"]):
+        sub = _newest(sub).sort_values("size_mb")
+        path = out / collective_file(Model(str(name), str(size), 1), str(prim), int(gpus))
+        write_collective_table(path, [(int(r["size_mb"]), float(r["value"])) for _, r in sub.iterrows()])
+        written.append(path)
+    for link, sub in rows[rows["kind"] == "p2p"].groupby("link"):
+        sub = _newest(sub).sort_values("size_mb")
+        path = out / f"p2p_{link}_node.csv"
+        write_p2p(path, [int(x) for x in sub["size_mb"]], [float(x) for x in sub["value"]])
         written.append(path)
     return written
+
+
+def _newest(sub: pd.DataFrame) -> pd.DataFrame:
+    return sub[sub["timestamp"] == sub["timestamp"].max()]

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
@@ -32,6 +33,15 @@ MB = 2**20
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
+    if params["kind"] == "p2p":
+        if world_size != 2:
+            raise ParamError(f"kind 'p2p' runs on 2 ranks, not {world_size}.", "a launch of 2 ranks")
+        return
+    if params["kind"] == "collectives":
+        if world_size < 2:
+            raise ParamError("kind 'collectives' needs 2 or more ranks.", "procs_per_node x nodes >= 2")
+        parse_sizes(params["sizes_mb"])
+        return
     if params["model"] not in ("gpt", "scale-layer"):
         raise ParamError(f"'model' = {params['model']!r}: only GPT ops can be profiled so far.", "'gpt', 'scale-layer'")
     if params["size"] not in GPT:
@@ -103,8 +113,84 @@ def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: in
     }
 
 
+def parse_sizes(text: str) -> list[int]:
+    """'0-16,32,64' -> [0, 1, ..., 16, 32, 64] (whole MB, as the collective tables are keyed)."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ParamError(f"'sizes_mb' = {text!r} is not a list of MB sizes.", "e.g. '0-16,32,64'") from None
+    return sorted(out)
+
+
+def collectives(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Time of all_gather, all_reduce, reduce_scatter and all_to_all over the job's ranks per whole MB
+    (the full, gathered size; 0 MB is one element), as Aceso's comm profiler: ms per call."""
+    dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
+    n, esize = ctx.world_size, torch.empty(0, dtype=dtype).element_size()
+    out = []
+    for mb in parse_sizes(params["sizes_mb"]):
+        count = max(n, mb * MB // esize // n * n)
+        full = torch.randn(count, device=ctx.device, dtype=dtype)
+        part = torch.randn(count // n, device=ctx.device, dtype=dtype)
+        calls = {
+            "all_gather": lambda: dist.all_gather_into_tensor(full, part),  # noqa: B023
+            "all_reduce": lambda: dist.all_reduce(full),  # noqa: B023
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),  # noqa: B023
+            "all_to_all": lambda: dist.all_to_all_single(full.clone(), full),  # noqa: B023
+        }
+        for prim, call in calls.items():
+            for _ in range(params["warmup"]):
+                call()
+            ctx.barrier()
+            start = time.perf_counter()
+            for _ in range(params["repeats"]):
+                call()
+            ctx.sync()
+            ms = _mean_over_ranks(ctx, (time.perf_counter() - start) / params["repeats"]) * 1000
+            out.append(Measurement("time", ms, "ms", {"prim": prim, "size_mb": mb, "gpus": n}))
+        ctx.log(f"  {mb} MB: " + ", ".join(f"{m.coords['prim']} {m.value:.3f} ms" for m in out[-4:]))
+    return out
+
+
+def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Rank 0 sends 1, 2, 4, ... MB to rank 1 (Aceso's p2p_band_profiler): GB/s per size. The link is
+    'inter' when the two ranks are on different hosts."""
+    dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
+    hosts = ctx.gather_objects(ctx.hostname)
+    link = "intra" if hosts[0] == hosts[1] else "inter"
+    out = []
+    mb = 1
+    while mb <= params["p2p_max_mb"]:
+        buf = torch.randn(mb * MB // torch.empty(0, dtype=dtype).element_size(), device=ctx.device, dtype=dtype)
+
+        def once() -> None:
+            if ctx.rank == 0:
+                dist.send(buf, 1)  # noqa: B023
+            elif ctx.rank == 1:
+                dist.recv(buf, 0)  # noqa: B023
+        for _ in range(params["warmup"]):
+            once()
+        ctx.barrier()
+        start = time.perf_counter()
+        for _ in range(params["repeats"]):
+            once()
+        ctx.sync()
+        seconds = ctx.gather_floats((time.perf_counter() - start) / params["repeats"])[1]
+        out.append(Measurement("bandwidth", mb / 1024 / seconds, "GB/s", {"size_mb": mb, "link": link}))
+        mb *= 2
+    ctx.log("  p2p " + link + ": " + ", ".join(f"{m.coords['size_mb']} MB {m.value:.2f} GB/s" for m in out))
+    return out
+
+
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """Profile every distinct GPT op in model order; rank 0's rows are kept."""
+    """Profile the ops, the collectives or the P2P bandwidth (`kind`); rank 0's rows are kept."""
+    if params["kind"] == "collectives":
+        return collectives(ctx, params)
+    if params["kind"] == "p2p":
+        return p2p(ctx, params)
     dims = dims_of(params)
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
     out: list[Measurement] = []
@@ -120,7 +206,15 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
-    """The op file as the reference writes it."""
+    """What the point adds to the database, as the reference's files show it."""
+    if params["kind"] == "collectives":
+        lines = ["collective,gpus,data_size(MB),time(ms)"]
+        lines += [f"{m.coords['prim']},{m.coords['gpus']},{m.coords['size_mb']},{m.value:.3f}" for m in rows]
+        return "\n".join(lines)
+    if params["kind"] == "p2p":
+        link = rows[0].coords["link"] if rows else "?"
+        return (f"p2p_{link}_node.csv\n" + ",".join(str(m.coords["size_mb"]) for m in rows) + "\n"
+                + ",".join(f"{m.value:.2f}" for m in rows))
     by_op: dict[str, dict[str, float]] = {}
     for m in rows:
         by_op.setdefault(m.coords["op"], {})[m.metric] = m.value
