@@ -7,6 +7,7 @@ Jobs run the committed sbatch scripts and `reproflow submit` (submitit) on the h
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -278,3 +279,43 @@ def test_resharding_meshes_sit_on_separate_nodes(tmp_path, write_suite):
     assert set(rows["nodelist"]) == {"node1,node2"} and set(rows["world_size"]) == {4}
     assert (rows[rows["metric"] == "wrong_elements"]["value"] == 0).all()
     assert len(rows[rows["metric"] == "exec_time_mean"]) == 3
+
+
+ACESO_PROFILE = """
+[launch]
+backend = "gloo"
+device = "cpu"
+time_limit = "00:10:00"
+[[experiment]]
+name = "ops"
+family = "aceso"
+launch = { procs_per_node = 1 }
+params = { model = "gpt", size = "tiny", seq_len = 32, warmup = 1, repeats = 1 }
+matrix = { mbs = [1, 2] }
+"""
+
+
+def test_aceso_profile_then_search_as_dependent_jobs(tmp_path, write_suite):
+    """Profile on the cluster, then a CPU-only search job that starts after it and builds the
+    database from its rows; the search result is keyed by the database's content hash."""
+    results, db, configs = tmp_path / "results", tmp_path / "db", tmp_path / "configs"
+    profile = reproflow("submit", str(write_suite(ACESO_PROFILE, "aceso-tiny")), "--results", str(results))
+    assert profile.returncode == 0, profile.stderr
+    (profile_job,) = submitted_ids(profile.stdout)
+    search_args = ["aceso", "search", "--model-name", "gpt", "--model-size", "tiny", "--global-batch-size", "8",
+                   "--micro-batch-size", "1", "2", "--num-nodes", "1", "--num-gpus-per-node", "1",
+                   "--memory-limit", "10000", "--profiled-time-path", str(db), "--config-save-path", str(configs),
+                   "--time-budget-total", "1", "--from-results", str(results)]
+    search = reproflow(*search_args, "--submit", "--after", profile_job)
+    assert search.returncode == 0, search.stderr
+    (search_job,) = submitted_ids(search.stdout)
+    assert wait(profile_job)[profile_job]["state"] == "COMPLETED"
+    state = wait(search_job)[search_job]
+    logs = list((configs / "submitit").rglob("*.out"))
+    assert state["state"] == "COMPLETED", [p.read_text()[-2000:] for p in logs]
+    assert state["start"] >= sacct(profile_job)[profile_job]["end"]  # afterok: only once the profile ended
+    assert (db / "gpt_tiny_mbs2_tp1_algo0.csv").is_file()
+    (manifest,) = configs.glob("search-*.json")
+    assert json.loads(manifest.read_text())["configs"]
+    again = reproflow(*search_args)
+    assert again.returncode == 0 and "reused: this database" in again.stdout

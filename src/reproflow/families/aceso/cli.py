@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
+import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -81,9 +84,42 @@ def cmd_megatron(args: argparse.Namespace) -> int:
     return 0 if config is not None else 1
 
 
+SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",
+               "num_gpus_per_node", "memory_limit", "max_tp", "start_num_stages", "end_num_stages", "max_num_hops",
+               "time_budget_total")
+
+
+def database_sha256(path: Path) -> str:
+    """Content hash of a database folder: every CSV's name and bytes, in name order."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(path).glob("*.csv")):
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def cmd_search(args: argparse.Namespace) -> int:
-    """One search per pipeline depth in parallel; write the reference's outputs and compare with Megatron-LM."""
+    """One search per pipeline depth in parallel; write the reference's outputs and compare with Megatron-LM.
+
+    A search is keyed by the database's content hash and its options: a second search of the same
+    database with the same options reuses the first one's configs (unless --force)."""
+    if args.submit:
+        return _submit_search(args)
+    if args.from_results:
+        from reproflow.families.aceso.database import write_from_rows
+        from reproflow.report import load_results
+
+        written = write_from_rows(load_results(args.from_results), args.profiled_time_path)
+        print(f"database: {len(written)} files from the profiler rows in {args.from_results}")
     setup = _Setup(args)
+    db_hash = database_sha256(args.profiled_time_path)
+    options = {k: getattr(args, k) for k in SEARCH_KEYS}
+    key = hashlib.sha256(json.dumps([db_hash, options], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    manifest = args.config_save_path / f"search-{key}.json"
+    if manifest.exists() and not args.force:
+        done = json.loads(manifest.read_text())
+        print(f"reused: this database (sha256 {db_hash[:12]}) was searched with these options before; "
+              f"configs: {', '.join(done['configs'])} (--force searches again)")
+        return 0
     suffix = args.config_suffix or f"{_dt.datetime.now():%Y-%m-%d-%H-%M-%S}"
     opts = Options(args.global_batch_size, tuple(setup.mbs), args.num_nodes, args.num_gpus_per_node,
                    args.memory_limit, setup.max_tp, args.max_num_hops, args.time_budget_total)
@@ -116,6 +152,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     log.mkdir(parents=True, exist_ok=True)
     atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
     print(f"\noverall search time: {wall:.2f} s")
+    atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "search_s": round(wall, 2),
+                                       "configs": [f"{setup.name}_{r.num_stages}stages_{suffix}.json"
+                                                   for r in found]}, indent=2, default=str) + "\n")
     line, _, mega_ms = _megatron_line(setup, args)
     print(line)
     if found:
@@ -125,6 +164,57 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"Aceso search: {best.time / 1000:.2f} s, {args.global_batch_size / (best.time / 1000):.2f} samples/s, "
               f"{best.memory:.0f} MB: {verdict} the uniform plan")
     return 0 if found else 1
+
+
+def _search_job(argv: list[str]) -> int:
+    """Body of a submitted search job: the same command without --submit."""
+    from reproflow.cli import main
+
+    code = main(["aceso", "search", *argv])
+    if code:
+        raise RuntimeError(f"reproflow aceso search exited with {code}")
+    return code
+
+
+_SEARCH_FLAGS = (*SEARCH_KEYS, "profiled_time_path", "config_save_path", "num_of_saved_configs", "log_path",
+                 "config_suffix", "processes", "from_results")
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The search's options as a command line (paths made absolute), for the submitted job."""
+    argv: list[str] = []
+    for name in _SEARCH_FLAGS:
+        value = getattr(args, name)
+        if value is None or value == "":
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value.resolve()) if isinstance(value, Path) else str(value)]
+    return argv + (["--force"] if args.force else [])
+
+
+def _submit_search(args: argparse.Namespace) -> int:
+    """Submit the search as a CPU-only Slurm job (one task), after the given jobs succeed."""
+    import submitit
+
+    argv = _argv_of(args)
+    folder = (args.config_save_path / "submitit").resolve()
+    try:
+        executor = submitit.SlurmExecutor(folder=folder / "%j", python=sys.executable)
+    except RuntimeError as exc:
+        raise ReproflowError(f"cannot submit to Slurm: {exc}. Run the search here without --submit.") from None
+    params: dict[str, object] = {"job_name": "reproflow-aceso-search", "nodes": 1, "ntasks_per_node": 1,
+                                 "time": max(5, int(args.time_budget_total * 2 / 60) + 10)}
+    after = [j for item in args.after for j in item.split(",") if j]
+    if after:
+        params["dependency"] = "afterok:" + ":".join(after)
+    executor.update_parameters(**params)
+    job = executor.submit(_search_job, argv)
+    print(f"submitted the search as Slurm job {job.job_id}" + (f", after {', '.join(after)}" if after else ""))
+    print(f"job ids: {job.job_id}")
+    return 0
 
 
 def _stage_info(r: Result, path: Path) -> None:
@@ -178,6 +268,13 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--log-path", type=Path, default=None, help="summary CSV folder (default: --config-save-path)")
     p.add_argument("--config-suffix", default="", help="file-name suffix (default: the start time)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
+    p.add_argument("--from-results", type=Path, default=None,
+                   help="first write the database at --profiled-time-path from these profiler results")
+    p.add_argument("--force", action="store_true", help="search again even if this database and these options "
+                   "were searched before")
+    p.add_argument("--submit", action="store_true", help="run as a CPU-only Slurm job (through submitit)")
+    p.add_argument("--after", action="append", default=[], metavar="JOBID",
+                   help="with --submit: start after these jobs succeed (e.g. the profile jobs)")
     p.set_defaults(func=cmd_search)
     p = tools.add_parser("megatron", help="the fastest feasible Megatron-LM uniform plan",
                          formatter_class=formatter, description=cmd_megatron.__doc__)

@@ -160,7 +160,7 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
         rows = rows.assign(kind="ops")
     written = []
     ops = rows[rows["kind"] == "ops"]
-    for (name, size, mbs, tp, algo), sub in ops.groupby(["model", "size", "mbs", "tp", "algo"]):
+    for (name, size, mbs, tp, algo), sub in _groups(ops, ["model", "size", "mbs", "tp", "algo"]):
         sub = _newest(sub)
         wide = sub.pivot_table(index=["op_index", "op"], columns="metric", values="value").reset_index()
         missing = [f for f in FIELDS if f not in wide.columns]
@@ -171,17 +171,22 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
                               for _, r in wide.sort_values("op_index").iterrows()])
         written.append(path)
     coll = rows[rows["kind"] == "collectives"]
-    for (name, size, prim, gpus), sub in coll.groupby(["model", "size", "prim", "gpus"]):
+    for (name, size, prim, gpus), sub in _groups(coll, ["model", "size", "prim", "gpus"]):
         sub = _newest(sub).sort_values("size_mb")
         path = out / collective_file(Model(str(name), str(size), 1), str(prim), int(gpus))
         write_collective_table(path, [(int(r["size_mb"]), float(r["value"])) for _, r in sub.iterrows()])
         written.append(path)
-    for link, sub in rows[rows["kind"] == "p2p"].groupby("link"):
+    for (link,), sub in _groups(rows[rows["kind"] == "p2p"], ["link"]):
         sub = _newest(sub).sort_values("size_mb")
         path = out / f"p2p_{link}_node.csv"
         write_p2p(path, [int(x) for x in sub["size_mb"]], [float(x) for x in sub["value"]])
         written.append(path)
     return written
+
+
+def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+    """Groups of `rows` by `keys`; none when there are no such rows (their columns may be absent)."""
+    return [] if rows.empty else list(rows.groupby(keys))
 
 
 def _newest(sub: pd.DataFrame) -> pd.DataFrame:
