@@ -35,6 +35,12 @@ launch = { procs_per_node = 2 }
 params = { model = "gpt", size = "tiny", seq_len = 64, warmup = 1, repeats = 2 }
 matrix = { mbs = [1, 2], algo = [0, 1] }
 [[experiment]]
+name = "resnet"
+family = "aceso"
+launch = { procs_per_node = 2 }
+params = { model = "resnet", size = "tiny", seq_len = 32, warmup = 1, repeats = 1, mbs = 8 }
+matrix = { algo = [0, 1] }
+[[experiment]]
 name = "comm"
 family = "aceso"
 launch = { procs_per_node = 2 }
@@ -49,6 +55,11 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     made = reproflow("aceso", "database", "--results", str(results), "--out", str(db))
     assert made.returncode == 0, made.stderr
+    resnet = list(csv.reader((db / "resnet_tiny_mbs8_tp2_algo1.csv").open()))
+    assert len(resnet) == 1 + 4 + 4 * 8 + 2 and resnet[-1][0] == "fc"  # stem, 4 blocks, avgpool + fc
+    conv = {r[0]: float(r[5]) for r in resnet[1:]}
+    # block-0-0-conv2: 3x3, 32 -> 32 channels, input channels split over 2 ranks (algo 1): 16x32x3x3 fp32
+    assert conv["block-0-0-conv2"] == pytest.approx(32 * 16 * 9 * 4 / 2**20, abs=1e-3)
     files = sorted(p.name for p in db.glob("gpt_tiny_*.csv"))
     assert files == sorted(f"gpt_tiny_mbs{m}_tp{t}_algo{a}.csv" for m in (1, 2) for t in (1, 2) for a in (0, 1))
     for prim in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all"):

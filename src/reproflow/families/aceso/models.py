@@ -39,6 +39,7 @@ RESNET = {
     "4B": ((3, 4, 6, 3), 640, 2),
     "6_8B": ((3, 4, 6, 3), 320, 16),
     "13B": ((3, 4, 23, 3), 320, 16),
+    "tiny": ((1, 1, 1, 1), 16, 2),  # not in the reference: profiles on a CPU in seconds (use a small image)
 }
 
 GPT_LAYER = ("enc-1st-layernorm", "enc-attention-qkv", "enc-attention-score", "enc-attention-softmax",

@@ -10,13 +10,14 @@ outputs) and reserved memory. `reproflow aceso database` writes these rows as Ac
 Differences from the reference profiler: the backward also computes weight gradients (the
 reference differentiates with respect to the op inputs only), activations come from the tensors
 autograd saves (the reference reads the CUDA allocator), reserved memory is 0 on CPU (no caching
-allocator), and CPU runs use float32 (GPUs fp16, as the reference). Only GPT ops exist so far.
+allocator), and CPU runs use float32 (GPUs fp16 for GPT, as the reference). GPT and Wide-ResNet
+ops exist so far (T5 not yet).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,12 +25,13 @@ import torch.distributed as dist
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
-from reproflow.families.aceso import gpt_ops
+from reproflow.families.aceso import gpt_ops, resnet_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
-from reproflow.families.aceso.models import GPT
+from reproflow.families.aceso.models import GPT, RESNET
 from reproflow.family import Measurement
 
 MB = 2**20
+IMAGE = 224  # Wide-ResNet input side, as the reference (ImageNet)
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -42,10 +44,15 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError("kind 'collectives' needs 2 or more ranks.", "procs_per_node x nodes >= 2")
         parse_sizes(params["sizes_mb"])
         return
-    if params["model"] not in ("gpt", "scale-layer"):
-        raise ParamError(f"'model' = {params['model']!r}: only GPT ops can be profiled so far.", "'gpt', 'scale-layer'")
-    if params["size"] not in GPT:
-        raise ParamError(f"'size' = {params['size']!r} is not a GPT size.", ", ".join(GPT))
+    sizes = RESNET if params["model"] == "resnet" else GPT
+    if params["size"] not in sizes:
+        raise ParamError(f"'size' = {params['size']!r} is not a {params['model']} size.", ", ".join(sizes))
+    if params["model"] == "resnet":
+        base = RESNET[params["size"]][1]
+        if base % world_size:
+            raise ParamError(f"base channels ({base}) do not split over {world_size} TP ranks.",
+                             "a TP size dividing them")
+        return
     dims = dims_of(params)
     for what, n in (("heads", dims.heads), ("ffn", dims.ffn), ("vocab", dims.vocab)):
         if n % world_size:
@@ -55,6 +62,19 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
 def dims_of(params: Mapping[str, Any]) -> gpt_ops.Dims:
     _, seq, hidden, ffn, heads, _, vocab = GPT[params["size"]]
     return gpt_ops.Dims(params["seq_len"] or seq, hidden, ffn, heads, vocab)
+
+
+def built_ops(params: Mapping[str, Any], tp: int, device: torch.device,
+              dtype: torch.dtype) -> list[tuple[str, Callable[[], gpt_ops.BuiltOp]]]:
+    """(name, builder) of every distinct op of the model, in model order."""
+    mbs, algo = params["mbs"], params["algo"]
+    if params["model"] == "resnet":
+        blocks, base, width = RESNET[params["size"]]
+        dims = resnet_ops.Dims(blocks, base, width, params["seq_len"] or IMAGE)
+        return [(op.name, lambda op=op: resnet_ops.build(op, mbs, tp, algo, device, dtype))
+                for op in resnet_ops.op_list(dims)]
+    dims = dims_of(params)
+    return [(op, lambda op=op: gpt_ops.build(op, dims, mbs, tp, algo, device, dtype)) for op in gpt_ops.OPS]
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
@@ -191,13 +211,11 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         return collectives(ctx, params)
     if params["kind"] == "p2p":
         return p2p(ctx, params)
-    dims = dims_of(params)
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
     out: list[Measurement] = []
-    for index, op in enumerate(gpt_ops.OPS):
+    for index, (op, make) in enumerate(built_ops(params, ctx.world_size, ctx.device, dtype)):
         torch.manual_seed(1234 + index)
-        built = gpt_ops.build(op, dims, params["mbs"], ctx.world_size, params["algo"], ctx.device, dtype)
-        values = profile_op(ctx, built, params["warmup"], params["repeats"])
+        values = profile_op(ctx, make(), params["warmup"], params["repeats"])
         coords = {"op": op, "op_index": index, "tp": ctx.world_size}
         units = {"forward-compute": "us", "backward-compute": "us"}
         out += [Measurement(k, v, units.get(k, "MB"), coords) for k, v in values.items()]
