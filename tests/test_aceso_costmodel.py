@@ -164,3 +164,28 @@ def test_megatron_plans_match_the_reference_on_its_miniset(name, size, gbs, mbs,
     assert best is not None
     assert int(best.prediction.iteration_ms) == ms
     assert (best.pp, best.tp, best.dp, best.micro_bs) == shape and best.recompute
+
+
+@pytest.mark.skipif(not MINISET.is_dir(), reason=f"the reference's miniset database is not at {MINISET}")
+def test_profiler_ops_are_the_reference_ops() -> None:
+    """The ops the profiler runs are, name for name and in order, those of the reference's files."""
+    from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
+    from reproflow.families.aceso.models import RESNET
+
+    def names(stem: str) -> list[str]:
+        return [r.split(",")[0] for r in (MINISET / f"{stem}_mbs1_tp1_algo0.csv").read_text().splitlines()[1:]]
+
+    assert list(gpt_ops.OPS) == names("gpt_1_3B")
+    assert list(t5_ops.OPS) == names("t5_770M")
+    blocks, base, width = RESNET["1B"]
+    ops = resnet_ops.op_list(resnet_ops.Dims(blocks, base, width, 224))
+    reference = [r.split(",") for r in (MINISET / "resnet_1B_mbs16_tp1_algo0.csv").read_text().splitlines()[1:]]
+    assert [o.name for o in ops] == [r[0] for r in reference]
+    # The reference's weights (MB, fp32) match these shapes for every convolution.
+    weights = {r[0]: float(r[5]) for r in reference}
+    for o in ops:
+        if o.kind == "conv":
+            assert weights[o.name] == pytest.approx(o.kernel**2 * o.c_in * o.c_out * 4 / 2**20, abs=1e-3), o.name
+        if o.kind == "downsample" and o.project:
+            assert o.carry is not None
+            assert weights[o.name] == pytest.approx(o.carry[0] * o.c_out * 4 / 2**20, abs=1e-2), o.name

@@ -14,6 +14,7 @@ from reproflow.families.aceso.database import OP_COLUMNS, read_database
 from reproflow.families.aceso.gpt_ops import OPS
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
+from reproflow.families.aceso.t5_ops import OPS as T5_OPS
 
 pytestmark = pytest.mark.distributed
 
@@ -41,6 +42,11 @@ launch = { procs_per_node = 2 }
 params = { model = "resnet", size = "tiny", seq_len = 32, warmup = 1, repeats = 1, mbs = 8 }
 matrix = { algo = [0, 1] }
 [[experiment]]
+name = "t5"
+family = "aceso"
+launch = { procs_per_node = 2 }
+params = { model = "t5", size = "tiny", seq_len = 32, warmup = 1, repeats = 1, mbs = 1 }
+[[experiment]]
 name = "comm"
 family = "aceso"
 launch = { procs_per_node = 2 }
@@ -58,8 +64,10 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     resnet = list(csv.reader((db / "resnet_tiny_mbs8_tp2_algo1.csv").open()))
     assert len(resnet) == 1 + 4 + 4 * 8 + 2 and resnet[-1][0] == "fc"  # stem, 4 blocks, avgpool + fc
     conv = {r[0]: float(r[5]) for r in resnet[1:]}
-    # block-0-0-conv2: 3x3, 32 -> 32 channels, input channels split over 2 ranks (algo 1): 16x32x3x3 fp32
-    assert conv["block-0-0-conv2"] == pytest.approx(32 * 16 * 9 * 4 / 2**20, abs=1e-3)
+    # block-0-0-conv2: 3x3, 16 -> 32 channels, input channels split over 2 ranks (algo 1): 32x8x3x3 fp32
+    assert conv["block-0-0-conv2"] == pytest.approx(32 * 8 * 9 * 4 / 2**20, abs=1e-3)
+    t5 = [r[0] for r in list(csv.reader((db / "t5_tiny_mbs1_tp2_algo0.csv").open()))[1:]]
+    assert t5 == list(T5_OPS) and len(t5) == 39  # as the reference's T5 files
     files = sorted(p.name for p in db.glob("gpt_tiny_*.csv"))
     assert files == sorted(f"gpt_tiny_mbs{m}_tp{t}_algo{a}.csv" for m in (1, 2) for t in (1, 2) for a in (0, 1))
     for prim in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all"):

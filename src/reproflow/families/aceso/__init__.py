@@ -13,15 +13,16 @@ from reproflow.params import Param
 
 FAMILY = Family(
     name="aceso",
-    summary="Aceso op profiler: every op's forward/backward time and sizes on TP ranks (GPT, Wide-ResNet)",
+    summary="Aceso op profiler: every op's forward/backward time and sizes on TP ranks (GPT, T5, Wide-ResNet)",
     params=(
         Param("kind", "str", "ops", "what to profile: every op, the collectives, or P2P bandwidth (2 ranks)",
               choices=("ops", "collectives", "p2p")),
-        Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer", "resnet")),
+        Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer", "t5", "resnet")),
         Param("size", "str", "tiny", "model size (Aceso's, or tiny for CPUs)"),
         Param("mbs", "int", 1, "micro-batch size", minimum=1),
         Param("algo", "int", 0, "partition algorithm of the TP ops (0 or 1)", choices=(0, 1)),
-        Param("seq_len", "int", 0, "GPT sequence length, or ResNet image side; 0: the size's (224)", minimum=0),
+        Param("seq_len", "int", 0, "GPT or T5-encoder sequence length, or ResNet image side; 0: the size's",
+              minimum=0),
         Param("warmup", "int", 3, "untimed calls per op", minimum=0),
         Param("repeats", "int", 10, "timed calls per op", minimum=1),
         Param("sizes_mb", "str", "0-64", "collectives: whole-MB sizes, e.g. '0-16,32,64'"),

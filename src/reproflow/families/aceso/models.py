@@ -29,6 +29,7 @@ T5 = {
     "6B": (24, 2048, 512, 1024, 32768, 64, 128, 30592),
     "11B": (24, 2048, 512, 1024, 65536, 128, 128, 30592),
     "22B": (48, 2048, 512, 1024, 65536, 128, 128, 30592),
+    "tiny": (2, 128, 32, 128, 512, 4, 32, 4096),  # not in the reference: profiles on a CPU in seconds
 }
 # size: (blocks per stage, base channels, width factor)
 RESNET = {

@@ -10,8 +10,7 @@ outputs) and reserved memory. `reproflow aceso database` writes these rows as Ac
 Differences from the reference profiler: the backward also computes weight gradients (the
 reference differentiates with respect to the op inputs only), activations come from the tensors
 autograd saves (the reference reads the CUDA allocator), reserved memory is 0 on CPU (no caching
-allocator), and CPU runs use float32 (GPUs fp16 for GPT, as the reference). GPT and Wide-ResNet
-ops exist so far (T5 not yet).
+allocator), and CPU runs use float32 (GPUs fp16 for GPT and T5, as the reference).
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ import torch.distributed as dist
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
-from reproflow.families.aceso import gpt_ops, resnet_ops
+from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
-from reproflow.families.aceso.models import GPT, RESNET
+from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.family import Measurement
 
 MB = 2**20
@@ -44,7 +43,7 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError("kind 'collectives' needs 2 or more ranks.", "procs_per_node x nodes >= 2")
         parse_sizes(params["sizes_mb"])
         return
-    sizes = RESNET if params["model"] == "resnet" else GPT
+    sizes = {"resnet": RESNET, "t5": T5}.get(params["model"], GPT)
     if params["size"] not in sizes:
         raise ParamError(f"'size' = {params['size']!r} is not a {params['model']} size.", ", ".join(sizes))
     if params["model"] == "resnet":
@@ -53,7 +52,13 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError(f"base channels ({base}) do not split over {world_size} TP ranks.",
                              "a TP size dividing them")
         return
-    dims = dims_of(params)
+    if params["model"] == "t5":
+        if params["algo"] != 0:
+            raise ParamError("'algo' = 1: T5 ops have partition algorithm 0 only, as in the reference.", "0")
+        _, _, _, _, ffn, heads, _, vocab = T5[params["size"]]
+        dims = gpt_ops.Dims(0, 0, ffn, heads, vocab)
+    else:
+        dims = dims_of(params)
     for what, n in (("heads", dims.heads), ("ffn", dims.ffn), ("vocab", dims.vocab)):
         if n % world_size:
             raise ParamError(f"{what} ({n}) does not split over {world_size} TP ranks.", "a TP size dividing it")
@@ -73,6 +78,10 @@ def built_ops(params: Mapping[str, Any], tp: int, device: torch.device,
         dims = resnet_ops.Dims(blocks, base, width, params["seq_len"] or IMAGE)
         return [(op.name, lambda op=op: resnet_ops.build(op, mbs, tp, algo, device, dtype))
                 for op in resnet_ops.op_list(dims)]
+    if params["model"] == "t5":
+        _, enc, dec, hidden, ffn, heads, kv, vocab = T5[params["size"]]
+        t5 = t5_ops.Dims(params["seq_len"] or enc, dec, hidden, ffn, heads, kv, vocab)
+        return [(op, lambda op=op: t5_ops.build(op, t5, mbs, tp, device, dtype)) for op in t5_ops.OPS]
     dims = dims_of(params)
     return [(op, lambda op=op: gpt_ops.build(op, dims, mbs, tp, algo, device, dtype)) for op in gpt_ops.OPS]
 

@@ -4,7 +4,8 @@ The stem (conv1, bn1, relu1, maxpool), then per bottleneck block `block-i-j-` co
 conv2 (3x3, stride 2 in the first block of stages 2-4), bn2, conv3 (1x1), bn3, downsample (the
 residual add, with a 1x1 projection of the block input where shapes change) and relu, then avgpool
 and fc. Widths: stage k has planes base * 2^k, bottleneck width planes x width factor, output
-planes x 4. Convolutions are tensor-parallel: algo 0 splits the output channels and all-gathers
+planes x 4: conv1 maps to planes, conv2 widens to planes x width, conv3 to planes x 4 (the shapes of
+the reference's database). Convolutions are tensor-parallel: algo 0 splits the output channels and all-gathers
 them, algo 1 splits the input channels and all-reduces (the stem's conv1, with 3 input channels,
 always uses algo 0). The block input travels with the block's ops to the downsample op.
 """
@@ -59,9 +60,9 @@ def op_list(d: Dims) -> list[Op]:
             carry = (c, side)
             p = f"block-{i}-{j}-"
             s2 = side // stride
-            ops += [Op(p + "conv1", "conv", c, width, side, 1, 1, carry),
-                    Op(p + "bn1", "bn", width, width, side, carry=carry),
-                    Op(p + "conv2", "conv", width, width, side, 3, stride, carry),
+            ops += [Op(p + "conv1", "conv", c, planes, side, 1, 1, carry),
+                    Op(p + "bn1", "bn", planes, planes, side, carry=carry),
+                    Op(p + "conv2", "conv", planes, width, side, 3, stride, carry),
                     Op(p + "bn2", "bn", width, width, s2, carry=carry),
                     Op(p + "conv3", "conv", width, out, s2, 1, 1, carry),
                     Op(p + "bn3", "bn", out, out, s2, carry=carry),
