@@ -8,9 +8,10 @@ included), weights per rank, activations (tensors the forward keeps for backward
 outputs) and reserved memory. `reproflow aceso database` writes these rows as Aceso's CSV files.
 
 Differences from the reference profiler: the backward also computes weight gradients (the
-reference differentiates with respect to the op inputs only), activations come from the tensors
-autograd saves (the reference reads the CUDA allocator), reserved memory is 0 on CPU (no caching
-allocator), and CPU runs use float32 (GPUs fp16 for GPT and T5, as the reference).
+reference differentiates with respect to the op inputs only); on CPU, activations are the tensors
+autograd saves plus new outputs and reserved memory is 0 (no caching allocator; on GPUs both come
+from the CUDA allocator, as in the reference; the reserved growth of the backward is measured on
+its first, warm-up, pass); and CPU runs use float32 (GPUs fp16 for GPT and T5, as the reference).
 """
 
 from __future__ import annotations
@@ -106,11 +107,21 @@ def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: in
             saved[ptr] = t.untyped_storage().nbytes()
         return t
 
+    cuda = ctx.device.type == "cuda"
+    if cuda:  # the reference's measure: growth of allocated and reserved memory around one pass
+        torch.cuda.synchronize(ctx.device)
+        alloc0, res0 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         outputs = built.forward(*built.inputs)
     old = known | set(saved)
     new_out = [o for o in outputs if o.untyped_storage().data_ptr() not in old]
     activations = sum(saved.values()) + _bytes(new_out)
+    fwd_reserved = bwd_reserved = 0.0
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
+        alloc1, res1 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
+        activations = alloc1 - alloc0
+        fwd_reserved = max(0.0, (res1 - res0) - (alloc1 - alloc0))
     with torch.no_grad():
         for _ in range(warmup):
             built.forward(*built.inputs)
@@ -124,6 +135,9 @@ def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: in
     grads = [torch.randn_like(o) for o in outs]
     for _ in range(max(1, warmup)):
         torch.autograd.backward(outs, grads, retain_graph=True)
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
+        bwd_reserved = max(0.0, torch.cuda.memory_reserved(ctx.device) - res1)
     ctx.barrier()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -137,8 +151,8 @@ def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: in
         "output_size": _bytes(list(outputs)) / MB,
         "weights": _bytes(list(built.params)) / MB,
         "activations": activations / MB,
-        "fwd_reserved": 0.0,
-        "bwd_reserved": 0.0,
+        "fwd_reserved": fwd_reserved / MB,
+        "bwd_reserved": bwd_reserved / MB,
     }
 
 
