@@ -11,12 +11,11 @@ Differences from the reference profiler: the backward also computes weight gradi
 reference differentiates with respect to the op inputs only); on CPU, activations are the tensors
 autograd saves plus new outputs and reserved memory is 0 (no caching allocator; on GPUs both come
 from the CUDA allocator, as in the reference; the reserved growth of the backward is measured on
-its first, warm-up, pass); and CPU runs use float32 (GPUs fp16 for GPT and T5, as the reference).
+its first pass); and CPU runs use float32 (GPUs fp16 for GPT and T5, as the reference).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
 from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.family import Measurement
+from reproflow.timing import time_steps
 
 MB = 2**20
 IMAGE = 224  # Wide-ResNet input side, as the reference (ImageNet)
@@ -122,28 +122,17 @@ def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: in
         alloc1, res1 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
         activations = alloc1 - alloc0
         fwd_reserved = max(0.0, (res1 - res0) - (alloc1 - alloc0))
+    ctx.barrier()
     with torch.no_grad():
-        for _ in range(warmup):
-            built.forward(*built.inputs)
-        ctx.barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            built.forward(*built.inputs)
-        ctx.sync()
-        fwd = (time.perf_counter() - start) / repeats
+        fwd = time_steps(ctx.sync, lambda: built.forward(*built.inputs), warmup, repeats)
     outs = [o for o in outputs if o.requires_grad]
     grads = [torch.randn_like(o) for o in outs]
-    for _ in range(max(1, warmup)):
-        torch.autograd.backward(outs, grads, retain_graph=True)
+    torch.autograd.backward(outs, grads, retain_graph=True)  # first pass: allocates the gradients
     if cuda:
         torch.cuda.synchronize(ctx.device)
         bwd_reserved = max(0.0, torch.cuda.memory_reserved(ctx.device) - res1)
     ctx.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        torch.autograd.backward(outs, grads, retain_graph=True)
-    ctx.sync()
-    bwd = (time.perf_counter() - start) / repeats
+    bwd = time_steps(ctx.sync, lambda: torch.autograd.backward(outs, grads, retain_graph=True), warmup, repeats)
     return {
         "forward-compute": _mean_over_ranks(ctx, fwd) * 1e6,
         "backward-compute": _mean_over_ranks(ctx, bwd) * 1e6,
@@ -185,14 +174,8 @@ def collectives(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]
             "all_to_all": lambda: dist.all_to_all_single(full.clone(), full),  # noqa: B023
         }
         for prim, call in calls.items():
-            for _ in range(params["warmup"]):
-                call()
             ctx.barrier()
-            start = time.perf_counter()
-            for _ in range(params["repeats"]):
-                call()
-            ctx.sync()
-            ms = _mean_over_ranks(ctx, (time.perf_counter() - start) / params["repeats"]) * 1000
+            ms = _mean_over_ranks(ctx, time_steps(ctx.sync, call, params["warmup"], params["repeats"])) * 1000
             out.append(Measurement("time", ms, "ms", {"prim": prim, "size_mb": mb, "gpus": n}))
         ctx.log(f"  {mb} MB: " + ", ".join(f"{m.coords['prim']} {m.value:.3f} ms" for m in out[-4:]))
     return out
@@ -214,14 +197,8 @@ def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                 dist.send(buf, 1)  # noqa: B023
             elif ctx.rank == 1:
                 dist.recv(buf, 0)  # noqa: B023
-        for _ in range(params["warmup"]):
-            once()
         ctx.barrier()
-        start = time.perf_counter()
-        for _ in range(params["repeats"]):
-            once()
-        ctx.sync()
-        seconds = ctx.gather_floats((time.perf_counter() - start) / params["repeats"])[1]
+        seconds = ctx.gather_floats(time_steps(ctx.sync, once, params["warmup"], params["repeats"]))[1]
         out.append(Measurement("bandwidth", mb / 1024 / seconds, "GB/s", {"size_mb": mb, "link": link}))
         mb *= 2
     ctx.log("  p2p " + link + ": " + ", ".join(f"{m.coords['size_mb']} MB {m.value:.2f} GB/s" for m in out))
