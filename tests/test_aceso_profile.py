@@ -106,3 +106,17 @@ def test_profiler_rejects_what_it_cannot_profile(write_suite, tmp_path: Path) ->
                      "--results", str(tmp_path), "-e", "tp2")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "heads (4) does not split over 3 TP ranks" in proc.stderr
+
+
+def test_profile_command_writes_the_database(tmp_path: Path) -> None:
+    args = ["aceso", "profile", "--prof-model-name", "resnet", "--prof-model-size", "tiny", "--prof-seq-len", "32",
+            "--prof-mbs-list", "8", "--prof-tp-size", "1", "--prof-warmup-times", "1", "--prof-repeat-times", "1",
+            "--results", str(tmp_path / "results"), "--prof-path", str(tmp_path / "db")]
+    dry = reproflow(*args, "--dry-run")
+    assert dry.returncode == 0 and "mbs=8,algo=0" in dry.stdout and not (tmp_path / "db").exists()
+    proc = reproflow(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "db").glob("*.csv")) == ["resnet_tiny_mbs8_tp1_algo0.csv",
+                                                                      "resnet_tiny_mbs8_tp1_algo1.csv"]
+    again = reproflow(*args)
+    assert again.returncode == 0 and "0 to run, 2 already done" in again.stdout

@@ -1,4 +1,4 @@
-"""`reproflow aceso search | megatron | predict | database`: the reference's search tools with its option names.
+"""`reproflow aceso profile | search | megatron | predict | database`: Aceso's tools, its option names.
 
 Search and plan generation are CPU-only and read a profiled database in the reference's format
 (`--profiled-time-path`). Outputs follow the reference: config JSON per pipeline depth, the best
@@ -240,12 +240,54 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
+                  repeats: int, comm_mb: str) -> str:
+    """A suite (TOML) profiling every op per TP size, micro-batch and algo, plus collectives and P2P."""
+    algos = [0] if model_name == "t5" else [0, 1]
+    common = (f'model = "{model_name}", size = "{size}", seq_len = {seq_len}, warmup = {warmup}, '
+              f"repeats = {repeats}")
+    text = [f'[suite]\ndescription = "Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"\n',
+            '[launch]\nnodes = 1\ntime_limit = "04:00:00"\n']
+    for tp in tps:
+        text.append(f'[[experiment]]\nname = "tp{tp}"\nfamily = "aceso"\nlaunch = {{ procs_per_node = {tp} }}\n'
+                    f"params = {{ {common} }}\nmatrix = {{ mbs = {mbs}, algo = {algos} }}\n")
+    for tp in [t for t in tps if t > 1]:
+        text.append(f'[[experiment]]\nname = "collectives-{tp}"\nfamily = "aceso"\n'
+                    f"launch = {{ procs_per_node = {tp} }}\n"
+                    f'params = {{ kind = "collectives", {common}, sizes_mb = "{comm_mb}" }}\n')
+    if max(tps) > 1:
+        text.append('[[experiment]]\nname = "p2p"\nfamily = "aceso"\nlaunch = { procs_per_node = 2 }\n'
+                    f'params = {{ kind = "p2p", {common} }}\n')
+    return "\n".join(text)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Profile a model's ops (per TP size, micro-batch and algo), collectives and P2P here, then write the
+    database: a suite is generated under --results, so reruns only profile what is missing."""
+    from reproflow.cli import cmd_run
+
+    stem = model(args.prof_model_name, args.prof_model_size).file_stem
+    suite = args.results / f"aceso-profile-{stem}.toml"
+    suite.parent.mkdir(parents=True, exist_ok=True)
+    text = profile_suite(args.prof_model_name, args.prof_model_size, args.prof_mbs_list, args.prof_tp_size,
+                         args.prof_seq_len, args.prof_warmup_times, args.prof_repeat_times, args.prof_comm_sizes)
+    atomic_write(suite, text)
+    run = argparse.Namespace(suite=str(suite), set=[], results=str(args.results), force=False, procs=None,
+                             experiment=[], explain=False, dry_run=args.dry_run)
+    code = cmd_run(run)
+    if code or args.dry_run:
+        return code
+    args.from_results = args.results
+    args.out = args.prof_path
+    return cmd_database(args)
+
+
 def cmd_database(args: argparse.Namespace) -> int:
     """Write the profiler's rows under --results as Aceso's database files."""
     from reproflow.families.aceso.database import write_from_rows
     from reproflow.report import load_results
 
-    frame = load_results(args.results)
+    frame = load_results(args.from_results if getattr(args, "from_results", None) else args.results)
     if frame.empty or "aceso" not in set(frame["family"]):
         raise ReproflowError(f"no aceso profiler rows under {args.results}. Run a profile suite first, e.g. "
                              "`reproflow run aceso-profile-tiny`.")
@@ -280,6 +322,20 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                          formatter_class=formatter, description=cmd_megatron.__doc__)
     _common(p)
     p.set_defaults(func=cmd_megatron)
+    p = tools.add_parser("profile", help="profile a model's ops, collectives and P2P here and write the database",
+                         formatter_class=formatter, description=cmd_profile.__doc__)
+    p.add_argument("--prof-model-name", required=True, choices=("gpt", "t5", "resnet", "scale-layer"))
+    p.add_argument("--prof-model-size", required=True, help="e.g. tiny, 1_3B, 770M, 1B, scale-layer")
+    p.add_argument("--prof-tp-size", type=int, nargs="+", default=[1, 2], help="TP sizes (local ranks each)")
+    p.add_argument("--prof-mbs-list", type=int, nargs="+", default=[1, 2, 4, 8], help="micro-batch sizes")
+    p.add_argument("--prof-seq-len", type=int, default=0, help="sequence length or image side; 0: the size's")
+    p.add_argument("--prof-warmup-times", type=int, default=3)
+    p.add_argument("--prof-repeat-times", type=int, default=10)
+    p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
+    p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
+    p.add_argument("--results", type=Path, default=Path("results"), help="where the profiler's rows go")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    p.set_defaults(func=cmd_profile)
     p = tools.add_parser("database", help="the profiler's rows as Aceso's database files",
                          formatter_class=formatter, description=cmd_database.__doc__)
     p.add_argument("--results", type=Path, default=Path("results"), help="results folder with profiler rows")
