@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reproflow import __version__
 from reproflow.errors import ParamError, ReproflowError
-from reproflow.family import families, family_clis, get_family
+from reproflow.family import families, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
 from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
@@ -110,12 +110,28 @@ def _explain(exp: Experiment, host_size: int) -> None:
             print(f"  cannot plan this point: {exc}")
 
 
-def cmd_family(args: argparse.Namespace) -> int:
-    """A family's own subcommand: translate its options into a suite, an experiment and --set items."""
-    try:
-        suite, experiment, sets = args.family_command.to_run(args)
-    except ParamError as exc:
-        raise ReproflowError(f"{args.command}: {exc}") from None
+def _suite_options(p: argparse.ArgumentParser, with_suite: bool = True) -> None:
+    if with_suite:
+        p.add_argument("suite", help="suite name (workflows/<name>.toml) or path")
+        p.add_argument("-e", "--experiment", action="append", default=[],
+                       help="run only this experiment (repeatable; default: all)")
+    p.add_argument("--results", default="results", help="results folder (shared by all nodes on clusters)")
+    p.add_argument("--force", action="store_true", help="measure again points that already have results")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="fix a parameter for every point, e.g. --set end_size=1M --set iters=5")
+
+
+def run_options(p: argparse.ArgumentParser, with_suite: bool = False) -> None:
+    """The options of `reproflow run`; family commands that are run shorthands add them without the suite."""
+    _suite_options(p, with_suite)
+    p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+    p.add_argument("--explain", action="store_true",
+                   help="print each point's plan (families that plan, e.g. resharding), run nothing")
+
+
+def run_suite(args: argparse.Namespace, suite: str, experiment: str, sets: Sequence[str]) -> int:
+    """`reproflow run SUITE -e EXPERIMENT --set ...` with the run options parsed into `args`."""
     args.suite, args.experiment, args.set = suite, [experiment], [*sets, *args.set]
     return cmd_run(args)
 
@@ -238,45 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--points", action="store_true", help="also list every point of every suite")
     p.set_defaults(func=cmd_list)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("suite", help="suite name (workflows/<name>.toml) or path")
-        p.add_argument("-e", "--experiment", action="append", default=[],
-                       help="run only this experiment (repeatable; default: all)")
-        p.add_argument("--results", default="results", help="results folder (shared by all nodes on clusters)")
-        p.add_argument("--force", action="store_true", help="measure again points that already have results")
-        p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="fix a parameter for every point, e.g. --set end_size=1M --set iters=5")
-
-    def local_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
-        p.add_argument("--explain", action="store_true",
-                       help="print each point's plan (families that plan, e.g. resharding), run nothing")
-
     p = sub.add_parser("run", help="run a suite on this machine", formatter_class=fmt,
                        description="Run a suite's experiments here: each experiment is one process group of "
                                    "nodes x procs_per_node ranks (gloo on CPU, NCCL on GPUs). Points with "
                                    "results are skipped unless --force.")
-    common(p)
-    local_options(p)
+    run_options(p, with_suite=True)
     p.set_defaults(func=cmd_run)
 
     for fam in families().values():
-        if fam.command is None:
-            continue
-        p = sub.add_parser(fam.command.name, help=fam.command.help, description=fam.command.description,
-                           formatter_class=fmt)
-        fam.command.add_arguments(p)
-        p.add_argument("--results", default="results", help="results folder")
-        p.add_argument("--force", action="store_true", help="measure again if the point already has results")
-        p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="fix another parameter, e.g. --set scale=64")
-        local_options(p)
-        p.set_defaults(func=cmd_family, family_command=fam.command)
-
-    for register in family_clis():
-        register(sub, fmt)
+        if fam.register_cli is not None:
+            fam.register_cli(sub, fmt)
 
     p = sub.add_parser("render", help="write sbatch/<suite>.sbatch from templates/", formatter_class=fmt,
                        description="Render each suite's sbatch script from templates/suite.sbatch.j2.")
@@ -286,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
                        description="Submit one Slurm job per experiment with submitit; each task is one rank.")
-    common(p)
+    _suite_options(p)
     p.add_argument("--nodes", type=int, default=None, help="nodes per job (default: the suite's launch)")
     p.add_argument("--procs", type=int, default=None, help="ranks per node (default: the suite's launch)")
     p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")

@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from reproflow.errors import ReproflowError
 
+# torch 2.13 renamed the flat-tensor collectives and warns on the old names; the GPU images'
+# older torch releases only have the old ones. Same functions either way; families call these.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def choose_device_and_backend(device: str, backend: str) -> tuple[str, str]:
     """Resolve 'auto' settings: CUDA + NCCL where a GPU is visible, else CPU + gloo."""
@@ -50,6 +55,7 @@ class RunContext:
     # Ranks per host: torchrun's LOCAL_WORLD_SIZE; the local executor emulates hosts with it.
     # Ranks [h * host_size, (h + 1) * host_size) share host h.
     host_size: int
+    _hosts: list[str] | None = None
 
     @classmethod
     def from_env(cls, device: str, backend: str, timeout_s: float) -> RunContext:
@@ -74,6 +80,13 @@ class RunContext:
             backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=timeout_s)
         )
         return cls(rank, world, local_rank, dev, backend, socket.gethostname(), host_size)
+
+    def hosts(self) -> list[str]:
+        """Every rank's hostname, in rank order. A collective the first time (the worker calls it at
+        start on every rank), then remembered."""
+        if self._hosts is None:
+            self._hosts = [str(h) for h in self.gather_objects(self.hostname)]
+        return self._hosts
 
     def close(self) -> None:
         """Leave the process group."""

@@ -48,21 +48,6 @@ ExplainFn = Callable[[Mapping[str, Any], int], str]
 
 
 @dataclass(frozen=True)
-class Command:
-    """A family's own subcommand with the original tool's option names.
-
-    `to_run` turns the parsed options into (suite, experiment, --set items): the command is a
-    shorthand for `reproflow run`, so it runs, skips and records exactly as a suite does.
-    """
-
-    name: str
-    help: str
-    description: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    to_run: Callable[[argparse.Namespace], tuple[str, str, list[str]]]
-
-
-@dataclass(frozen=True)
 class Family:
     """An experiment family: parameters -> run on each rank -> measurements."""
 
@@ -78,7 +63,9 @@ class Family:
     # rank, before the point's first collective; raise ParamError.
     runtime_check: RuntimeCheckFn | None = None
     explain: ExplainFn | None = None
-    command: Command | None = None
+    # Adds the family's own subcommands, `register_cli(subparsers, formatter)`: the reference tool's
+    # option names (resharding), or tools beside `run` (aceso search, megatron, ...).
+    register_cli: Callable[[argparse._SubParsersAction, type[argparse.HelpFormatter]], None] | None = None
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""
@@ -100,18 +87,6 @@ def families() -> dict[str, Family]:
         if isinstance(fam, Family):
             found[fam.name] = fam
     return found
-
-
-def family_clis() -> list[Callable[..., None]]:
-    """`register_cli(subparsers, formatter)` of every family package that has its own tools (e.g. aceso)."""
-    import reproflow.families as pkg
-
-    out = []
-    for info in pkgutil.iter_modules(pkg.__path__):
-        register = getattr(importlib.import_module(f"{pkg.__name__}.{info.name}"), "register_cli", None)
-        if register is not None:
-            out.append(register)
-    return out
 
 
 def get_family(name: str) -> Family:

@@ -101,7 +101,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
                    root: Path, only: int | None = None) -> int:
     """Run the points of `exp` (only point index `only` when given) on this rank; return how many failed."""
     fam = get_family(exp.family)
-    hosts = ctx.gather_objects(ctx.hostname)
+    hosts = ctx.hosts()
     prov = _provenance(ctx, hosts, root)
     repeats = exp.launch.repeats
     keys = [p.key(ctx.world_size, ctx.backend, ctx.device.type, repeats) for p in exp.points]

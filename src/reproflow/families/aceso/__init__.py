@@ -31,6 +31,7 @@ FAMILY = Family(
     run=run,
     table=table,
     check=check,
+    register_cli=register_cli,
 )
 
-__all__ = ["FAMILY", "register_cli"]
+__all__ = ["FAMILY"]

@@ -298,7 +298,7 @@ def cmd_database(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Add `reproflow aceso ...`."""
-    top = sub.add_parser("aceso", help="Aceso: search and Megatron-LM plans on a profiled database",
+    top = sub.add_parser("aceso", help="Aceso: profile, search, Megatron-LM plans, predictions",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tools = top.add_subparsers(dest="aceso_command", required=True, metavar="TOOL")
     p = tools.add_parser("search", help="iterative bottleneck alleviation, one search per pipeline depth",

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reproflow.context import RunContext
+from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
 from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
@@ -168,9 +168,9 @@ def collectives(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]
         full = torch.randn(count, device=ctx.device, dtype=dtype)
         part = torch.randn(count // n, device=ctx.device, dtype=dtype)
         calls = {
-            "all_gather": lambda: dist.all_gather_into_tensor(full, part),  # noqa: B023
+            "all_gather": lambda: ALL_GATHER(full, part),  # noqa: B023
             "all_reduce": lambda: dist.all_reduce(full),  # noqa: B023
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),  # noqa: B023
+            "reduce_scatter": lambda: REDUCE_SCATTER(part, full),  # noqa: B023
             "all_to_all": lambda: dist.all_to_all_single(full.clone(), full),  # noqa: B023
         }
         for prim, call in calls.items():
@@ -185,7 +185,7 @@ def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Rank 0 sends 1, 2, 4, ... MB to rank 1 (Aceso's p2p_band_profiler): GB/s per size. The link is
     'inter' when the two ranks are on different hosts."""
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
-    hosts = ctx.gather_objects(ctx.hostname)
+    hosts = ctx.hosts()
     link = "intra" if hosts[0] == hosts[1] else "inter"
     out = []
     mb = 1

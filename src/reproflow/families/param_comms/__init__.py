@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reproflow.context import RunContext
+from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
 from reproflow.families.param_comms import original
 from reproflow.family import Family, Measurement
@@ -38,10 +38,6 @@ DTYPES = {
     "int64": torch.int64,
 }
 MAX_SIZES = 100
-# torch 2.13 renamed the flat-tensor collectives and warns on the old names; the GPU images'
-# older torch releases only have the old ones. Same functions either way.
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def bus_factor(collective: str, world_size: int) -> float:

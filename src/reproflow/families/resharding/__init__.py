@@ -17,11 +17,11 @@ from functools import lru_cache
 from typing import Any
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError, PointFailed
+from reproflow.errors import ParamError, PointFailed, ReproflowError
 from reproflow.families.resharding.cases import CASES, N_TO_M, ONE_TO_M
 from reproflow.families.resharding.execute import expected_elements, run_plan
 from reproflow.families.resharding.plan import CUSTOM, LOADBALANCE, MODES, ORDER_ALGOS, Plan, make_plan, problem
-from reproflow.family import Command, Family, Measurement
+from reproflow.family import Family, Measurement
 from reproflow.params import Param
 
 
@@ -84,7 +84,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 def _host_names(ctx: RunContext, plan: Plan) -> str:
     """'0=node1 1=node2 ...' for the hosts the meshes use ('N emulated on X' locally); PointFailed if
     a host's ranks sit on different machines (then a 'host' would not share one NIC)."""
-    names = ctx.gather_objects(ctx.hostname)
+    names = ctx.hosts()
     hs = ctx.host_size
     hosts = []
     for h in range(plan.problem.hosts):
@@ -114,7 +114,15 @@ def explain(params: Mapping[str, Any], host_size: int) -> str:
     return plan_for(params, host_size).explain()
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    """`reproflow resharding`: one case with the options of Alpa's benchmark_cross_mesh_resharding.py."""
+    from reproflow.cli import run_options
+
+    parser = sub.add_parser("resharding", help="one resharding case with the reference benchmark's options",
+                            formatter_class=formatter,
+                            description="Run one case of the resharding suites with the options of Alpa's "
+                                        "benchmark_cross_mesh_resharding.py; it becomes `reproflow run resharding "
+                                        "-e SUITE --set ...`.")
     parser.add_argument("--suite", required=True, choices=("1-to-m", "n-to-m"),
                         help="1-to-m: one source device to a destination mesh; n-to-m: the multi-device cases")
     parser.add_argument("--n-nodes", type=int, default=1, help="1-to-m: hosts of the destination mesh")
@@ -125,9 +133,21 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--use-local-allgather", action="store_true",
                         help="send_recv: receive 1/r per device, then all-gather within the host")
     parser.add_argument("--disable-tqdm", action="store_true", help="accepted for compatibility; no effect")
+    run_options(parser)
+    parser.set_defaults(func=_run_case)
 
 
-def _to_run(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+def _run_case(args: argparse.Namespace) -> int:
+    from reproflow.cli import run_suite
+
+    try:
+        return run_suite(args, "resharding", args.suite, _case_sets(args))
+    except ParamError as exc:
+        raise ReproflowError(f"resharding: {exc}") from None
+
+
+def _case_sets(args: argparse.Namespace) -> list[str]:
+    """The seed's options as --set items of the resharding suite."""
     if args.suite == "1-to-m":
         case = f"1-to-{args.n_nodes}x{args.gpu_per_node}"
         if args.case is not None:
@@ -140,10 +160,9 @@ def _to_run(args: argparse.Namespace) -> tuple[str, str, list[str]]:
         case = args.case or ""
         if case not in N_TO_M:
             raise ParamError(f"--case {case or '(missing)'} is not an n-to-m case.", ", ".join(N_TO_M))
-    sets = [f"case={case}", f"resharding_mode={args.resharding_mode}",
+    return [f"case={case}", f"resharding_mode={args.resharding_mode}",
             f"resharding_loadbalance_mode={args.resharding_loadbalance_mode}",
             f"use_local_allgather={'true' if args.use_local_allgather else 'false'}"]
-    return "resharding", args.suite, sets
 
 
 FAMILY = Family(
@@ -174,12 +193,5 @@ FAMILY = Family(
     check=check,
     runtime_check=runtime_check,
     explain=explain,
-    command=Command(
-        name="resharding",
-        help="one resharding case with the reference benchmark's options",
-        description="Run one case of the resharding suites with the options of Alpa's "
-                    "benchmark_cross_mesh_resharding.py; it becomes `reproflow run resharding -e SUITE --set ...`.",
-        add_arguments=_add_arguments,
-        to_run=_to_run,
-    ),
+    register_cli=register_cli,
 )

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from reproflow.context import RunContext
+from reproflow.context import ALL_GATHER, RunContext
 from reproflow.families.resharding.layout import box_values, numel, relative
 from reproflow.families.resharding.plan import Plan
 
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _GROUPS: dict[tuple[int, ...], object] = {}
 
 
