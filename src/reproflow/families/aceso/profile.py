@@ -27,6 +27,7 @@ from reproflow.errors import ParamError
 from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
 from reproflow.families.aceso.models import GPT, RESNET, T5
+from reproflow.families.aceso.tp import BuiltOp
 from reproflow.family import Measurement
 from reproflow.timing import time_steps
 
@@ -71,7 +72,7 @@ def dims_of(params: Mapping[str, Any]) -> gpt_ops.Dims:
 
 
 def built_ops(params: Mapping[str, Any], tp: int, device: torch.device,
-              dtype: torch.dtype) -> list[tuple[str, Callable[[], gpt_ops.BuiltOp]]]:
+              dtype: torch.dtype) -> list[tuple[str, Callable[[], BuiltOp]]]:
     """(name, builder) of every distinct op of the model, in model order."""
     mbs, algo = params["mbs"], params["algo"]
     if params["model"] == "resnet":
@@ -96,7 +97,7 @@ def _mean_over_ranks(ctx: RunContext, seconds: float) -> float:
     return sum(values) / len(values)
 
 
-def profile_op(ctx: RunContext, built: gpt_ops.BuiltOp, warmup: int, repeats: int) -> dict[str, float]:
+def profile_op(ctx: RunContext, built: BuiltOp, warmup: int, repeats: int) -> dict[str, float]:
     """Forward and backward microseconds and sizes (MB) of one built op on this rank's group."""
     known = {t.untyped_storage().data_ptr() for t in [*built.inputs, *built.params]}
     saved: dict[int, int] = {}

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from reproflow.families.aceso.gpt_ops import BuiltOp, _all_reduce, _copy
+from reproflow.families.aceso.tp import BuiltOp, Maker, copy, gather_channels, reduce
 
 CLASSES = 1000
 
@@ -73,42 +72,25 @@ def op_list(d: Dims) -> list[Op]:
     return ops
 
 
-class _Gather(torch.autograd.Function):
-    """All-gather of output channels forward; each rank keeps its own channels' gradient backward."""
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
-        tp = dist.get_world_size()
-        parts = [torch.empty_like(x) for _ in range(tp)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-        tp, me = dist.get_world_size(), dist.get_rank()
-        return grad.chunk(tp, dim=1)[me].contiguous()
-
-
 def _conv(op: Op, tp: int, algo: int, param: Callable[..., torch.nn.Parameter],
           pad: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.nn.Parameter], int]:
     """A TP convolution: (function, weights, input channels it takes)."""
     if tp == 1 or algo == 0 or op.name == "conv1":  # the stem's 3 input channels are never split
         w = param(op.c_out // tp, op.c_in, op.kernel, op.kernel)
-        gather = (lambda y: _Gather.apply(y)) if tp > 1 else (lambda y: y)
-        return lambda x: gather(F.conv2d(_copy(x, tp), w, stride=op.stride, padding=pad)), [w], op.c_in
+        return lambda x: gather_channels(F.conv2d(copy(x, tp), w, stride=op.stride, padding=pad), tp), [w], op.c_in
     w = param(op.c_out, op.c_in // tp, op.kernel, op.kernel)
-    return lambda x: _all_reduce(F.conv2d(x, w, stride=op.stride, padding=pad), tp), [w], op.c_in // tp
+    return lambda x: reduce(F.conv2d(x, w, stride=op.stride, padding=pad), tp), [w], op.c_in // tp
 
 
 def build(op: Op, mbs: int, tp: int, algo: int, device: torch.device, dtype: torch.dtype) -> BuiltOp:
     """The op with its inputs for micro-batch `mbs` on `tp` ranks with partition `algo`."""
     b = mbs
 
-    def param(*shape: int) -> torch.nn.Parameter:
-        return torch.nn.Parameter(torch.randn(*shape, device=device, dtype=dtype) * 0.02)
+    make = Maker(device, dtype)
+    param = make.param
 
     def act(c: int, side: int) -> torch.Tensor:
-        return torch.randn(b, c, side, side, device=device, dtype=dtype, requires_grad=True)
+        return make.act(b, c, side, side)
 
     carried = [act(*op.carry)] if op.carry is not None else []
     starts_block = op.name.endswith("-conv1") and op.name.startswith("block")

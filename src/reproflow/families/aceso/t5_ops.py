@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reproflow.families.aceso.gpt_ops import DROPOUT, BuiltOp, _all_reduce, _copy, _vocab_parallel_ce
+from reproflow.families.aceso.tp import DROPOUT, BuiltOp, Maker, copy, lm_loss, reduce, vocab_embedding
 
 ENCODER_LAYER = ("enc-1st-layernorm", "enc-attention-qkv", "enc-attention-score", "enc-attention-softmax",
                  "enc-attention-dropout", "enc-attention-context", "enc-attention-dense",
@@ -67,11 +67,8 @@ def build(op: str, d: Dims, mbs: int, tp: int, device: torch.device, dtype: torc
     cross = op.endswith("-2")
     s_kv = d.enc_seq if cross else s
 
-    def param(*shape: int) -> torch.nn.Parameter:
-        return torch.nn.Parameter(torch.randn(*shape, device=device, dtype=dtype) * 0.02)
-
-    def act(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+    make = Maker(device, dtype)
+    param, act = make.param, make.act
 
     res_in, res_out = _in_block(op)
     carried: list[torch.Tensor] = []
@@ -96,17 +93,10 @@ def build(op: str, d: Dims, mbs: int, tp: int, device: torch.device, dtype: torc
         return BuiltOp(forward, [*inputs, *carried], params)
 
     if op in ("encoder-embedding", "decoder-embedding"):
-        words, pos = param(d.vocab // tp, h), param(s, h)
-        ids = torch.randint(0, d.vocab, (s, b), device=device)
-        start = torch.distributed.get_rank() * (d.vocab // tp) if tp > 1 else 0
-
-        def embed(ids_: torch.Tensor, *enc: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            local = ids_ - start
-            outside = (local < 0) | (local >= d.vocab // tp)
-            e = F.embedding(local.masked_fill(outside, 0), words).masked_fill(outside[..., None], 0.0)
-            return (F.dropout(_all_reduce(e, tp) + pos[:, None, :], DROPOUT), *enc)
+        embed, ids, params = vocab_embedding(make, d.vocab, h, s, b, tp)
         # The decoder's embedding receives the encoder output and starts carrying it.
-        return BuiltOp(embed, [ids, act(d.enc_seq, b, h)] if decoder else [ids], [words, pos])
+        return BuiltOp(lambda ids_, *enc: (embed(ids_), *enc), [ids, act(d.enc_seq, b, h)] if decoder else [ids],
+                       params)
     if "layernorm" in op:
         w, bias = param(h), param(h)
         return op_with(lambda x: F.layer_norm(x, (h,), w, bias), [act(s, b, h)], [w, bias])
@@ -115,8 +105,8 @@ def build(op: str, d: Dims, mbs: int, tp: int, device: torch.device, dtype: torc
             wq, wkv = param(nh * kv, h), param(2 * nh * kv, h)
 
             def qkv2(x: torch.Tensor, enc: torch.Tensor) -> torch.Tensor:
-                return torch.cat([F.linear(_copy(x, tp), wq).flatten(),
-                                  F.linear(_copy(enc, tp), wkv).flatten()])
+                return torch.cat([F.linear(copy(x, tp), wq).flatten(),
+                                  F.linear(copy(enc, tp), wkv).flatten()])
             x = act(s, b, h)
 
             def cross_forward(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -124,7 +114,7 @@ def build(op: str, d: Dims, mbs: int, tp: int, device: torch.device, dtype: torc
                 return qkv2(xs[0], enc), res, enc
             return BuiltOp(cross_forward, [x, *carried], [wq, wkv])
         w = param(3 * nh * kv, h)
-        return op_with(lambda x: F.linear(_copy(x, tp), w), [act(s, b, h)], [w])
+        return op_with(lambda x: F.linear(copy(x, tp), w), [act(s, b, h)], [w])
     if "score" in op:
         def score(x: torch.Tensor) -> torch.Tensor:
             if cross:
@@ -151,18 +141,16 @@ def build(op: str, d: Dims, mbs: int, tp: int, device: torch.device, dtype: torc
         return op_with(context, [act(b * nh, s, s_kv), act(s_kv, b * nh, kv)], [])
     if "dense" in op:
         w, bias = param(h, nh * kv), param(h)
-        return op_with(lambda x: _all_reduce(F.linear(x, w), tp) + bias, [act(s, b, nh * kv)], [w, bias])
+        return op_with(lambda x: reduce(F.linear(x, w), tp) + bias, [act(s, b, nh * kv)], [w, bias])
     if "GEMM-1" in op:
         w, bias = param(d.ffn // tp, h), param(d.ffn // tp)
-        return op_with(lambda x: F.linear(_copy(x, tp), w, bias), [act(s, b, h)], [w, bias])
+        return op_with(lambda x: F.linear(copy(x, tp), w, bias), [act(s, b, h)], [w, bias])
     if "gelu" in op:
         return op_with(F.gelu, [act(s, b, d.ffn // tp)], [])
     if "GEMM-2" in op:
         w, bias = param(h, d.ffn // tp), param(h)
-        return op_with(lambda x: _all_reduce(F.linear(x, w), tp) + bias, [act(s, b, d.ffn // tp)], [w, bias])
+        return op_with(lambda x: reduce(F.linear(x, w), tp) + bias, [act(s, b, d.ffn // tp)], [w, bias])
     if op == "t5-post-process":
-        words = param(d.vocab // tp, h)
-        labels = torch.randint(0, d.vocab, (s, b), device=device)
-        return BuiltOp(lambda x: (_vocab_parallel_ce(F.linear(_copy(x, tp), words).float(), labels,
-                                                     d.vocab // tp, tp),), [act(s, b, h)], [words])
+        loss, params = lm_loss(make, d.vocab, h, s, b, tp)
+        return BuiltOp(lambda x: (loss(x),), [act(s, b, h)], params)
     raise ValueError(f"unknown T5 op {op!r}")
