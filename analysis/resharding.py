@@ -24,14 +24,15 @@ from reproflow.report import aggregates, newest, save_figure, wide, write_table
 
 CONFIG = ["resharding_mode", "resharding_loadbalance_mode", "use_local_allgather"]
 SETTING = ["world_size", "backend", "device", "device_name"]
+RUNS = ["runs", "warmup_runs"]
 CASE_PARAMS = ["case", "src_mesh", "dst_mesh", "shape", "src_spec", "dst_spec", "scale"]
 METRICS = ["exec_time_mean", "exec_time_var", "effective_bw", "unit_tasks", "max_host_sent_bytes", "wrong_elements"]
 BASELINE = "send_recv"
 NOTE = ("speed-up = exec_time_mean of send_recv (normal, no all-gather) / exec_time_mean of the configuration, "
         "same case, same job setting: above 1 the configuration is faster than send_recv, as the paper claims "
         "for broadcast and load balancing on its 5 x p3.8xlarge cluster. Each time is the mean of the runs kept "
-        "(reference: 13 runs, the first 3 dropped), from a barrier until the slowest destination rank holds its "
-        "tile.")
+        "({runs}; reference: 13 runs, the first 3 dropped), from a barrier until the slowest destination rank "
+        "holds its tile.")
 
 
 def config_name(mode: str, lb: str, gather: bool) -> str:
@@ -59,14 +60,14 @@ def _table(frame: pd.DataFrame) -> pd.DataFrame:
         rows[["src_mesh", "dst_mesh", "shape", "src_spec", "dst_spec"]].fillna("").astype(str))
     rows["scale"] = rows["scale"].astype(int)
     rows["use_local_allgather"] = rows["use_local_allgather"].astype(str) == "True"
-    table = wide(rows, ["experiment", *CASE_PARAMS, *CONFIG, *SETTING], METRICS)
+    table = wide(rows, ["experiment", *CASE_PARAMS, *RUNS, *CONFIG, *SETTING], METRICS)
     table = pd.concat([table, table.apply(_layout, axis=1)], axis=1)
     table["config"] = [config_name(*c) for c in table[CONFIG].itertuples(index=False)]
     # The reference's order: send_recv first, then all-gather, then broadcast by load-balance mode.
     table["_order"] = [(m != "send_recv", bool(g), LOADBALANCE.index(lb)) for m, lb, g in
                        table[CONFIG].itertuples(index=False)]
     table = table.sort_values(["experiment", "case", "_order"], kind="stable").drop(columns="_order")
-    keys = ["experiment", *CASE_PARAMS, *SETTING]
+    keys = ["experiment", *CASE_PARAMS, *RUNS, *SETTING]
     base = table[table["config"] == BASELINE][[*keys, "exec_time_mean"]].rename(
         columns={"exec_time_mean": "send_recv_time"})
     table = table.merge(base, on=keys, how="left")
@@ -141,6 +142,9 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         if len(table.groupby(SETTING)) > 1:
             tag += f"_w{setting[0]}_{setting[2]}"
         sub = sub.reset_index(drop=True)
+        runs = ", ".join(f"{int(r)} runs, the first {int(w)} dropped"
+                         for r, w in sub[RUNS].drop_duplicates().itertuples(index=False))
+        note = NOTE.format(runs=f"here {runs}")
         shown = sub[["case", "src_mesh_shape", "dst_mesh_shape", "src_sharding_spec", "dst_sharding_spec",
                      "tensor_mib", "config", "unit_tasks", "exec_time_mean", "exec_time_var", "effective_bw",
                      "speedup_vs_send_recv", "wrong_elements"]].copy()
@@ -148,14 +152,14 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
             shown[col] = shown[col].map(lambda s: "x".join(map(str, s)))
         written += write_table(shown, out_dir, f"resharding_{tag}",
                                f"Resharding {exp}: every case and configuration ({setting[0]} ranks, "
-                               f"{setting[1]}/{setting[2]}, {setting[3]})", NOTE)
+                               f"{setting[1]}/{setting[2]}, {setting[3]})", note)
         speedups = sub.pivot_table(index="case", columns="config", values="speedup_vs_send_recv", sort=False)
         speedups = speedups.drop(columns=[BASELINE])
         speedups["verdict"] = [_verdict(row) for _, row in speedups.iterrows()]
         speedups = speedups.reset_index()
         speedups.columns.name = None
         written += write_table(speedups, out_dir, f"resharding_{tag}_speedup",
-                               f"Resharding {exp}: speed-up over send_recv (above 1: faster)", NOTE)
+                               f"Resharding {exp}: speed-up over send_recv (above 1: faster)", note)
         json_path = out_dir / f"resharding_{tag}_result.json"
         json_path.write_text(json.dumps(_records(sub), indent=4) + "\n")
         written.append(json_path)

@@ -105,7 +105,7 @@ def scale(out: Path, budget: float, layers: list[int]) -> int:
         best = min((r for r in results if r.best), key=lambda r: r.best.time)  # type: ignore[union-attr]
         assert best.best is not None
         rows.append({"layers": n, "ops": len(ops), "budget_s_per_depth": budget, "wall_s": round(wall, 2),
-                     "to_best_s": round(max(r.seconds_to_best for r in results), 2),
+                     "to_best_s": round(best.seconds_to_best, 2),
                      "iteration_ms": round(best.best.time, 2),
                      "samples_per_s": round(1024 / (best.best.time / 1000), 3),
                      "megatron_samples_per_s": round(uniform.prediction.throughput(1024), 3) if uniform else None,

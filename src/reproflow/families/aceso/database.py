@@ -135,20 +135,16 @@ def _rows(path: Path, header: tuple[str, ...]) -> list[list[str]]:
 def write_op_table(path: Path, rows: list[tuple[str, list[float]]]) -> None:
     """One op file: (op name, the eight numbers) per distinct op, in op order."""
     lines = [",".join(OP_COLUMNS)] + [f"{name}," + ",".join(f"{v:.3f}" for v in values) for name, values in rows]
-    _write(path, "\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
 
 
 def write_collective_table(path: Path, rows: list[tuple[int, float]]) -> None:
     lines = [",".join(COLLECTIVE_HEADER)] + [f"{mb},{ms:.3f}" for mb, ms in rows]
-    _write(path, "\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
 
 
 def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
-    _write(path, ",".join(str(s) for s in sizes_mb) + "\n" + ",".join(f"{b:.2f}" for b in gbps) + "\n")
-
-
-def _write(path: Path, text: str) -> None:
-    atomic_write(path, text)
+    atomic_write(path, ",".join(str(s) for s in sizes_mb) + "\n" + ",".join(f"{b:.2f}" for b in gbps) + "\n")
 
 
 def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
