@@ -169,14 +169,14 @@ def test_megatron_plans_match_the_reference_on_its_miniset(name, size, gbs, mbs,
 @pytest.mark.skipif(not MINISET.is_dir(), reason=f"the reference's miniset database is not at {MINISET}")
 def test_profiler_ops_are_the_reference_ops() -> None:
     """The ops the profiler runs are, name for name and in order, those of the reference's files."""
-    from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
+    from reproflow.families.aceso import resnet_ops, transformer_ops
     from reproflow.families.aceso.models import RESNET
 
     def names(stem: str) -> list[str]:
         return [r.split(",")[0] for r in (MINISET / f"{stem}_mbs1_tp1_algo0.csv").read_text().splitlines()[1:]]
 
-    assert list(gpt_ops.OPS) == names("gpt_1_3B")
-    assert list(t5_ops.OPS) == names("t5_770M")
+    assert list(transformer_ops.GPT_OPS) == names("gpt_1_3B")
+    assert list(transformer_ops.T5_OPS) == names("t5_770M")
     blocks, base, width = RESNET["1B"]
     ops = resnet_ops.op_list(resnet_ops.Dims(blocks, base, width, 224))
     reference = [r.split(",") for r in (MINISET / "resnet_1B_mbs16_tp1_algo0.csv").read_text().splitlines()[1:]]

@@ -11,10 +11,10 @@ from conftest import reproflow
 
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import OP_COLUMNS, read_database
-from reproflow.families.aceso.gpt_ops import OPS
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
-from reproflow.families.aceso.t5_ops import OPS as T5_OPS
+from reproflow.families.aceso.transformer_ops import GPT_OPS as OPS
+from reproflow.families.aceso.transformer_ops import T5_OPS
 
 pytestmark = pytest.mark.distributed
 

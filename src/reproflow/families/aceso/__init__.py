@@ -1,22 +1,46 @@
 """Aceso (EuroSys'24): profile -> search (iterative bottleneck alleviation) -> train.
 
-The family itself is the op profiler (profile.py, GPT ops in gpt_ops.py): it runs every op on the
-job's ranks and records Aceso's database columns as rows. The package also holds the model zoo
-(models.py), the database format (database.py), the performance model (costmodel.py), config JSON
-and Megatron-LM uniform plans (plans.py), the search (search.py) and `reproflow aceso` (cli.py).
+The family is the op profiler (kind ops, collectives, p2p: profile.py), which runs every op on the
+job's ranks and records Aceso's database columns as rows, and the runtime (kind train: runtime.py),
+which trains a config JSON; both run the ops of transformer_ops.py and resnet_ops.py. The package
+also holds the model zoo (models.py), the database format (database.py), the performance model
+(costmodel.py), config JSON and Megatron-LM uniform plans (plans.py), the search (search.py) and
+`reproflow aceso` (cli.py).
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reproflow.context import RunContext
+from reproflow.families.aceso import profile, runtime
 from reproflow.families.aceso.cli import register_cli
-from reproflow.families.aceso.profile import check, run, table
-from reproflow.family import Family
+from reproflow.family import Family, Measurement
 from reproflow.params import Param
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    (runtime.check if params["kind"] == "train" else profile.check)(params, world_size)
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    return (runtime.train if params["kind"] == "train" else profile.run)(ctx, params)
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    if params["kind"] != "train":
+        return profile.table(params, rows)
+    v = {m.metric: m.value for m in rows if m.rank is None and not m.coords}
+    losses = [m.value for m in rows if m.metric == "loss"]
+    return (f"config {params['config']}: {v['iteration_ms']:.2f} ms per iteration, {v['samples_per_s']:.2f} "
+            f"samples/s, {v['tflops_per_gpu']:.4f} TFLOP/s per GPU; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
 
 FAMILY = Family(
     name="aceso",
-    summary="Aceso op profiler: every op's forward/backward time and sizes on TP ranks (GPT, T5, Wide-ResNet)",
+    summary="Aceso: op profiler (forward/backward time and sizes on TP ranks) and runtime (train a config JSON)",
     params=(
-        Param("kind", "str", "ops", "what to profile: every op, the collectives, or P2P bandwidth (2 ranks)",
-              choices=("ops", "collectives", "p2p")),
+        Param("kind", "str", "ops", "profile every op, the collectives, or P2P bandwidth (2 ranks); or train a config",
+              choices=("ops", "collectives", "p2p", "train")),
         Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer", "t5", "resnet")),
         Param("size", "str", "tiny", "model size (Aceso's, or tiny for CPUs)"),
         Param("mbs", "int", 1, "micro-batch size", minimum=1),
@@ -27,6 +51,16 @@ FAMILY = Family(
         Param("repeats", "int", 10, "timed calls per op", minimum=1),
         Param("sizes_mb", "str", "0-64", "collectives: whole-MB sizes, e.g. '0-16,32,64'"),
         Param("p2p_max_mb", "int", 64, "p2p: largest message (1, 2, 4, ... MB)", minimum=1),
+        Param("config", "str", "", "train: the config JSON (Aceso's format) to train"),
+        Param("train_iters", "int", 5, "train: iterations (then one more with per-op timers)", minimum=1),
+        Param("warmup_iters", "int", 2, "train: first iterations left out of the iteration time", minimum=0),
+        Param("lr", "float", 1e-3, "train: Adam's learning rate", minimum=0.0),
+        Param("dropout", "float", 0.1, "train: dropout probability (0 to compare partitions exactly)",
+              minimum=0.0),
+        Param("seed", "int", 1234, "train: seed of the weights and the synthetic batch", minimum=0),
+        Param("dtype", "str", "auto", "train: float32 or bfloat16 (auto: float32 on CPU, bfloat16 on GPUs)",
+              choices=("auto", "float32", "bfloat16")),
+        Param("log_path", "str", "aceso-logs", "train: folder of the reference's per-stage CSVs (csv/)"),
     ),
     run=run,
     table=table,

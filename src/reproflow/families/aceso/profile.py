@@ -16,7 +16,7 @@ its first pass); and CPU runs use float32 (GPUs fp16 for GPT and T5, as the refe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,10 +24,10 @@ import torch.distributed as dist
 
 from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
-from reproflow.families.aceso import gpt_ops, resnet_ops, t5_ops
+from reproflow.families.aceso import resnet_ops, transformer_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
 from reproflow.families.aceso.models import GPT, RESNET, T5
-from reproflow.families.aceso.tp import BuiltOp
+from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.family import Measurement
 from reproflow.timing import time_steps
 
@@ -54,38 +54,24 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError(f"base channels ({base}) do not split over {world_size} TP ranks.",
                              "a TP size dividing them")
         return
-    if params["model"] == "t5":
-        if params["algo"] != 0:
-            raise ParamError("'algo' = 1: T5 ops have partition algorithm 0 only, as in the reference.", "0")
-        _, _, _, _, ffn, heads, _, vocab = T5[params["size"]]
-        dims = gpt_ops.Dims(0, 0, ffn, heads, vocab)
-    else:
-        dims = dims_of(params)
-    for what, n in (("heads", dims.heads), ("ffn", dims.ffn), ("vocab", dims.vocab)):
+    if params["model"] == "t5" and params["algo"] != 0:
+        raise ParamError("'algo' = 1: T5 ops have partition algorithm 0 only, as in the reference.", "0")
+    d = transformer_ops.dims(params["model"], params["size"], params["seq_len"])
+    for what, n in (("heads", d.heads), ("ffn", d.ffn), ("vocab", d.vocab), ("hidden", d.hidden)):
         if n % world_size:
             raise ParamError(f"{what} ({n}) does not split over {world_size} TP ranks.", "a TP size dividing it")
 
 
-def dims_of(params: Mapping[str, Any]) -> gpt_ops.Dims:
-    _, seq, hidden, ffn, heads, _, vocab = GPT[params["size"]]
-    return gpt_ops.Dims(params["seq_len"] or seq, hidden, ffn, heads, vocab)
-
-
-def built_ops(params: Mapping[str, Any], tp: int, device: torch.device,
-              dtype: torch.dtype) -> list[tuple[str, Callable[[], BuiltOp]]]:
-    """(name, builder) of every distinct op of the model, in model order."""
+def op_defs(params: Mapping[str, Any]) -> list[OpDef]:
+    """Every distinct op of the model, in model order."""
     mbs, algo = params["mbs"], params["algo"]
     if params["model"] == "resnet":
         blocks, base, width = RESNET[params["size"]]
         dims = resnet_ops.Dims(blocks, base, width, params["seq_len"] or IMAGE)
-        return [(op.name, lambda op=op: resnet_ops.build(op, mbs, tp, algo, device, dtype))
-                for op in resnet_ops.op_list(dims)]
-    if params["model"] == "t5":
-        _, enc, dec, hidden, ffn, heads, kv, vocab = T5[params["size"]]
-        t5 = t5_ops.Dims(params["seq_len"] or enc, dec, hidden, ffn, heads, kv, vocab)
-        return [(op, lambda op=op: t5_ops.build(op, t5, mbs, tp, device, dtype)) for op in t5_ops.OPS]
-    dims = dims_of(params)
-    return [(op, lambda op=op: gpt_ops.build(op, dims, mbs, tp, algo, device, dtype)) for op in gpt_ops.OPS]
+        return [resnet_ops.build(op, mbs, algo) for op in resnet_ops.op_list(dims)]
+    d = transformer_ops.dims(params["model"], params["size"], params["seq_len"])
+    names = transformer_ops.T5_OPS if d.t5 else transformer_ops.GPT_OPS
+    return [transformer_ops.build(op, d, mbs, algo) for op in names]
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
@@ -97,9 +83,19 @@ def _mean_over_ranks(ctx: RunContext, seconds: float) -> float:
     return sum(values) / len(values)
 
 
-def profile_op(ctx: RunContext, built: BuiltOp, warmup: int, repeats: int) -> dict[str, float]:
-    """Forward and backward microseconds and sizes (MB) of one built op on this rank's group."""
-    known = {t.untyped_storage().data_ptr() for t in [*built.inputs, *built.params]}
+def profile_op(ctx: RunContext, op: OpDef, index: int, dtype: torch.dtype, warmup: int,
+               repeats: int) -> dict[str, float]:
+    """Forward and backward microseconds and sizes (MB) of one op on the job's ranks (its TP group)."""
+    tp = Group(ctx.world_size, ctx.rank, dist.group.WORLD if ctx.world_size > 1 else None)
+    weights = {k: w.random_local(tp.size, ctx.device, dtype) for k, w in op.weights.items()}
+    inputs = [a.random(tp.size, 1, ctx.device, dtype) for a in op.ins]
+    data = {k: a.random(tp.size, 1, ctx.device, dtype) for k, a in op.data.items()}
+    env = Env(tp, data.__getitem__, key=(index,))
+
+    def forward() -> tuple[torch.Tensor, ...]:
+        return op.forward(env, weights, *inputs)
+
+    known = {t.untyped_storage().data_ptr() for t in [*inputs, *weights.values()]}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -113,7 +109,7 @@ def profile_op(ctx: RunContext, built: BuiltOp, warmup: int, repeats: int) -> di
         torch.cuda.synchronize(ctx.device)
         alloc0, res0 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        outputs = built.forward(*built.inputs)
+        outputs = forward()
     old = known | set(saved)
     new_out = [o for o in outputs if o.untyped_storage().data_ptr() not in old]
     activations = sum(saved.values()) + _bytes(new_out)
@@ -125,7 +121,7 @@ def profile_op(ctx: RunContext, built: BuiltOp, warmup: int, repeats: int) -> di
         fwd_reserved = max(0.0, (res1 - res0) - (alloc1 - alloc0))
     ctx.barrier()
     with torch.no_grad():
-        fwd = time_steps(ctx.sync, lambda: built.forward(*built.inputs), warmup, repeats)
+        fwd = time_steps(ctx.sync, forward, warmup, repeats)
     outs = [o for o in outputs if o.requires_grad]
     grads = [torch.randn_like(o) for o in outs]
     torch.autograd.backward(outs, grads, retain_graph=True)  # first pass: allocates the gradients
@@ -137,9 +133,9 @@ def profile_op(ctx: RunContext, built: BuiltOp, warmup: int, repeats: int) -> di
     return {
         "forward-compute": _mean_over_ranks(ctx, fwd) * 1e6,
         "backward-compute": _mean_over_ranks(ctx, bwd) * 1e6,
-        "input_size": _bytes(built.inputs) / MB,
+        "input_size": _bytes(inputs) / MB,
         "output_size": _bytes(list(outputs)) / MB,
-        "weights": _bytes(list(built.params)) / MB,
+        "weights": _bytes(list(weights.values())) / MB,
         "activations": activations / MB,
         "fwd_reserved": fwd_reserved / MB,
         "bwd_reserved": bwd_reserved / MB,
@@ -214,13 +210,13 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         return p2p(ctx, params)
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
     out: list[Measurement] = []
-    for index, (op, make) in enumerate(built_ops(params, ctx.world_size, ctx.device, dtype)):
+    for index, op in enumerate(op_defs(params)):
         torch.manual_seed(1234 + index)
-        values = profile_op(ctx, make(), params["warmup"], params["repeats"])
-        coords = {"op": op, "op_index": index, "tp": ctx.world_size}
+        values = profile_op(ctx, op, index, dtype, params["warmup"], params["repeats"])
+        coords = {"op": op.name, "op_index": index, "tp": ctx.world_size}
         units = {"forward-compute": "us", "backward-compute": "us"}
         out += [Measurement(k, v, units.get(k, "MB"), coords) for k, v in values.items()]
-        ctx.log(f"  {op}: fwd {values['forward-compute']:.1f} us, bwd {values['backward-compute']:.1f} us")
+        ctx.log(f"  {op.name}: fwd {values['forward-compute']:.1f} us, bwd {values['backward-compute']:.1f} us")
     return out
 
 

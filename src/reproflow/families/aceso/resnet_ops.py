@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reproflow.families.aceso.tp import BuiltOp, Maker, copy, gather_channels, reduce
+from reproflow.families.aceso.tp import Act, Env, OpDef, Weight, copy, gather, reduce
 
 CLASSES = 1000
 
@@ -72,55 +72,58 @@ def op_list(d: Dims) -> list[Op]:
     return ops
 
 
-def _conv(op: Op, tp: int, algo: int, param: Callable[..., torch.nn.Parameter],
-          pad: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.nn.Parameter], int]:
-    """A TP convolution: (function, weights, input channels it takes)."""
-    if tp == 1 or algo == 0 or op.name == "conv1":  # the stem's 3 input channels are never split
-        w = param(op.c_out // tp, op.c_in, op.kernel, op.kernel)
-        return lambda x: gather_channels(F.conv2d(copy(x, tp), w, stride=op.stride, padding=pad), tp), [w], op.c_in
-    w = param(op.c_out, op.c_in // tp, op.kernel, op.kernel)
-    return lambda x: reduce(F.conv2d(x, w, stride=op.stride, padding=pad), tp), [w], op.c_in // tp
+def _conv(op: Op, algo: int, pad: int, x_spec: Act) -> tuple[Weight, Act, Callable[..., torch.Tensor]]:
+    """A TP convolution: its weight, the input layout it takes, and f(env, weight, x). Algo 0 splits the
+    output channels and all-gathers them; algo 1 splits the input channels and all-reduces."""
+    if algo == 0 or op.name == "conv1":  # the stem's 3 input channels are never split
+        return (Weight((op.c_out, op.c_in, op.kernel, op.kernel), 0), x_spec,
+                lambda env, w, x: gather(F.conv2d(copy(x, env.tp), w, stride=op.stride, padding=pad), env.tp, 1))
+    return (Weight((op.c_out, op.c_in, op.kernel, op.kernel), 1), Act(x_spec.shape, 0, 1),
+            lambda env, w, x: reduce(F.conv2d(x, w, stride=op.stride, padding=pad), env.tp))
 
 
-def build(op: Op, mbs: int, tp: int, algo: int, device: torch.device, dtype: torch.dtype) -> BuiltOp:
-    """The op with its inputs for micro-batch `mbs` on `tp` ranks with partition `algo`."""
-    b = mbs
+def build(op: Op, mbs: int, algo: int) -> OpDef:
+    """The op for micro-batch `mbs` with partition algorithm `algo`."""
+    def act(c: int, side: int) -> Act:
+        return Act((mbs, c, side, side), 0)
 
-    make = Maker(device, dtype)
-    param = make.param
-
-    def act(c: int, side: int) -> torch.Tensor:
-        return make.act(b, c, side, side)
-
-    carried = [act(*op.carry)] if op.carry is not None else []
-    starts_block = op.name.endswith("-conv1") and op.name.startswith("block")
+    x_in, y = act(op.c_in, op.size_in), act(op.c_out, op.size_in // op.stride)
+    res = act(*op.carry) if op.carry is not None else None
     if op.kind == "conv":
-        f, params, c_in = _conv(op, tp, algo, param, op.kernel // 2)
-        x = act(c_in, op.size_in)
-        if starts_block:  # the block input is the main input; it travels on as the residual
-            return BuiltOp(lambda x: (f(x), x), [x], params)
-        return BuiltOp(lambda x, *r: (f(x), *r), [x, *carried], params)
+        w, spec, f = _conv(op, algo, op.kernel // 2, x_in)
+        if op.name == "conv1":  # the stem reads the images
+            images = act(3, op.size_in)
+            return OpDef(op.name, (), (y,), {"weight": w}, lambda env, ws: (f(env, ws["weight"], env.data("images")),),
+                         {"images": images})
+        if op.name.endswith("-conv1"):  # the block input is the main input; it travels on as the residual
+            return OpDef(op.name, (spec,), (y, spec), {"weight": w}, lambda env, ws, x: (f(env, ws["weight"], x), x))
+        assert res is not None
+        return OpDef(op.name, (spec, res), (y, res), {"weight": w},
+                     lambda env, ws, x, r: (f(env, ws["weight"], x), r))
     if op.kind == "bn":
-        w, bias = param(op.c_out), param(op.c_out)
-        mean = torch.zeros(op.c_out, device=device, dtype=dtype)
-        var = torch.ones(op.c_out, device=device, dtype=dtype)
-        return BuiltOp(lambda x, *r: (F.batch_norm(x, mean, var, w, bias, training=True), *r),
-                       [act(op.c_in, op.size_in), *carried], [w, bias])
+        carried = (res,) if res is not None else ()
+        return OpDef(op.name, (x_in, *carried), (y, *carried),
+                     {"weight": Weight((op.c_out,), None, "ones"), "bias": Weight((op.c_out,), None, "zeros")},
+                     lambda env, w, x, *r: (F.batch_norm(x, None, None, w["weight"], w["bias"], training=True), *r))
     if op.kind == "relu":
-        return BuiltOp(lambda x: (F.relu(x),), [act(op.c_in, op.size_in)], [])
+        return OpDef(op.name, (x_in,), (y,), {}, lambda env, w, x: (F.relu(x),))
     if op.kind == "maxpool":
-        return BuiltOp(lambda x: (F.max_pool2d(x, 3, 2, 1),), [act(op.c_in, op.size_in)], [])
+        return OpDef(op.name, (x_in,), (act(op.c_out, op.size_in // 2),), {},
+                     lambda env, w, x: (F.max_pool2d(x, 3, 2, 1),))
     if op.kind == "downsample":
-        assert op.carry is not None
-        if op.project:
-            proj = Op(op.name, "conv", op.carry[0], op.c_out, op.carry[1], 1, op.stride)
-            f, params, c_in = _conv(proj, tp, algo, param, 0)
-            residual = act(c_in, op.carry[1])
-            return BuiltOp(lambda x, r: (x + f(r),), [act(op.c_in, op.size_in), residual], params)
-        return BuiltOp(lambda x, r: (x + r,), [act(op.c_in, op.size_in), *carried], [])
+        assert res is not None
+        if op.project:  # a 1x1 projection of the block input where the shapes change
+            assert op.carry is not None
+            w, spec, f = _conv(Op(op.name, "conv", op.carry[0], op.c_out, op.carry[1], 1, op.stride), algo, 0, res)
+            return OpDef(op.name, (x_in, spec), (x_in,), {"weight": w},
+                         lambda env, ws, x, r: (x + f(env, ws["weight"], r),))
+        return OpDef(op.name, (x_in, res), (x_in,), {}, lambda env, w, x, r: (x + r,))
     if op.kind == "avgpool":
-        return BuiltOp(lambda x: (F.adaptive_avg_pool2d(x, 1).flatten(1),), [act(op.c_in, op.size_in)], [])
-    w, bias = param(CLASSES, op.c_in), param(CLASSES)
-    labels = torch.randint(0, CLASSES, (b,), device=device)
-    x = torch.randn(b, op.c_in, device=device, dtype=dtype, requires_grad=True)
-    return BuiltOp(lambda x: (F.cross_entropy(F.linear(x, w, bias).float(), labels),), [x], [w, bias])
+        return OpDef(op.name, (x_in,), (Act((mbs, op.c_in), 0),), {},
+                     lambda env, w, x: (F.adaptive_avg_pool2d(x, 1).flatten(1),))
+
+    def loss(env: Env, w: dict[str, torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.cross_entropy(F.linear(x, w["weight"], w["bias"]).float(), env.data("labels")),)
+    return OpDef(op.name, (Act((mbs, op.c_in), 0),), (Act((), None),),
+                 {"weight": Weight((CLASSES, op.c_in)), "bias": Weight((CLASSES,), None, "zeros")}, loss,
+                 {"labels": Act((mbs,), 0, None, CLASSES)})

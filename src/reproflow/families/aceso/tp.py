@@ -1,129 +1,204 @@
-"""Tensor-parallel building blocks shared by the GPT, T5 and Wide-ResNet ops (Megatron's regions).
+"""What every op is made of: its tensors' layouts, its weights, its tensor-parallel (TP) group.
 
-`reduce` sums over the TP ranks (identity backward), `copy` is the identity whose gradient is
-summed, `gather_channels` all-gathers output channels; `vocab_embedding` and `lm_loss` are the
-vocabulary-parallel embedding and output layer with cross entropy. The TP group is the job's world.
+An op (`OpDef`) is defined once and used twice: the profiler runs it alone with random inputs on
+the job's ranks, the runtime chains it with the other ops of a pipeline stage. Each tensor an op
+takes or makes is an `Act`: the logical shape for the whole micro-batch, the dimension split over
+the data-parallel (DP) ranks and the one split over the TP ranks (None: every TP rank holds all of
+it). Weights are `Weight`s: the full shape and the dimension split over the TP ranks; the runtime
+initialises the full tensor from a seed and keeps its own slice, so any partition of a model starts
+from the same numbers as a single process.
+
+Gradient convention, which the runtime's resharding relies on: a tensor replicated over TP ranks
+carries the full gradient on every replica; a split tensor carries the gradient of its own slice.
+`copy` and `reduce` are Megatron's regions; `gather` and `split` move between split and replicated.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-
-DROPOUT = 0.1
-
-
-@dataclass
-class BuiltOp:
-    """One op ready to time: forward(*inputs) -> outputs; `inputs` that need gradients first."""
-
-    forward: Callable[..., tuple[torch.Tensor, ...]]
-    inputs: list[torch.Tensor]
-    params: list[torch.nn.Parameter]
 
 
 @dataclass(frozen=True)
-class Maker:
-    """Random weights and activations on one device and dtype."""
+class Group:
+    """A TP (or other) group seen from one of its ranks; `pg` None when it is this rank alone."""
 
-    device: torch.device
-    dtype: torch.dtype
+    size: int = 1
+    rank: int = 0
+    pg: dist.ProcessGroup | None = None
 
-    def param(self, *shape: int) -> torch.nn.Parameter:
-        return torch.nn.Parameter(torch.randn(*shape, device=self.device, dtype=self.dtype) * 0.02)
 
-    def act(self, *shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=self.device, dtype=self.dtype, requires_grad=True)
+@dataclass(frozen=True)
+class Act:
+    """One tensor: logical `shape` for the micro-batch, `batch` dim (None: not batched, a loss),
+    `split` dim over the TP ranks (None: replicated); `high` > 0 marks integer data in [0, high)."""
+
+    shape: tuple[int, ...]
+    batch: int | None = 1
+    split: int | None = None
+    high: int = 0
+
+    def local(self, tp: int, dp: int) -> tuple[int, ...]:
+        """This rank's shape with `dp` batch slices and `tp` split slices."""
+        shape = list(self.shape)
+        if self.batch is not None:
+            shape[self.batch] //= dp
+        if self.split is not None:
+            shape[self.split] //= tp
+        return tuple(shape)
+
+    def random(self, tp: int, dp: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Random local values: token ids or labels below `high`, else activations that take gradients."""
+        if self.high:
+            return torch.randint(0, self.high, self.local(tp, dp), device=device)
+        return torch.randn(self.local(tp, dp), device=device, dtype=dtype, requires_grad=True)
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight's full shape, the dimension split over TP ranks, and its initial values."""
+
+    shape: tuple[int, ...]
+    split: int | None = None
+    init: str = "normal"  # normal (std 0.02), ones, zeros
+
+    def local(self, tp: int) -> tuple[int, ...]:
+        shape = list(self.shape)
+        if self.split is not None:
+            shape[self.split] //= tp
+        return tuple(shape)
+
+    def make(self, tp: Group, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
+        """This rank's slice of the full tensor drawn from `seed` (the same for every partition)."""
+        if self.init == "normal":
+            gen = torch.Generator().manual_seed(seed)
+            full = torch.randn(self.shape, generator=gen) * 0.02
+        else:
+            full = torch.ones(self.shape) if self.init == "ones" else torch.zeros(self.shape)
+        if self.split is not None:
+            full = full.chunk(tp.size, dim=self.split)[tp.rank]
+        return torch.nn.Parameter(full.to(device=device, dtype=dtype).contiguous())
+
+    def random_local(self, tp: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
+        """A slice with random values drawn where it lives (the profiler: values do not matter)."""
+        return torch.nn.Parameter(torch.randn(self.local(tp), device=device, dtype=dtype) * 0.02)
+
+
+@dataclass
+class Env:
+    """What an op sees besides its tensors and weights: its TP group, this micro-batch's slice of
+    the data (`data(name)`), and the dropout probability with a key that fixes every mask."""
+
+    tp: Group
+    data: Callable[[str], torch.Tensor]
+    dropout_p: float = 0.1
+    key: tuple[int, ...] = ()
+
+    def dropout(self, x: torch.Tensor, split: bool = False) -> torch.Tensor:
+        """Dropout whose mask depends on the key (and the TP rank for split tensors), so TP replicas
+        draw the same mask and a recomputed forward redraws it."""
+        if self.dropout_p == 0.0:
+            return x
+        key = (*self.key, self.tp.rank if split else -1, *x.shape)
+        seed = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") >> 1
+        gen = torch.Generator(device=x.device).manual_seed(seed)
+        keep = torch.rand(x.shape, generator=gen, device=x.device) >= self.dropout_p
+        return x * keep.to(x.dtype) / (1.0 - self.dropout_p)
+
+
+@dataclass
+class OpDef:
+    """One op: what it takes and makes, its weights, and forward(env, weights, *inputs) -> outputs.
+    `data` names the dataset tensors it reads (token ids, labels, images) with their layouts."""
+
+    name: str
+    ins: tuple[Act, ...]
+    outs: tuple[Act, ...]
+    weights: dict[str, Weight]
+    forward: Callable[..., tuple[torch.Tensor, ...]]
+    data: dict[str, Act] = field(default_factory=dict)
 
 
 class _Reduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: object, x: torch.Tensor, g: Group) -> torch.Tensor:
         out = x.clone()
-        dist.all_reduce(out)
+        dist.all_reduce(out, group=g.pg)
         return out
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-        return grad
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
 class _Copy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: object, x: torch.Tensor, g: Group) -> torch.Tensor:
+        ctx.g = g  # type: ignore[attr-defined]
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
+        dist.all_reduce(grad, group=ctx.g.pg)  # type: ignore[attr-defined]
+        return grad, None
+
+
+def _all_gather(x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(g.size)]
+    dist.all_gather(parts, x.contiguous(), group=g.pg)
+    return torch.cat(parts, dim=dim)
 
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=1)
+    def forward(ctx: object, x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
+        ctx.g, ctx.dim = g, dim  # type: ignore[attr-defined]
+        return _all_gather(x, g, dim)
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-        return grad.chunk(dist.get_world_size(), dim=1)[dist.get_rank()].contiguous()
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        g, dim = ctx.g, ctx.dim  # type: ignore[attr-defined]
+        return grad.chunk(g.size, dim=dim)[g.rank].contiguous(), None, None
 
 
-def reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
-    """Sum over the TP ranks; the gradient passes through (a row-parallel output)."""
-    return x if tp == 1 else _Reduce.apply(x)
+class _Split(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
+        ctx.g, ctx.dim = g, dim  # type: ignore[attr-defined]
+        return x.chunk(g.size, dim=dim)[g.rank].contiguous()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _all_gather(grad, ctx.g, ctx.dim), None, None  # type: ignore[attr-defined]
 
 
-def copy(x: torch.Tensor, tp: int) -> torch.Tensor:
-    """Identity; the gradient is summed over the TP ranks (a column-parallel input)."""
-    return x if tp == 1 else _Copy.apply(x)
+def reduce(x: torch.Tensor, g: Group) -> torch.Tensor:
+    """Sum over the group; the gradient passes through (a row-parallel output)."""
+    return x if g.size == 1 else _Reduce.apply(x, g)
 
 
-def gather_channels(x: torch.Tensor, tp: int) -> torch.Tensor:
-    """All-gather dim 1 (channels) over the TP ranks; each keeps its own channels' gradient."""
-    return x if tp == 1 else _Gather.apply(x)
+def copy(x: torch.Tensor, g: Group) -> torch.Tensor:
+    """Identity; the gradient is summed over the group (a column-parallel input)."""
+    return x if g.size == 1 else _Copy.apply(x, g)
 
 
-def vocab_embedding(make: Maker, vocab: int, hidden: int, seq: int, batch: int,
-                    tp: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, list[torch.nn.Parameter]]:
-    """(forward on token ids, the ids, weights): word rows split over the ranks, plus positions."""
-    local_vocab = vocab // tp
-    words, pos = make.param(local_vocab, hidden), make.param(seq, hidden)
-    ids = torch.randint(0, vocab, (seq, batch), device=make.device)
-    start = dist.get_rank() * local_vocab if tp > 1 else 0
-
-    def forward(ids_: torch.Tensor) -> torch.Tensor:
-        local = ids_ - start
-        outside = (local < 0) | (local >= local_vocab)
-        e = F.embedding(local.masked_fill(outside, 0), words).masked_fill(outside[..., None], 0.0)
-        return F.dropout(reduce(e, tp) + pos[:, None, :], DROPOUT)
-    return forward, ids, [words, pos]
+def gather(x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
+    """All-gather slices along `dim` into the replicated tensor; each keeps its slice's gradient."""
+    return x if g.size == 1 else _Gather.apply(x, g, dim)
 
 
-def lm_loss(make: Maker, vocab: int, hidden: int, seq: int, batch: int,
-            tp: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.nn.Parameter]]:
-    """(forward on the last hidden states, weights): logits over a vocabulary split across the
-    ranks and the mean cross entropy (max and sums all-reduced)."""
-    local_vocab = vocab // tp
-    words = make.param(local_vocab, hidden)
-    labels = torch.randint(0, vocab, (seq, batch), device=make.device)
+def split(x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
+    """This rank's slice along `dim` of a replicated tensor; the full gradient is all-gathered back."""
+    return x if g.size == 1 else _Split.apply(x, g, dim)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(copy(x, tp), words).float()
-        if tp == 1:
-            return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
-        top = logits.max(dim=-1).values.detach()
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        shifted = logits - top[..., None]
-        local = labels - dist.get_rank() * local_vocab
-        mine = (local >= 0) & (local < local_vocab)
-        picked = shifted.gather(-1, local.clamp(0, local_vocab - 1)[..., None]).squeeze(-1) * mine
-        return (reduce(shifted.exp().sum(-1), tp).log() - reduce(picked, tp)).mean()
-    return forward, [words]
+
+def weight_seed(seed: int, op_index: int, name: str) -> int:
+    """The seed of one weight of one op: the same whatever the partition."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{op_index}/{name}".encode(), digest_size=8).digest(),
+                          "little") >> 1
+
