@@ -22,6 +22,11 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     (runtime.check if params["kind"] == "train" else profile.check)(params, world_size)
 
 
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    if params["kind"] == "train":
+        runtime.check(params, ctx.world_size, at_run_time=True)
+
+
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     return (runtime.train if params["kind"] == "train" else profile.run)(ctx, params)
 
@@ -29,7 +34,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
     if params["kind"] != "train":
         return profile.table(params, rows)
-    v = {m.metric: m.value for m in rows if m.rank is None and not m.coords}
+    v = {m.metric: m.value for m in rows if m.rank is None and "iteration" not in m.coords}
     losses = [m.value for m in rows if m.metric == "loss"]
     return (f"config {params['config']}: {v['iteration_ms']:.2f} ms per iteration, {v['samples_per_s']:.2f} "
             f"samples/s, {v['tflops_per_gpu']:.4f} TFLOP/s per GPU; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
@@ -44,6 +49,8 @@ FAMILY = Family(
         Param("model", "str", "gpt", "model whose ops are profiled", choices=("gpt", "scale-layer", "t5", "resnet")),
         Param("size", "str", "tiny", "model size (Aceso's, or tiny for CPUs)"),
         Param("mbs", "int", 1, "micro-batch size", minimum=1),
+        Param("tp", "int", 0, "TP size profiled (0: all the job's ranks); smaller runs several TP groups at once",
+              minimum=0),
         Param("algo", "int", 0, "partition algorithm of the TP ops (0 or 1)", choices=(0, 1)),
         Param("seq_len", "int", 0, "GPT or T5-encoder sequence length, or ResNet image side; 0: the size's",
               minimum=0),
@@ -51,7 +58,9 @@ FAMILY = Family(
         Param("repeats", "int", 10, "timed calls per op", minimum=1),
         Param("sizes_mb", "str", "0-64", "collectives: whole-MB sizes, e.g. '0-16,32,64'"),
         Param("p2p_max_mb", "int", 64, "p2p: largest message (1, 2, 4, ... MB)", minimum=1),
-        Param("config", "str", "", "train: the config JSON (Aceso's format) to train"),
+        Param("config", "str", "", "train: a config JSON (Aceso's format), or a search's --config-save-path"),
+        Param("plan", "str", "aceso", "train: the runtime column (aceso: a searched config; megatron: a uniform "
+              "plan) and, for a search folder, which of its configs", choices=("aceso", "megatron")),
         Param("train_iters", "int", 5, "train: iterations (then one more with per-op timers)", minimum=1),
         Param("warmup_iters", "int", 2, "train: first iterations left out of the iteration time", minimum=0),
         Param("lr", "float", 1e-3, "train: Adam's learning rate", minimum=0.0),
@@ -65,6 +74,7 @@ FAMILY = Family(
     run=run,
     table=table,
     check=check,
+    runtime_check=runtime_check,
     register_cli=register_cli,
 )
 

@@ -1,4 +1,5 @@
-"""`reproflow aceso profile | search | megatron | predict | database`: Aceso's tools, its option names.
+"""`reproflow aceso profile | search | train | megatron | predict | database | reproduce | e2e |
+search-cost | perf-model-acc`: Aceso's tools and result scripts, with the reference's option names.
 
 Search and plan generation are CPU-only and read a profiled database in the reference's format
 (`--profiled-time-path`). Outputs follow the reference: config JSON per pipeline depth, the best
@@ -8,12 +9,15 @@ ones under `top_configs/`, per-stage info CSVs under `csv/`, and a search-cost s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
+import io
 import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.errors import ReproflowError
@@ -78,10 +82,14 @@ def cmd_megatron(args: argparse.Namespace) -> int:
     line, config, ms = _megatron_line(setup, args)
     print(line)
     if config is not None:
-        path = args.config_save_path / f"{setup.name}_{setup.model.num_layers}layers_megatron_est_{int(ms)}.json"
-        write_json(config, path)
-        print(f"config: {path}")
+        print(f"config: {_write_megatron(setup, args, config, ms)}")
     return 0 if config is not None else 1
+
+
+def _write_megatron(setup: _Setup, args: argparse.Namespace, config: Config, ms: float) -> Path:
+    path = args.config_save_path / f"{setup.name}_{setup.model.num_layers}layers_megatron_est_{int(ms)}.json"
+    write_json(config, path)
+    return path
 
 
 SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",
@@ -152,11 +160,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     log.mkdir(parents=True, exist_ok=True)
     atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
     print(f"\noverall search time: {wall:.2f} s")
+    line, mega_config, mega_ms = _megatron_line(setup, args)
+    print(line)
+    mega = _write_megatron(setup, args, mega_config, mega_ms).name if mega_config is not None else None
     atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "search_s": round(wall, 2),
                                        "configs": [f"{setup.name}_{r.num_stages}stages_{suffix}.json"
-                                                   for r in found]}, indent=2, default=str) + "\n")
-    line, _, mega_ms = _megatron_line(setup, args)
-    print(line)
+                                                   for r in found], "megatron": mega}, indent=2, default=str) + "\n")
     if found:
         best = found[0].best
         assert best is not None
@@ -214,6 +223,7 @@ def _submit_search(args: argparse.Namespace) -> int:
     job = executor.submit(_search_job, argv)
     print(f"submitted the search as Slurm job {job.job_id}" + (f", after {', '.join(after)}" if after else ""))
     print(f"job ids: {job.job_id}")
+    args.submitted = str(job.job_id)
     return 0
 
 
@@ -242,15 +252,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
                   repeats: int, comm_mb: str) -> str:
-    """A suite (TOML) profiling every op per TP size, micro-batch and algo, plus collectives and P2P."""
+    """A suite (TOML) profiling every op per TP size, micro-batch and algo, plus collectives and P2P.
+    Every op point runs on max(tps) ranks (one node's GPUs), as world / tp TP groups at once."""
     algos = [0] if model_name == "t5" else [0, 1]
     common = (f'model = "{model_name}", size = "{size}", seq_len = {seq_len}, warmup = {warmup}, '
               f"repeats = {repeats}")
     text = [f'[suite]\ndescription = "Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"\n',
             '[launch]\nnodes = 1\ntime_limit = "04:00:00"\n']
     for tp in tps:
-        text.append(f'[[experiment]]\nname = "tp{tp}"\nfamily = "aceso"\nlaunch = {{ procs_per_node = {tp} }}\n'
-                    f"params = {{ {common} }}\nmatrix = {{ mbs = {mbs}, algo = {algos} }}\n")
+        text.append(f'[[experiment]]\nname = "tp{tp}"\nfamily = "aceso"\n'
+                    f"launch = {{ procs_per_node = {max(tps)} }}\n"
+                    f"params = {{ {common}, tp = {tp} }}\nmatrix = {{ mbs = {mbs}, algo = {algos} }}\n")
     for tp in [t for t in tps if t > 1]:
         text.append(f'[[experiment]]\nname = "collectives-{tp}"\nfamily = "aceso"\n'
                     f"launch = {{ procs_per_node = {tp} }}\n"
@@ -261,22 +273,91 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
     return "\n".join(text)
 
 
+def _run_suite_text(text: str, name: str, args: argparse.Namespace) -> list[str]:
+    """Write a generated suite under --results and run it here, or submit it (--submit, after --after);
+    returns the submitted job ids (none when run here). Reruns skip the points already measured."""
+    from reproflow.cli import cmd_run, cmd_submit
+
+    suite = Path(args.results) / f"{name}.toml"
+    suite.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(suite, text)
+    common = {"suite": str(suite), "set": [], "results": str(args.results), "force": getattr(args, "force", False),
+              "procs": None, "experiment": [], "dry_run": args.dry_run}
+    if not getattr(args, "submit", False):
+        code = cmd_run(argparse.Namespace(**common, explain=False))
+        if code:
+            raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
+        return []
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cmd_submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
+                                      after=list(args.after), array=False, max_parallel=0))
+    print(out.getvalue(), end="")
+    return [j for line in out.getvalue().splitlines() if line.startswith("job ids: ")
+            for j in line.removeprefix("job ids: ").split(",")]
+
+
+def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,
+                params: dict[str, object]) -> str:
+    """A suite training each (experiment, plan, config) on nodes x gpus_per_node ranks."""
+    common = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
+    text = [f'[suite]\ndescription = "Aceso runtime: {name}"\n',
+            f'[launch]\nnodes = {nodes}\ntime_limit = "02:00:00"\n']
+    for exp, plan, config in runs:
+        text.append(f'[[experiment]]\nname = "{exp}"\nfamily = "aceso"\n'
+                    f"launch = {{ procs_per_node = {gpus_per_node} }}\n"
+                    f'params = {{ kind = "train", plan = "{plan}", config = {json.dumps(str(config.resolve()))}, '
+                    f"{common} }}\n")
+    return "\n".join(text)
+
+
+def _config_fields(config: Path) -> dict:
+    try:
+        return dict(json.loads(config.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ReproflowError(f"--config {config}: not a config JSON ({exc}).") from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train config JSONs, or a search folder's best config and its Megatron-LM plan (--plan), with
+    reproflow's runtime: here on gloo ranks, or on Slurm (--submit, after --after jobs). Writes the
+    reference's per-rank CSVs under --log-path/{aceso,megatron}/runtime/<model>/<size>/csv/ and
+    result rows under --results."""
+    runs: list[tuple[str, str, Path, str, int]] = []  # experiment, plan, config, model/size, GPUs
+    for config in args.config:
+        if config.is_dir():
+            if not (args.model_name and args.model_size and args.num_gpus_per_node):
+                raise ReproflowError(f"--config {config} is a search folder: give --model-name, --model-size and "
+                                     "--num-gpus-per-node (its configs may not exist yet).")
+            gpus = args.num_nodes * args.num_gpus_per_node
+            runs += [(plan, plan, config, f"{args.model_name}/{args.model_size}", gpus) for plan in args.plan]
+            continue
+        d = _config_fields(config)
+        plan = "megatron" if "megatron" in config.name else args.plan[0]
+        runs.append((config.stem.replace("_", "-"), plan, config, f"{d.get('model_name')}/{d.get('model_size')}",
+                     int(sum(d.get("num_gpus", [0])))))
+    ids: list[str] = []
+    for exp, plan, config, where, gpus in runs:
+        if gpus % args.num_nodes:
+            raise ReproflowError(f"{config}: {gpus} GPUs do not spread over --num-nodes {args.num_nodes}.")
+        params = {"train_iters": args.train_iters, "seq_len": args.seq_len, "dropout": args.dropout,
+                  "log_path": str((args.log_path / plan / "runtime" / where).resolve())}
+        name = f"aceso-train-{where.replace('/', '-')}-{exp}"
+        text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
+        ids += _run_suite_text(text, name, args)
+    args.submitted = ",".join(ids)
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile a model's ops (per TP size, micro-batch and algo), collectives and P2P here, then write the
     database: a suite is generated under --results, so reruns only profile what is missing."""
-    from reproflow.cli import cmd_run
-
     stem = model(args.prof_model_name, args.prof_model_size).file_stem
-    suite = args.results / f"aceso-profile-{stem}.toml"
-    suite.parent.mkdir(parents=True, exist_ok=True)
     text = profile_suite(args.prof_model_name, args.prof_model_size, args.prof_mbs_list, args.prof_tp_size,
                          args.prof_seq_len, args.prof_warmup_times, args.prof_repeat_times, args.prof_comm_sizes)
-    atomic_write(suite, text)
-    run = argparse.Namespace(suite=str(suite), set=[], results=str(args.results), force=False, procs=None,
-                             experiment=[], explain=False, dry_run=args.dry_run)
-    code = cmd_run(run)
-    if code or args.dry_run:
-        return code
+    args.submitted = ",".join(_run_suite_text(text, f"aceso-profile-{stem}", args))
+    if args.dry_run or getattr(args, "submit", False):
+        return 0
     args.from_results = args.results
     args.out = args.prof_path
     return cmd_database(args)
@@ -296,9 +377,106 @@ def cmd_database(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Target:
+    """One model of a setting: what the reference's scripts profile, search and train."""
+
+    model: str
+    size: str
+    global_bs: int
+    mbs: tuple[int, ...]
+    seq_len: int = 0  # 0: the size's sequence (image side for Wide-ResNet)
+
+
+# The reference's small setting (1 node x 4 GPUs, 12000 MB, 200 s of search), and the same three models
+# shrunk to run on 4 CPU processes in minutes.
+SMALL = {
+    "reference": (Target("gpt", "1_3B", 512, (1, 2, 4, 8)), Target("t5", "770M", 512, (1, 2, 4, 8)),
+                  Target("resnet", "1B", 768, (16, 32, 48, 64))),
+    "tiny": (Target("gpt", "tiny", 16, (1, 2, 4, 8), 64), Target("t5", "tiny", 16, (1, 2, 4, 8), 64),
+             Target("resnet", "tiny", 32, (4, 8, 16), 32)),
+}
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """The reference's small setting end to end, one command: for each model, profile its ops,
+    search configs, train the best config and the Megatron-LM uniform plan with the same runtime,
+    then print the end-to-end, search-cost and performance-model tables. With --submit the three
+    steps of each model are Slurm jobs chained with afterok dependencies; run the result scripts
+    (`reproflow aceso e2e small` ...) when they have finished."""
+    root: Path = args.log_path
+    targets = [t for t in SMALL[args.sizes] if t.model in args.models]
+    budget = args.time_budget_total if args.time_budget_total is not None else (5 if args.sizes == "tiny" else 200)
+    gpn, nodes = args.num_gpus_per_node, args.num_nodes
+    tps = [t for t in (1, 2, 4, 8) if t <= gpn]
+    shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
+              "mounts": args.mounts, "force": False}
+    for t in targets:
+        where = root / "aceso" / "search" / t.model / t.size
+        print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
+              f"{'GPUs' if args.submit else 'local ranks'} ====", flush=True)
+        prof = argparse.Namespace(**shared, after=[], prof_model_name=t.model, prof_model_size=t.size,
+                                  prof_tp_size=tps, prof_mbs_list=list(t.mbs), prof_seq_len=t.seq_len,
+                                  prof_warmup_times=2 if args.sizes == "tiny" else 3,
+                                  prof_repeat_times=5 if args.sizes == "tiny" else 10,
+                                  prof_comm_sizes="0-4" if args.sizes == "tiny" else "0-64",
+                                  prof_path=root / "profiled-time")
+        cmd_profile(prof)
+        if args.dry_run:
+            print(f"then: reproflow aceso search ... --config-save-path {where}; reproflow aceso train --config "
+                  f"{where} --plan aceso megatron")
+            continue
+        search_args = argparse.Namespace(
+            model_name=t.model, model_size=t.size, num_layers=None, global_batch_size=t.global_bs,
+            micro_batch_size=list(t.mbs), num_nodes=nodes, num_gpus_per_node=gpn, memory_limit=args.memory_limit,
+            max_tp=None, start_num_stages=1, end_num_stages=None, profiled_time_path=root / "profiled-time",
+            config_save_path=where, max_num_hops=7, time_budget_total=budget, num_of_saved_configs=1,
+            log_path=None, config_suffix="", processes=0, force=False, submit=args.submit,
+            from_results=args.results if args.submit else None,
+            after=[prof.submitted] if prof.submitted else [])
+        cmd_search(search_args)
+        train = argparse.Namespace(**shared, config=[where], plan=["aceso", "megatron"], model_name=t.model,
+                                   model_size=t.size, num_nodes=nodes, num_gpus_per_node=gpn,
+                                   train_iters=args.train_iters, seq_len=t.seq_len, dropout=0.1, log_path=root,
+                                   after=[getattr(search_args, "submitted", "")] if args.submit else [])
+        cmd_train(train)
+    if args.submit or args.dry_run:
+        print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
+        return 0
+    for name in ("e2e", "search-cost", "perf-model-acc"):
+        cmd_results(argparse.Namespace(script=name, setting="small", log_path=root, out=root / "results",
+                                       published=args.published))
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """The reference's result scripts: tables printed and written as CSVs, and the paper's figure."""
+    from reproflow.paths import project_root
+    from reproflow.report import load_analysis
+
+    analysis = load_analysis(project_root(), "aceso")
+    assert analysis is not None
+    log = args.log_path or Path("aceso-logs" if args.setting == "small" else "aceso-logs-large")
+    out = args.out or log / "results"
+    fn = {"e2e": analysis.e2e, "search-cost": analysis.search_cost, "perf-model-acc": analysis.perf_model_acc}
+    text = fn[args.script](log, args.setting, out, args.published)
+    print(text or f"no {args.script} data under {log}: run `reproflow aceso reproduce` (or train) first")
+    print(f"tables and figures: {out}")
+    return 0
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", type=Path, default=Path("results"), help="where result rows go")
+    p.add_argument("--submit", action="store_true", help="submit to Slurm (through submitit) instead of running here")
+    p.add_argument("--after", action="append", default=[], metavar="JOBID", help="with --submit: after these jobs")
+    p.add_argument("--image", default="", help="with --submit: Enroot squash file for Pyxis")
+    p.add_argument("--mounts", default="", help="with --submit: Pyxis --container-mounts")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+
+
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Add `reproflow aceso ...`."""
-    top = sub.add_parser("aceso", help="Aceso: profile, search, Megatron-LM plans, predictions",
+    top = sub.add_parser("aceso", help="Aceso: profile, search, train, Megatron-LM plans, result scripts",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tools = top.add_subparsers(dest="aceso_command", required=True, metavar="TOOL")
     p = tools.add_parser("search", help="iterative bottleneck alleviation, one search per pipeline depth",
@@ -333,14 +511,56 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--prof-repeat-times", type=int, default=10)
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
-    p.add_argument("--results", type=Path, default=Path("results"), help="where the profiler's rows go")
-    p.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    _run_options(p)
     p.set_defaults(func=cmd_profile)
     p = tools.add_parser("database", help="the profiler's rows as Aceso's database files",
                          formatter_class=formatter, description=cmd_database.__doc__)
     p.add_argument("--results", type=Path, default=Path("results"), help="results folder with profiler rows")
     p.add_argument("--out", type=Path, required=True, help="database folder to write")
     p.set_defaults(func=cmd_database)
+    p = tools.add_parser("train", help="train config JSONs with reproflow's runtime (here or on Slurm)",
+                         formatter_class=formatter, description=cmd_train.__doc__)
+    p.add_argument("--config", type=Path, nargs="+", required=True,
+                   help="config JSONs, or a search's --config-save-path (its best config / Megatron-LM plan)")
+    p.add_argument("--plan", nargs="+", choices=("aceso", "megatron"), default=["aceso"],
+                   help="for a search folder: which configs to train; for a file: its runtime column")
+    p.add_argument("--model-name", default="", help="for a search folder: the model (its log folder)")
+    p.add_argument("--model-size", default="", help="for a search folder: the size")
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--num-gpus-per-node", type=int, default=0, help="ranks per node (default: the config's GPUs)")
+    p.add_argument("--train-iters", type=int, default=5, help="iterations (then one more with op timers)")
+    p.add_argument("--seq-len", type=int, default=0, help="sequence length or image side the database used")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
+    _run_options(p)
+    p.set_defaults(func=cmd_train)
+    p = tools.add_parser("reproduce", help="profile -> search -> train -> tables, one command (small setting)",
+                         formatter_class=formatter, description=cmd_reproduce.__doc__)
+    p.add_argument("setting", choices=("small",), help="the reference's setting")
+    p.add_argument("--sizes", choices=tuple(SMALL), default="tiny",
+                   help="tiny: the three models shrunk for CPUs; reference: GPT-1.3B, T5-770M, WRN-1B (GPUs)")
+    p.add_argument("--models", nargs="+", choices=("gpt", "t5", "resnet"), default=["gpt", "t5", "resnet"])
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--num-gpus-per-node", type=int, default=4)
+    p.add_argument("--memory-limit", type=float, default=12000, help="MB per GPU")
+    p.add_argument("--time-budget-total", type=float, default=None, help="search seconds per depth (default: "
+                   "200, as the reference; 5 for tiny)")
+    p.add_argument("--train-iters", type=int, default=5)
+    p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of profiles, configs, CSVs")
+    p.add_argument("--published", type=Path, default=None, help="the artifact's results/ref/ CSVs, drawn beside")
+    _run_options(p)
+    p.set_defaults(func=cmd_reproduce)
+    for name, what in (("e2e", "end-to-end throughput (figure 7)"), ("search-cost", "search cost (figure 8)"),
+                       ("perf-model-acc", "time and memory prediction accuracy (figure 9)")):
+        p = tools.add_parser(name, help=f"the reference's result script: {what}", formatter_class=formatter,
+                             description=cmd_results.__doc__)
+        p.add_argument("setting", choices=("small", "large", "scale"))
+        p.add_argument("--log-path", type=Path, default=None,
+                       help="log root (default: aceso-logs for small, aceso-logs-large otherwise)")
+        p.add_argument("--out", type=Path, default=None, help="tables and figures (default: <log-path>/results)")
+        p.add_argument("--published", type=Path, default=None,
+                       help="the artifact's results/ref/ CSVs (published numbers drawn beside)")
+        p.set_defaults(func=cmd_results, script=name)
     p = tools.add_parser("predict", help="per-stage time and memory of a config JSON",
                          formatter_class=formatter, description=cmd_predict.__doc__)
     _common(p)

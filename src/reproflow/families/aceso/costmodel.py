@@ -225,7 +225,7 @@ class CostModel:
             fwd_r = float(v[F["fwd_reserved"], :-1].max(initial=0.0))
             bwd_r = float(v[F["bwd_reserved"], :-1].max(initial=0.0))
             reserved = max(fwd_r + bwd_r, weights) if self.memory_pred == "MAX" else max(fwd_r, bwd_r, weights)
-        master, optim = self.model.memory_ratios
+        master, optim = self.db.memory_ratios
         kept = inputs + activations - saved
         return StageMemory(weights * (1 + master), weights, weights * optim, kept * behind, kept + peak, reserved)
 

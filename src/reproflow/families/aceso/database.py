@@ -32,6 +32,8 @@ COLLECTIVE_HEADER = ("data_size(MB)", "time(ms)")
 MISSING = 1e6
 MISSING_COLLECTIVE_MS = 100000.0
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+# Written beside profiles reproflow measured on CPU (float32); the reference's databases are fp16.
+PRECISION_FILE = "precision.txt"
 
 
 def op_file(model: Model, mbs: int, tp: int, algo: int) -> str:
@@ -54,6 +56,12 @@ class Database:
     collectives: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     intra_band: list[float] = field(default_factory=list)  # GB/s at 1, 2, 4, ... MB
     inter_band: list[float] = field(default_factory=list)
+    fp32: bool = False  # profiled in float32 (reproflow on CPU): no fp16 master copies to model
+
+    @property
+    def memory_ratios(self) -> tuple[int, int]:
+        """(master copy, optimizer state) per weight byte; a float32 database trains as float32."""
+        return (0, 2) if self.fp32 else self.model.memory_ratios
 
     def index(self) -> dict[str, int]:
         return {op: i for i, op in enumerate(self.ops)}
@@ -106,7 +114,9 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
                         raise ReproflowError(f"{f}: op {row[0]!r} is not in {first.name}; the files of one "
                                              "model must list the same ops.")
                     table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
-    db = Database(model, ops, list(mbs_list), tps, table)
+    precision = path / PRECISION_FILE
+    fp32 = precision.is_file() and precision.read_text().strip() == "float32"
+    db = Database(model, ops, list(mbs_list), tps, table, fp32=fp32 or not model.fp16)
     for prim in COLLECTIVES:
         for gpus in tps[1:]:
             f = path / collective_file(model, prim, gpus)
@@ -165,6 +175,10 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
         path = out / op_file(Model(str(name), str(size), 1), int(mbs), int(tp), int(algo))
         write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS])
                               for _, r in wide.sort_values("op_index").iterrows()])
+        written.append(path)
+    if not ops.empty and "device" in ops.columns:
+        path = out / PRECISION_FILE
+        atomic_write(path, ("float32" if set(ops["device"]) == {"cpu"} else "float16") + "\n")
         written.append(path)
     coll = rows[rows["kind"] == "collectives"]
     for (name, size, prim, gpus), sub in _groups(coll, ["model", "size", "prim", "gpus"]):

@@ -45,6 +45,7 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
             raise ParamError("kind 'collectives' needs 2 or more ranks.", "procs_per_node x nodes >= 2")
         parse_sizes(params["sizes_mb"])
         return
+    world_size = tp_size(params, world_size)
     sizes = {"resnet": RESNET, "t5": T5}.get(params["model"], GPT)
     if params["size"] not in sizes:
         raise ParamError(f"'size' = {params['size']!r} is not a {params['model']} size.", ", ".join(sizes))
@@ -60,6 +61,27 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     for what, n in (("heads", d.heads), ("ffn", d.ffn), ("vocab", d.vocab), ("hidden", d.hidden)):
         if n % world_size:
             raise ParamError(f"{what} ({n}) does not split over {world_size} TP ranks.", "a TP size dividing it")
+
+
+def tp_size(params: Mapping[str, Any], world_size: int) -> int:
+    """The TP size profiled: `tp`, or the job's world. The job runs world / tp TP groups at once,
+    so every rank of a node is busy, as every GPU is in training (on a CPU, ranks share its cores)."""
+    tp = params["tp"] or world_size
+    if world_size % tp:
+        raise ParamError(f"'tp' = {tp} does not divide the job's {world_size} ranks.", "a TP size dividing the ranks")
+    return tp
+
+
+def tp_group(ctx: RunContext, tp: int) -> Group:
+    """This rank's TP group: consecutive blocks of `tp` ranks (created on every rank, in order)."""
+    if tp == ctx.world_size:
+        return Group(tp, ctx.rank, dist.group.WORLD if tp > 1 else None)
+    mine = None
+    for first in range(0, ctx.world_size, tp):
+        pg = dist.new_group(list(range(first, first + tp))) if tp > 1 else None
+        if first <= ctx.rank < first + tp:
+            mine = pg
+    return Group(tp, ctx.rank % tp, mine)
 
 
 def op_defs(params: Mapping[str, Any]) -> list[OpDef]:
@@ -83,10 +105,9 @@ def _mean_over_ranks(ctx: RunContext, seconds: float) -> float:
     return sum(values) / len(values)
 
 
-def profile_op(ctx: RunContext, op: OpDef, index: int, dtype: torch.dtype, warmup: int,
+def profile_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.dtype, warmup: int,
                repeats: int) -> dict[str, float]:
-    """Forward and backward microseconds and sizes (MB) of one op on the job's ranks (its TP group)."""
-    tp = Group(ctx.world_size, ctx.rank, dist.group.WORLD if ctx.world_size > 1 else None)
+    """Forward and backward microseconds and sizes (MB) of one op on this rank's TP group."""
     weights = {k: w.random_local(tp.size, ctx.device, dtype) for k, w in op.weights.items()}
     inputs = [a.random(tp.size, 1, ctx.device, dtype) for a in op.ins]
     data = {k: a.random(tp.size, 1, ctx.device, dtype) for k, a in op.data.items()}
@@ -210,10 +231,11 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         return p2p(ctx, params)
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
     out: list[Measurement] = []
+    tp = tp_group(ctx, tp_size(params, ctx.world_size))
     for index, op in enumerate(op_defs(params)):
         torch.manual_seed(1234 + index)
-        values = profile_op(ctx, op, index, dtype, params["warmup"], params["repeats"])
-        coords = {"op": op.name, "op_index": index, "tp": ctx.world_size}
+        values = profile_op(ctx, tp, op, index, dtype, params["warmup"], params["repeats"])
+        coords = {"op": op.name, "op_index": index, "tp": tp.size}
         units = {"forward-compute": "us", "backward-compute": "us"}
         out += [Measurement(k, v, units.get(k, "MB"), coords) for k, v in values.items()]
         ctx.log(f"  {op.name}: fwd {values['forward-compute']:.1f} us, bwd {values['backward-compute']:.1f} us")

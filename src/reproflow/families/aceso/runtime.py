@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,10 +88,24 @@ def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Seq
     return [transformer_ops.build(op, d, mbs, a) for op, a in zip(names, algos, strict=True)]
 
 
+def resolve_config(path: Path, plan: str) -> Path:
+    """`path` itself, or for a search folder (--config-save-path) the config its newest search ranked
+    first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron)."""
+    if not path.is_dir():
+        return path
+    manifests = sorted(path.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
+    if not manifests:
+        raise ParamError(f"'config' = {str(path)!r} is a folder without a search manifest (search-*.json).",
+                         "a config JSON, or the --config-save-path of a finished `reproflow aceso search`")
+    done = json.loads(manifests[-1].read_text())
+    name = done.get("megatron") if plan == "megatron" else (done.get("configs") or [None])[0]
+    if not name:
+        raise ParamError(f"the search in {manifests[-1]} found no {plan} config.", "a search that found one")
+    return path / name
+
+
 def load_config(path: Path, seq_len: int) -> tuple[Config, list[StagePlan]]:
     """The config JSON and its stages with built ops; errors name the field."""
-    import json
-
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -129,8 +144,9 @@ def load_config(path: Path, seq_len: int) -> tuple[Config, list[StagePlan]]:
         for k, op in enumerate(stage.ops):
             tp, dp = stage.tp[k], stage.dp[k]
             if tp * dp != gpus:
-                raise ParamError(f"config {path}: stage {s} op {k} ({op}) has tp {tp} x dp {dp} != {gpus} GPUs.",
-                                 "tp x dp equal to the stage's GPUs for every op")
+                raise ParamError(f"config {path}: model_parallel_size_of_each_op[{s}][{k}] x "
+                                 f"data_parallel_size_of_each_op[{s}][{k}] ({op}) = {tp} x {dp}, not the stage's "
+                                 f"{gpus} GPUs.", "tp x dp equal to the stage's GPUs for every op")
             if config.micro_bs % dp:
                 raise ParamError(f"config {path}: micro_batch_size {config.micro_bs} does not split over dp {dp} "
                                  f"(stage {s}, {op}).", "a micro-batch divisible by every op's dp")
@@ -560,11 +576,14 @@ def _memory_mb(ctx: RunContext, stage: Stage) -> dict[str, float]:
     return {"allocated": (fixed + stage.live_saved) / MB, "max_allocated": peak, "reserved": peak, "max_reserved": peak}
 
 
-def check(params: Mapping[str, Any], world_size: int) -> None:
-    """The config fits the job: its GPUs are the job's ranks, its shapes split."""
+def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = False) -> None:
+    """The config fits the job: its GPUs are the job's ranks, its shapes split. A search folder is
+    only checked when the job runs (a chained job is submitted before its search has run)."""
     if not params["config"]:
         raise ParamError("'config' is empty.", "the path of a config JSON (reproflow aceso search or megatron)")
-    _, stages = load_config(Path(params["config"]), params["seq_len"])
+    if Path(params["config"]).is_dir() and not at_run_time:
+        return
+    _, stages = load_config(resolve_config(Path(params["config"]), params["plan"]), params["seq_len"])
     gpus = sum(s.size for s in stages)
     if gpus != world_size:
         raise ParamError(f"the config uses {gpus} GPUs (sum of num_gpus) but the job has {world_size} ranks.",
@@ -574,7 +593,7 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
 
 def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Train the config for `train_iters` iterations (+1 instrumented); measurements of rank 0."""
-    path = Path(params["config"])
+    path = resolve_config(Path(params["config"]), params["plan"])
     config, stages = load_config(path, params["seq_len"])
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         params["dtype"] if params["dtype"] != "auto" else ("bfloat16" if ctx.device.type == "cuda" else "float32")]
@@ -640,14 +659,17 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     samples = config.global_bs / (iteration_ms / 1000)
     ctx.log(f"aceso train: {iteration_ms:.2f} ms per iteration, {samples:.2f} samples/s, "
             f"{tflops:.4f} TFLOP/s per rank (model FLOPs), losses {losses[0]:.4f} -> {losses[-1]:.4f}")
-    out = [Measurement("iteration_ms", iteration_ms, "ms"), Measurement("samples_per_s", samples, "samples/s"),
-           Measurement("tflops_per_gpu", tflops, "TFLOP/s"), Measurement("model_flops", model_flops, "FLOP")]
-    out += [Measurement("loss", v, "", {"iteration": i + 1}) for i, v in enumerate(losses)]
+    who = {"config_name": path.stem, "model_name": config.model.name, "model_size": config.model.size}
+    out = [Measurement("iteration_ms", iteration_ms, "ms", who),
+           Measurement("samples_per_s", samples, "samples/s", who),
+           Measurement("tflops_per_gpu", tflops, "TFLOP/s", who), Measurement("model_flops", model_flops, "FLOP", who)]
+    out += [Measurement("loss", v, "", {**who, "iteration": i + 1}) for i, v in enumerate(losses)]
     for r, info in enumerate(every):
         assert isinstance(info, dict)
-        out += [Measurement("rank_time", info["time"], "ms", {"stage": info["stage"]}, rank=r),
-                Measurement("rank_max_allocated", info["max_allocated"], "MB", {"stage": info["stage"]}, rank=r),
-                Measurement("rank_max_reserved", info["max_reserved"], "MB", {"stage": info["stage"]}, rank=r)]
+        at = {**who, "stage": info["stage"]}
+        out += [Measurement("rank_time", info["time"], "ms", at, rank=r),
+                Measurement("rank_max_allocated", info["max_allocated"], "MB", at, rank=r),
+                Measurement("rank_max_reserved", info["max_reserved"], "MB", at, rank=r)]
     return out
 
 

@@ -125,7 +125,7 @@ def _vocab_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp: Group) 
 
 def build(op: str, d: Dims, mbs: int, algo: int) -> OpDef:
     """The op `op` for micro-batch `mbs` with partition algorithm `algo`."""
-    decoder = op.startswith("dec")
+    decoder = op.startswith("dec") or op == "t5-post-process"
     cross = "attention" in op and op.endswith("-2")
     s, b, h, A = d.dec_seq if decoder else d.seq, mbs, d.hidden, d.heads * d.kv
     s_kv = d.seq if cross else s

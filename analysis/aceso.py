@@ -1,0 +1,300 @@
+"""Aceso's result scripts (get_e2e_performance, get_search_cost, get_perf_model_acc) and figures 7-9.
+
+They read the reference's log layout under a log root (`small`: the small setting's root, `large` and
+`scale`: the large one's):
+  {root}/{megatron,aceso}/runtime/{model}/{size}/csv/*.csv   per-stage per-rank runtime CSVs
+  {root}/aceso/search/{model}/{size}/                          search output: *summary* CSV, csv/info_*.csv
+and print the reference's tables, write its CSVs (`e2e_thpt_{setting}_{model}.csv`, ...) and draw
+the figures with the paper's published numbers (the artifact's `results/ref/` CSVs) beside.
+
+Throughput = global batch / iteration time. A config's iteration time is the slowest of its ranks'
+CSVs (the reference keeps the largest throughput over all files); the best config counts. Alpa is
+not run: it needs JAX and Alpa's own runtime, which reproflow does not reimplement; its column is
+'-' (0 in CSVs), as the reference prints for sizes Alpa did not run.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from reproflow.family import AGGREGATE
+from reproflow.report import aggregates, newest, save_figure, wide, write_table
+
+MODELS = ("gpt", "t5", "resnet")
+SIZE_ORDER = ("tiny", "350M", "770M", "250M", "500M", "1B", "1_3B", "2B", "2_6B", "3B", "4B", "6B", "6_7B", "6_8B",
+              "11B", "13B", "22B")
+ALPA_NOTE = "Alpa: not run (needs JAX and Alpa's runtime)"
+
+
+def _sizes(folder: Path) -> list[str]:
+    found = [p.name for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    order = {s: i for i, s in enumerate(SIZE_ORDER)}
+    return sorted(found, key=lambda s: (order.get(s, len(order)), int("".join(c for c in s if c.isdigit()) or 0)))
+
+
+def _read(path: Path) -> dict[str, str]:
+    with path.open() as fh:
+        rows = list(csv.reader(fh))
+    return dict(zip(rows[0], rows[1], strict=True))
+
+
+def runs(root: Path, runtime: str, model: str, size: str) -> dict[str, list[dict[str, str]]]:
+    """Per config name, its ranks' CSV rows (with the stage number added)."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for f in sorted((root / runtime / "runtime" / model / size / "csv").glob("*_stage*_rank*.csv")):
+        name, _, rest = f.stem.rpartition("_stage")
+        row = _read(f)
+        row["stage"] = rest.split("_rank")[0]
+        out.setdefault(name, []).append(row)
+    return out
+
+
+def best_run(root: Path, runtime: str, model: str, size: str) -> tuple[str, float, list[dict[str, str]]] | None:
+    """(config name, samples/s, its rows) of the fastest config, or None."""
+    best = None
+    for name, rows in runs(root, runtime, model, size).items():
+        thpt = float(rows[0]["global_batch_size"]) / (max(float(r["time"]) for r in rows) / 1000)
+        if best is None or thpt > best[1]:
+            best = (name, thpt, rows)
+    return best
+
+
+def _published(published: Path | None, name: str) -> pd.DataFrame | None:
+    if published is None or not (published / name).is_file():
+        return None
+    table = pd.read_csv(published / name, index_col=0, skipinitialspace=True)
+    table.columns = [c.strip() for c in table.columns]
+    return table
+
+
+def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
+    """End-to-end throughput per model and size (figure 7)."""
+    models = ("scale-layer",) if setting == "scale" else MODELS
+    lines, panels = [], []
+    for model in models:
+        sizes = sorted(set(_sizes(root / "aceso" / "runtime" / model)) | set(_sizes(root / "megatron" / "runtime" /
+                                                                                    model)))
+        if not sizes:
+            continue
+        rows = []
+        for size in sizes:
+            values = {rt: best_run(root, rt, model, size) for rt in ("megatron", "aceso")}
+            rows.append({"size": size, "megatron": values["megatron"][1] if values["megatron"] else 0.0,
+                         "alpa": 0.0, "aceso": values["aceso"][1] if values["aceso"] else 0.0})
+        table = pd.DataFrame(rows)
+        lines.append(f"-------- [{model}] End-to-end Throughput (Samples/s) --------")
+        lines.append(f"{'Size':<10}{'Megatron-LM':>13}{'Alpa':>8}{'Aceso':>10}")
+        for r in rows:
+            cell = {k: (f"{r[k]:.2f}" if r[k] else "-") for k in ("megatron", "alpa", "aceso")}
+            lines.append(f"{r['size']:<10}{cell['megatron']:>13}{cell['alpa']:>8}{cell['aceso']:>10}")
+        for r in rows:
+            if r["megatron"] and r["aceso"]:
+                ratio = r["aceso"] / r["megatron"]
+                lines.append(f"  {r['size']}: Aceso / Megatron-LM = {ratio:.2f} on the same runtime")
+        out.mkdir(parents=True, exist_ok=True)
+        _write_wide(table.set_index("size")[["megatron", "alpa", "aceso"]].T, out / f"e2e_thpt_{setting}_{model}.csv")
+        norm = table.set_index("size")[["megatron", "alpa", "aceso"]].T
+        norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1).fillna(0.0)
+        _write_wide(norm, out / f"e2e_norm_thpt_{setting}_{model}.csv")
+        ref = _published(published, "e2e_thpt_scale_scale-layer.csv" if setting == "scale"
+                         else f"e2e_norm_thpt_large_{model}.csv")
+        panels.append((model, norm if setting != "scale" else table.set_index("size")[["megatron", "alpa",
+                                                                                        "aceso"]].T, ref))
+    lines.append(ALPA_NOTE)
+    if panels:
+        _figure_bars(panels, out, f"fig7_e2e_{setting}", "throughput normalised to Megatron-LM" if setting != "scale"
+                     else "samples/s")
+    return "\n".join(lines)
+
+
+def _write_wide(table: pd.DataFrame, path: Path) -> None:
+    """The reference's CSV shape: a header of sizes, one row per system, 2 decimals."""
+    with path.open("w") as fh:
+        fh.write("size," + ",".join(str(c) for c in table.columns) + "\n")
+        for name, row in table.iterrows():
+            fh.write(f"{name}," + ",".join(f"{float(v):.2f}" for v in row) + "\n")
+
+
+def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], out: Path, name: str,
+                 ylabel: str) -> list[Path]:
+    """One panel per model: reproduced bars, and the published ones (hatched) beside."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
+    colors = {"megatron": "#7f7f7f", "alpa": "#1f77b4", "aceso": "#d62728"}
+    for ax, (model, mine, ref) in zip(axes[0], panels, strict=True):
+        groups: list[tuple[str, pd.DataFrame, bool]] = [("reproduced", mine, False)]
+        if ref is not None:
+            groups.append(("published", ref, True))
+        x, ticks, labels = 0.0, [], []
+        for label, table, hatched in groups:
+            for size in table.columns:
+                for k, system in enumerate(("megatron", "alpa", "aceso")):
+                    if system not in table.index:
+                        continue
+                    v = float(table.loc[system, size])
+                    ax.bar(x + k * 0.27, v, 0.27, color=colors[system], hatch="//" if hatched else None,
+                           alpha=0.6 if hatched else 1.0, label=f"{system} ({label})" if size == table.columns[0]
+                           else None)
+                ticks.append(x + 0.27)
+                labels.append(f"{size}\n{label}")
+                x += 1.0
+            x += 0.5
+        ax.set_xticks(ticks, labels, fontsize=7)
+        ax.set_title(model)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=6)
+    fig.suptitle("Aceso end-to-end throughput (hatched: the paper's published numbers, 32 x V100)", fontsize=9)
+    return save_figure(fig, out, name)
+
+
+def _summary_seconds(folder: Path) -> float | None:
+    files = sorted(folder.glob("*summary*"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return None
+    return float(files[-1].read_text().splitlines()[1].split(",")[0])
+
+
+def search_cost(root: Path, setting: str, out: Path, published: Path | None) -> str:
+    """Search cost per model and size (figure 8)."""
+    models = ("scale-layer",) if setting == "scale" else MODELS
+    lines, panels = [], []
+    for model in models:
+        sizes = _sizes(root / "aceso" / "search" / model)
+        if setting == "large":
+            sizes = sizes[1:]  # the reference skips the single-GPU size
+        values = {s: _summary_seconds(root / "aceso" / "search" / model / s) for s in sizes}
+        values = {s: v for s, v in values.items() if v is not None}
+        if not values:
+            continue
+        lines.append(f"-------- [{model}] Search Cost (s) --------")
+        lines.append(f"{'Size':<10}{'Alpa':>8}{'Aceso':>10}")
+        lines += [f"{s:<10}{'-':>8}{v:>10.2f}" for s, v in values.items()]
+        table = pd.DataFrame({s: {"alpa": 0.0, "aceso": v} for s, v in values.items()})
+        out.mkdir(parents=True, exist_ok=True)
+        _write_wide(table, out / f"search_cost_{setting}_{model}.csv")
+        ref = _published(published, "search_cost_scale_scale-layer.csv" if setting == "scale"
+                         else f"search_cost_large_{model}.csv")
+        panels.append((model, table, ref))
+    lines.append(ALPA_NOTE)
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
+        for ax, (model, mine, ref) in zip(axes[0], panels, strict=True):
+            labels = [f"{s}\nreproduced" for s in mine.columns]
+            values = list(mine.loc["aceso"])
+            colors = ["#d62728"] * len(values)
+            if ref is not None:
+                for s in ref.columns:
+                    for system, color in (("alpa", "#1f77b4"), ("aceso", "#ff9896")):
+                        if float(ref.loc[system, s]) > 0:
+                            labels.append(f"{s}\n{system} (pub.)")
+                            values.append(float(ref.loc[system, s]))
+                            colors.append(color)
+            ax.bar(range(len(values)), values, color=colors)
+            ax.set_xticks(range(len(values)), labels, fontsize=6, rotation=60)
+            ax.set_yscale("log")
+            ax.set_ylabel("search cost (s)")
+            ax.set_title(model)
+        fig.suptitle("Aceso search cost (pale: the paper's published numbers)", fontsize=9)
+        save_figure(fig, out, f"fig8_search_cost_{setting}")
+    return "\n".join(lines)
+
+
+def _info(root: Path, model: str, size: str, config: str) -> list[dict[str, str]]:
+    path = root / "aceso" / "search" / model / size / "csv" / f"info_{config}.csv"
+    if not path.is_file():
+        return []
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) -> str:
+    """Actual vs predicted iteration time and memory of Aceso's best config (figure 9)."""
+    lines, panels = [], []
+    for model in MODELS:
+        rows = []
+        for size in _sizes(root / "aceso" / "runtime" / model):
+            best = best_run(root, "aceso", model, size)
+            if best is None:
+                continue
+            name, _, ranks = best
+            info = _info(root, model, size, name)
+            if not info:
+                continue
+            actual_ms = max(float(r["time"]) for r in ranks)
+            heaviest = max(ranks, key=lambda r: float(r["max_reserved"]))
+            stage = info[int(heaviest["stage"])]
+            rows.append({"size": size, "time_actual": actual_ms, "time_predict": max(float(r["time"]) for r in info),
+                         "mem_actual": float(heaviest["max_reserved"]), "mem_total": float(stage["memory(total)"]),
+                         "mem_normal": float(stage["memory(normal)"]), "mem_extra": float(stage["memory(reserved)"])})
+        if not rows:
+            continue
+        lines.append(f"-------- [{model}] Time Prediction (ms) --------")
+        lines.append(f"{'Size':<10}{'Actual':>10}{'Predict':>10}{'Error':>8}")
+        for r in rows:
+            err = abs(r["time_predict"] - r["time_actual"]) / r["time_actual"] * 100
+            lines.append(f"{r['size']:<10}{r['time_actual']:>10.2f}{r['time_predict']:>10.2f}{err:>7.1f}%")
+        lines.append(f"-------- [{model}] Memory Prediction (MB) --------")
+        lines.append(f"{'Size':<10}{'Actual':>10}{'Predict (normal + extra)':>34}{'Error':>8}")
+        for r in rows:
+            err = abs(r["mem_total"] - r["mem_actual"]) / r["mem_actual"] * 100
+            lines.append(f"{r['size']:<10}{r['mem_actual']:>10.0f}{r['mem_total']:>12.2f} ({r['mem_normal']:.2f} + "
+                         f"{r['mem_extra']:.2f}){err:>7.1f}%")
+        table = pd.DataFrame(rows).set_index("size")
+        out.mkdir(parents=True, exist_ok=True)
+        _write_wide(table[["time_actual", "time_predict"]].T.rename(index=lambda s: s.split("_")[1]),
+                    out / f"perf_model_time_{setting}_{model}.csv")
+        _write_wide(table[["mem_actual", "mem_normal", "mem_extra"]].T.rename(
+            index={"mem_actual": "actual", "mem_normal": "predict (norm)", "mem_extra": "predict (extra)"}),
+            out / f"perf_model_mem_{setting}_{model}.csv")
+        panels.append((model, table, _published(published, f"perf_model_time_large_{model}.csv"),
+                       _published(published, f"perf_model_mem_large_{model}.csv")))
+    if panels:
+        fig, axes = plt.subplots(2, len(panels), figsize=(4.6 * len(panels), 6), squeeze=False)
+        for col, (model, table, ref_t, ref_m) in enumerate(panels):
+            for row, (what, actual, predict, ref) in enumerate((("time", "time_actual", "time_predict", ref_t),
+                                                                ("memory", "mem_actual", "mem_total", ref_m))):
+                ax = axes[row][col]
+                ratios = [float(table.loc[s, predict]) / float(table.loc[s, actual]) for s in table.index]
+                labels = [f"{s}\nreproduced" for s in table.index]
+                if ref is not None:
+                    for s in ref.columns:
+                        pred = float(ref.loc["predict", s]) if what == "time" else float(
+                            ref.loc["predict (norm)", s]) + float(ref.loc["predict (extra)", s])
+                        ratios.append(pred / float(ref.loc["actual", s]))
+                        labels.append(f"{s}\npublished")
+                ax.bar(range(len(ratios)), ratios, color=["#d62728"] * len(table.index) + ["#ff9896"] *
+                       (len(ratios) - len(table.index)))
+                ax.axhline(1.0, color="black", lw=0.8)
+                ax.set_xticks(range(len(ratios)), labels, fontsize=6, rotation=60)
+                ax.set_ylabel(f"predicted / actual {what}")
+                ax.set_title(f"{model}: {what}")
+        fig.suptitle("Aceso performance-model accuracy (pale: the paper's published numbers)", fontsize=9)
+        fig.tight_layout()
+        save_figure(fig, out, f"fig9_perf_model_{setting}")
+    return "\n".join(lines)
+
+
+def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """`reproflow report`: the runtime's runs (one row per trained config) and a summary of the profiles."""
+    written: list[Path] = []
+    kinds = frame["kind"] if "kind" in frame.columns else pd.Series("ops", index=frame.index)
+    train = frame[kinds == "train"]
+    if not train.empty:
+        table = wide(aggregates(newest(train[(train["rank"] == AGGREGATE) & train["iteration"].isna()])),
+                     ["experiment", "plan", "config_name"], ["iteration_ms", "samples_per_s", "tflops_per_gpu"])
+        losses = train[train["metric"] == "loss"].sort_values("iteration").groupby("config_name")["value"]
+        table["loss_first"] = table["config_name"].map(losses.first())
+        table["loss_last"] = table["config_name"].map(losses.last())
+        written += write_table(table, out_dir, "aceso_train", "Aceso runtime: trained configs",
+                               "TFLOP/s: model FLOPs (3 x forward matmul/conv FLOPs, recompute not counted) per rank.")
+    rest = frame[kinds != "train"]
+    if not rest.empty:
+        table = wide(aggregates(newest(rest)), ["suite", "experiment", "point"], sorted(rest["metric"].unique()))
+        written += write_table(table, out_dir, "aceso_summary", "aceso: profiles")
+    return written

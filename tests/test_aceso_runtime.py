@@ -1,0 +1,153 @@
+"""Aceso's runtime: the stage-to-stage transfer plan, FLOP counting and config checks as units; and
+real training on gloo ranks, where a partitioned run (pipeline stages, mixed TP and DP inside a
+stage, both partition algorithms, recompute) must give a single process's losses."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import reproflow
+
+from reproflow.errors import ParamError
+from reproflow.families.aceso.models import Model, model
+from reproflow.families.aceso.plans import config_from_counts, write_json
+from reproflow.families.aceso.runtime import (
+    Groups,
+    Placed,
+    StagePlan,
+    check,
+    flops_per_micro_batch,
+    load_config,
+    model_ops,
+    pieces,
+)
+from reproflow.report import load_results
+
+SEQ = 64  # GPT sequence / T5 encoder sequence / ResNet image side: seconds on a CPU
+
+
+def _placed(tp: int, dp: int) -> Placed:
+    return Placed(0, model_ops("gpt", "tiny", 1, 8, [0] * 16, SEQ)[0], tp, dp, 0, False)
+
+
+@pytest.mark.parametrize("a_size,a_tp,b_size,b_tp", [(2, 1, 4, 1), (4, 2, 2, 1), (4, 4, 4, 1), (1, 1, 8, 2),
+                                                     (8, 2, 4, 4), (2, 2, 2, 1)])
+def test_stage_transfers_deliver_every_sample_once(a_size: int, a_tp: int, b_size: int, b_tp: int) -> None:
+    mbs = 8
+    a, b = StagePlan(0, 0, a_size, ()), StagePlan(1, a_size, b_size, ())
+    pa, pb = _placed(a_tp, a_size // a_tp), _placed(b_tp, b_size // b_tp)
+    plan = pieces(mbs, a, pa, b, pb)
+    for i in range(b_size):  # every consumer rank gets exactly its batch slice, from holders of it
+        n_b = mbs // pb.dp
+        got = sorted(x for p in plan if p.dst == b.first + i for x in range(p.start, p.start + p.length))
+        assert got == list(range(i // b_tp * n_b, (i // b_tp + 1) * n_b))
+        for p in plan:
+            if p.dst == b.first + i:
+                c = (p.src - a.first) // a_tp
+                assert c * (mbs // pa.dp) <= p.start and p.start + p.length <= (c + 1) * (mbs // pa.dp)
+    # gradients: each sample comes back exactly once
+    back = sorted(x for p in plan if p.primary for x in range(p.start, p.start + p.length))
+    assert back == list(range(mbs))
+
+
+def test_regrouping_groups_hold_one_batch_slice_in_order() -> None:
+    st = StagePlan(0, 4, 8, ())
+    # tp 2 -> tp 8 (dp 4 -> 1): ranks with the same tp-2 rank gather the 4 slices in batch order
+    assert Groups._between(st, 2, 8, 1) == (5, 7, 9, 11)
+    assert Groups._between(st, 1, 4, 6) == (8, 9, 10, 11)
+    assert Groups._tp(st, 4, 5) == (8, 9, 10, 11) and Groups._dp(st, 4, 5) == (5, 9)
+
+
+def test_gpt_model_flops_are_the_stated_formula() -> None:
+    """3 x counted forward FLOPs = 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) for GPT."""
+    ops = model_ops("gpt", "tiny", None, 2, [0] * 55, SEQ)  # 4 layers of 13 ops, embedding, 2 tail ops
+    b, s, L, h, V = 2, SEQ, 4, 256, 8192
+    formula = 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert 3 * flops_per_micro_batch(ops) == pytest.approx(formula)
+
+
+def _config(path: Path, m: Model, counts: list[int], tp: list[int], dp: list[int], algo: list[int], rc: list[int],
+            mbs: int = 4, gbs: int = 8) -> Path:
+    ops = [o.name for o in model_ops(m.name, m.size, m.num_layers, mbs, algo, SEQ)]
+    write_json(config_from_counts(m, gbs, mbs, ops, counts, tp, dp, algo, rc), path)
+    return path
+
+
+def test_bad_configs_name_the_field(tmp_path: Path) -> None:
+    gpt = model("gpt", "tiny")
+    n = 55
+    good = _config(tmp_path / "good.json", gpt, [n], [2] * n, [2] * n, [0] * n, [0] * n)
+    with pytest.raises(ParamError, match="job has 2 ranks"):
+        check({"config": str(good), "seq_len": SEQ}, 2)
+    d = json.loads(good.read_text())
+    d["data_parallel_size_of_each_op"][0][3] = 1
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ParamError, match=r"size_of_each_op\[0\]\[3\] \(enc-attention-score\) = 2 x 1, not the stage's 4"):
+        load_config(tmp_path / "bad.json", SEQ)
+    del d["recompute_ops"]
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ParamError, match="'recompute_ops' is missing"):
+        load_config(tmp_path / "bad.json", SEQ)
+    with pytest.raises(ParamError, match="cannot be read as JSON"):
+        load_config(tmp_path / "missing.json", SEQ)
+    odd = _config(tmp_path / "odd.json", gpt, [n], [1] * n, [4] * n, [0] * n, [0] * n, mbs=2)
+    with pytest.raises(ParamError, match="does not split over dp 4"):
+        load_config(odd, SEQ)
+
+
+def _losses(results: Path, experiment: str) -> list[float]:
+    rows = load_results(results)
+    rows = rows[(rows["experiment"] == experiment) & (rows["metric"] == "loss")]
+    return [float(v) for v in rows.sort_values("iteration")["value"]]
+
+
+@pytest.mark.distributed
+def test_partitioned_training_matches_one_process(write_suite, tmp_path: Path) -> None:
+    """GPT: 2 stages of 2 ranks; stage 0 runs its first layer at tp 2 and its second at tp 1 x dp 2,
+    with one row-parallel qkv; stage 1 mixes both algorithms at tp 2 and recomputes 18 ops. T5: an
+    encoder stage at tp 2, a decoder stage at dp 2 with recompute. Wide-ResNet: two stages at tp 2,
+    algo 1 convolutions in the first, recompute; no DP (batch norm normalises each DP slice alone)."""
+    gpt, t5, wrn = model("gpt", "tiny"), model("t5", "tiny"), model("resnet", "tiny")
+    n = 55
+    s0, s1 = 27, 28
+    algo = [0] * n
+    algo[5] = 1
+    algo[s0:] = [1 if i % 3 == 0 else 0 for i in range(s1)]
+    configs = {
+        "gpt-serial": _config(tmp_path / "gpt1.json", gpt, [n], [1] * n, [1] * n, [0] * n, [0] * n),
+        "gpt-parallel": _config(tmp_path / "gpt4.json", gpt, [s0, s1], [2] * 14 + [1] * 13 + [2] * s1,
+                                [1] * 14 + [2] * 13 + [1] * s1, algo,
+                                [0] * s0 + [1 if 2 <= i < 20 else 0 for i in range(s1)]),
+        "t5-serial": _config(tmp_path / "t51.json", t5, [73], [1] * 73, [1] * 73, [0] * 73, [0] * 73),
+        "t5-parallel": _config(tmp_path / "t54.json", t5, [29, 44], [2] * 29 + [1] * 44, [1] * 29 + [2] * 44,
+                               [0] * 73, [0] * 29 + [1] * 30 + [0] * 14),
+        "wrn-serial": _config(tmp_path / "w1.json", wrn, [38], [1] * 38, [1] * 38, [0] * 38, [0] * 38),
+        "wrn-parallel": _config(tmp_path / "w4.json", wrn, [20, 18], [2] * 20 + [2] * 18, [1] * 38,
+                                [1] * 20 + [0] * 18, [0] * 4 + [1] * 10 + [0] * 24),
+    }
+    experiments = "\n".join(
+        f'[[experiment]]\nname = "{name}"\nfamily = "aceso"\n'
+        f'launch = {{ procs_per_node = {1 if name.endswith("serial") else 4} }}\n'
+        f'params = {{ kind = "train", config = "{path}", dropout = 0.0, train_iters = 3, warmup_iters = 1, '
+        f'seq_len = {SEQ}, log_path = "{tmp_path / "logs"}" }}\n'
+        for name, path in configs.items())
+    launch = '[launch]\nbackend = "gloo"\ndevice = "cpu"\ntime_limit = "00:10:00"\n'
+    suite = write_suite(launch + experiments)
+    results = tmp_path / "results"
+    run = reproflow("run", str(suite), "--results", str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("gpt", "t5", "wrn"):
+        serial, parallel = _losses(results, f"{name}-serial"), _losses(results, f"{name}-parallel")
+        assert len(serial) == len(parallel) == 4
+        assert serial[-1] < serial[0], (name, serial)  # it learns the fixed batch
+        assert parallel == pytest.approx(serial, rel=1e-4), name
+    header, row = list(csv.reader((tmp_path / "logs" / "csv" / "gpt4_stage1_rank3.csv").open()))
+    assert header[:2] == ["global_batch_size", "time"] and header[-4:] == ["allocated", "max_allocated", "reserved",
+                                                                            "max_reserved"]
+    values = dict(zip(header, row, strict=True))
+    assert float(values["time"]) > 0 and float(values["gpt-post-process#54"]) > 0
+    assert sorted(p.name for p in (tmp_path / "logs" / "csv").glob("gpt4_*")) == [
+        "gpt4_stage0_rank0.csv", "gpt4_stage0_rank1.csv", "gpt4_stage1_rank2.csv", "gpt4_stage1_rank3.csv"]
