@@ -81,11 +81,12 @@ def test_bad_configs_name_the_field(tmp_path: Path) -> None:
     n = 55
     good = _config(tmp_path / "good.json", gpt, [n], [2] * n, [2] * n, [0] * n, [0] * n)
     with pytest.raises(ParamError, match="job has 2 ranks"):
-        check({"config": str(good), "seq_len": SEQ}, 2)
+        check({"config": str(good), "seq_len": SEQ, "plan": "aceso"}, 2)
     d = json.loads(good.read_text())
     d["data_parallel_size_of_each_op"][0][3] = 1
     (tmp_path / "bad.json").write_text(json.dumps(d))
-    with pytest.raises(ParamError, match=r"size_of_each_op\[0\]\[3\] \(enc-attention-score\) = 2 x 1, not the stage's 4"):
+    message = r"size_of_each_op\[0\]\[3\] \(enc-attention-score\) = 2 x 1, not the stage's 4"
+    with pytest.raises(ParamError, match=message):
         load_config(tmp_path / "bad.json", SEQ)
     del d["recompute_ops"]
     (tmp_path / "bad.json").write_text(json.dumps(d))
@@ -144,10 +145,63 @@ def test_partitioned_training_matches_one_process(write_suite, tmp_path: Path) -
         assert len(serial) == len(parallel) == 4
         assert serial[-1] < serial[0], (name, serial)  # it learns the fixed batch
         assert parallel == pytest.approx(serial, rel=1e-4), name
-    header, row = list(csv.reader((tmp_path / "logs" / "csv" / "gpt4_stage1_rank3.csv").open()))
+    csvs = tmp_path / "logs" / "aceso" / "runtime" / "gpt" / "tiny" / "csv"
+    header, row = list(csv.reader((csvs / "gpt4_stage1_rank3.csv").open()))
     assert header[:2] == ["global_batch_size", "time"] and header[-4:] == ["allocated", "max_allocated", "reserved",
                                                                             "max_reserved"]
     values = dict(zip(header, row, strict=True))
     assert float(values["time"]) > 0 and float(values["gpt-post-process#54"]) > 0
-    assert sorted(p.name for p in (tmp_path / "logs" / "csv").glob("gpt4_*")) == [
+    assert sorted(p.name for p in csvs.glob("gpt4_*")) == [
         "gpt4_stage0_rank0.csv", "gpt4_stage0_rank1.csv", "gpt4_stage1_rank2.csv", "gpt4_stage1_rank3.csv"]
+
+
+PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso" / "reference-results"
+
+
+@pytest.mark.distributed
+def test_small_setting_from_one_command(tmp_path: Path) -> None:
+    """profile -> search -> train (Aceso's config and the Megatron-LM plan) -> the reference's tables."""
+    logs, results = tmp_path / "logs", tmp_path / "results"
+    extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
+    run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
+                    str(results), "--time-budget-total", "1", "--train-iters", "3", *extra, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "-------- [gpt] End-to-end Throughput (Samples/s) --------" in out
+    row = next(line for line in out.splitlines() if line.startswith("tiny") and "-" in line.split()[2])
+    megatron, aceso = float(row.split()[1]), float(row.split()[3])
+    assert megatron > 0 and aceso > 0
+    assert "Aceso / Megatron-LM = " in out and "Alpa: not run" in out
+    assert "-------- [gpt] Search Cost (s) --------" in out
+    assert "-------- [gpt] Time Prediction (ms) --------" in out and "Memory Prediction (MB)" in out
+    tables = logs / "results"
+    e2e = (tables / "e2e_thpt_small_gpt.csv").read_text().splitlines()
+    assert e2e[0] == "size,tiny" and e2e[1] == f"megatron,{megatron:.2f}" and e2e[3] == f"aceso,{aceso:.2f}"
+    for name in ("e2e_norm_thpt_small_gpt.csv", "search_cost_small_gpt.csv", "perf_model_time_small_gpt.csv",
+                 "perf_model_mem_small_gpt.csv", "fig7_e2e_small.png", "fig8_search_cost_small.png",
+                 "fig9_perf_model_small.png"):
+        assert (tables / name).is_file(), name
+    for plan in ("aceso", "megatron"):
+        assert list((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan
+    # A second run reuses everything: profiles, search and training are not repeated.
+    again = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
+                      str(results), "--time-budget-total", "1", "--train-iters", "3", timeout=300)
+    assert again.returncode == 0 and "reused: this database" in again.stdout
+    assert "0 to run" in again.stdout and " 1 to run" not in again.stdout
+
+
+def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
+    """workflows/aceso-small-profile.toml (rendered to sbatch/) holds the experiments `reproflow aceso
+    reproduce small --sizes reference` generates per model."""
+    import tomllib
+    from conftest import ROOT
+
+    from reproflow.families.aceso.cli import SMALL, profile_suite
+
+    committed = tomllib.loads((ROOT / "workflows" / "aceso-small-profile.toml").read_text())["experiment"]
+    generated = []
+    for t in SMALL["reference"]:
+        for exp in tomllib.loads(profile_suite(t.model, t.size, list(t.mbs), [1, 2, 4], t.seq_len, 3, 10,
+                                               "0-64"))["experiment"]:
+            generated.append({**exp, "name": f"{t.model}-{exp['name']}"})
+    assert committed == generated

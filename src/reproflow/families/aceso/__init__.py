@@ -69,7 +69,8 @@ FAMILY = Family(
         Param("seed", "int", 1234, "train: seed of the weights and the synthetic batch", minimum=0),
         Param("dtype", "str", "auto", "train: float32 or bfloat16 (auto: float32 on CPU, bfloat16 on GPUs)",
               choices=("auto", "float32", "bfloat16")),
-        Param("log_path", "str", "aceso-logs", "train: folder of the reference's per-stage CSVs (csv/)"),
+        Param("log_path", "str", "aceso-logs", "train: root of the reference's per-stage CSVs "
+              "({plan}/runtime/{model}/{size}/csv/)"),
     ),
     run=run,
     table=table,

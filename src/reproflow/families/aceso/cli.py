@@ -323,26 +323,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     reproflow's runtime: here on gloo ranks, or on Slurm (--submit, after --after jobs). Writes the
     reference's per-rank CSVs under --log-path/{aceso,megatron}/runtime/<model>/<size>/csv/ and
     result rows under --results."""
-    runs: list[tuple[str, str, Path, str, int]] = []  # experiment, plan, config, model/size, GPUs
+    runs: list[tuple[str, str, Path, int]] = []  # experiment, plan, config, GPUs
     for config in args.config:
-        if config.is_dir():
-            if not (args.model_name and args.model_size and args.num_gpus_per_node):
-                raise ReproflowError(f"--config {config} is a search folder: give --model-name, --model-size and "
-                                     "--num-gpus-per-node (its configs may not exist yet).")
+        if config.suffix != ".json":
+            if not args.num_gpus_per_node:
+                raise ReproflowError(f"--config {config} is a search folder: give --num-gpus-per-node (and "
+                                     "--num-nodes); its configs may not exist yet.")
             gpus = args.num_nodes * args.num_gpus_per_node
-            runs += [(plan, plan, config, f"{args.model_name}/{args.model_size}", gpus) for plan in args.plan]
+            runs += [(f"{plan}-{config.parent.name}-{config.name}", plan, config, gpus) for plan in args.plan]
             continue
         d = _config_fields(config)
         plan = "megatron" if "megatron" in config.name else args.plan[0]
-        runs.append((config.stem.replace("_", "-"), plan, config, f"{d.get('model_name')}/{d.get('model_size')}",
-                     int(sum(d.get("num_gpus", [0])))))
+        runs.append((config.stem.replace("_", "-"), plan, config, int(sum(d.get("num_gpus", [0])))))
     ids: list[str] = []
-    for exp, plan, config, where, gpus in runs:
+    for exp, plan, config, gpus in runs:
         if gpus % args.num_nodes:
             raise ReproflowError(f"{config}: {gpus} GPUs do not spread over --num-nodes {args.num_nodes}.")
         params = {"train_iters": args.train_iters, "seq_len": args.seq_len, "dropout": args.dropout,
-                  "log_path": str((args.log_path / plan / "runtime" / where).resolve())}
-        name = f"aceso-train-{where.replace('/', '-')}-{exp}"
+                  "log_path": str(args.log_path.resolve())}
+        name = f"aceso-train-{exp}"
         text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
         ids += _run_suite_text(text, name, args)
     args.submitted = ",".join(ids)
@@ -435,9 +434,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             from_results=args.results if args.submit else None,
             after=[prof.submitted] if prof.submitted else [])
         cmd_search(search_args)
-        train = argparse.Namespace(**shared, config=[where], plan=["aceso", "megatron"], model_name=t.model,
-                                   model_size=t.size, num_nodes=nodes, num_gpus_per_node=gpn,
-                                   train_iters=args.train_iters, seq_len=t.seq_len, dropout=0.1, log_path=root,
+        train = argparse.Namespace(**shared, config=[where], plan=["aceso", "megatron"], num_nodes=nodes,
+                                   num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
+                                   dropout=0.1, log_path=root,
                                    after=[getattr(search_args, "submitted", "")] if args.submit else [])
         cmd_train(train)
     if args.submit or args.dry_run:
@@ -524,8 +523,6 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="config JSONs, or a search's --config-save-path (its best config / Megatron-LM plan)")
     p.add_argument("--plan", nargs="+", choices=("aceso", "megatron"), default=["aceso"],
                    help="for a search folder: which configs to train; for a file: its runtime column")
-    p.add_argument("--model-name", default="", help="for a search folder: the model (its log folder)")
-    p.add_argument("--model-size", default="", help="for a search folder: the size")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--num-gpus-per-node", type=int, default=0, help="ranks per node (default: the config's GPUs)")
     p.add_argument("--train-iters", type=int, default=5, help="iterations (then one more with op timers)")

@@ -16,7 +16,8 @@ strided by `tp`. An op with DP size `dp` runs micro_bs / dp samples of the stage
 * Schedule: non-interleaved 1F1B (warm-up = stages - stage - 1 micro-batches), sends asynchronous.
 * Gradients: all-reduced per (tp, dp) bucket over each op's DP group; then Adam.
 
-Every rank writes the reference's per-stage CSV (`{log_path}/csv/{name}_stage{s}_rank{r}.csv`):
+Every rank writes the reference's per-stage CSV,
+`{log_path}/{plan}/runtime/{model}/{size}/csv/{config}_stage{s}_rank{r}.csv`:
 global batch, iteration time (ms), stage timers (ms), per-op forward timers (us per micro-batch,
 from one extra instrumented iteration), memory (MB). On GPUs memory is the CUDA allocator's; on CPU,
 which has no caching allocator to ask, it is accounted: weights, gradients and optimizer state plus
@@ -89,9 +90,9 @@ def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Seq
 
 
 def resolve_config(path: Path, plan: str) -> Path:
-    """`path` itself, or for a search folder (--config-save-path) the config its newest search ranked
-    first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron)."""
-    if not path.is_dir():
+    """`path` itself (a .json file), or for a search folder (--config-save-path) the config its newest
+    search ranked first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron)."""
+    if path.suffix == ".json":
         return path
     manifests = sorted(path.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
     if not manifests:
@@ -581,7 +582,7 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
     only checked when the job runs (a chained job is submitted before its search has run)."""
     if not params["config"]:
         raise ParamError("'config' is empty.", "the path of a config JSON (reproflow aceso search or megatron)")
-    if Path(params["config"]).is_dir() and not at_run_time:
+    if Path(params["config"]).suffix != ".json" and not at_run_time:
         return
     _, stages = load_config(resolve_config(Path(params["config"]), params["plan"]), params["seq_len"])
     gpus = sum(s.size for s in stages)
@@ -650,7 +651,8 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
            **{k: round(v, 2) for k, v in timers.items()},
            **{f"{p.op.name}#{p.index}": round(op_us.get(p.index, 0.0) / stage.num_micro, 2) for p in stage.plan.ops},
            **{k: round(v, 2) for k, v in memory.items()}}
-    _write_csv(Path(params["log_path"]), path.stem, s, ctx.rank, row)
+    logs = Path(params["log_path"]) / params["plan"] / "runtime" / config.model.name / config.model.size
+    _write_csv(logs, path.stem, s, ctx.rank, row)
     every = ctx.gather_objects({"stage": s, "time": my_ms, **memory})
     iteration_ms = max(float(r["time"]) for r in every)  # type: ignore[index]
     world = ctx.world_size
