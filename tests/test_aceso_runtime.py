@@ -205,3 +205,26 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
                                                "0-64"))["experiment"]:
             generated.append({**exp, "name": f"{t.model}-{exp['name']}"})
     assert committed == generated
+
+
+@pytest.mark.distributed
+def test_megatron_core_layers_train_the_same_numbers(write_suite, tmp_path: Path) -> None:
+    """tp_impl = megatron-core: the linear ops run on megatron-core's ColumnParallelLinear /
+    RowParallelLinear (any TP size and algorithm of the config) and give the same losses."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (make installs it)")
+    gpt = model("gpt", "tiny")
+    n, s0, s1 = 55, 27, 28
+    algo = [0] * s0 + [1 if i % 3 == 0 else 0 for i in range(s1)]
+    serial = _config(tmp_path / "serial.json", gpt, [n], [1] * n, [1] * n, [0] * n, [0] * n)
+    parallel = _config(tmp_path / "parallel.json", gpt, [s0, s1], [2] * 14 + [1] * 13 + [2] * s1,
+                       [1] * 14 + [2] * 13 + [1] * s1, algo, [0] * s0 + [1] * s1)
+    runs = [("serial", serial, 1, "reproflow"), ("mcore", parallel, 4, "megatron-core")]
+    launch = '[launch]\nbackend = "gloo"\ndevice = "cpu"\ntime_limit = "00:10:00"\n'
+    suite = write_suite(launch + "\n".join(
+        f'[[experiment]]\nname = "{name}"\nfamily = "aceso"\nlaunch = {{ procs_per_node = {procs} }}\n'
+        f'params = {{ kind = "train", config = "{path}", tp_impl = "{impl}", dropout = 0.0, train_iters = 2, '
+        f'warmup_iters = 1, seq_len = {SEQ}, log_path = "{tmp_path / "logs"}" }}\n' for name, path, procs, impl in runs))
+    results = tmp_path / "results"
+    run = reproflow("run", str(suite), "--results", str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _losses(results, "mcore") == pytest.approx(_losses(results, "serial"), rel=1e-4)

@@ -319,3 +319,26 @@ def test_aceso_profile_then_search_as_dependent_jobs(tmp_path, write_suite):
     assert json.loads(manifest.read_text())["configs"]
     again = reproflow(*search_args)
     assert again.returncode == 0 and "reused: this database" in again.stdout
+
+
+def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
+    """`reproflow aceso reproduce small --submit`: profile, search and train (Aceso's config and the
+    Megatron-LM plan) as Slurm jobs chained with afterok; the training spans both nodes."""
+    logs, results = tmp_path / "logs", tmp_path / "results"
+    run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--num-nodes", "2", "--num-gpus-per-node", "1",
+                    "--time-budget-total", "1", "--train-iters", "2", "--log-path", str(logs), "--results",
+                    str(results), "--submit")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
+    assert len(lines) == 4, run.stdout  # profile, search, train aceso, train megatron
+    profile, search, *train = [line.split(":", 1)[1].strip() for line in lines]
+    states = {job: wait(job, timeout=600)[job] for job in (profile, search, *train)}
+    assert all(s["state"] == "COMPLETED" for s in states.values()), (states, run.stdout)
+    assert states[search]["start"] >= states[profile]["end"]
+    assert all(states[job]["start"] >= states[search]["end"] for job in train)
+    assert all(states[job]["nodes"] == "node[1-2]" for job in train)
+    for plan in ("aceso", "megatron"):
+        csvs = sorted((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*.csv"))
+        assert csvs, plan
+    tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
+    assert tables.returncode == 0 and "-------- [gpt] End-to-end Throughput (Samples/s) --------" in tables.stdout

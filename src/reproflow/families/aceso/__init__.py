@@ -67,6 +67,8 @@ FAMILY = Family(
         Param("dropout", "float", 0.1, "train: dropout probability (0 to compare partitions exactly)",
               minimum=0.0),
         Param("seed", "int", 1234, "train: seed of the weights and the synthetic batch", minimum=0),
+        Param("tp_impl", "str", "reproflow", "train: tensor-parallel linear layers: reproflow's, or megatron-core's "
+              "ColumnParallelLinear / RowParallelLinear", choices=("reproflow", "megatron-core")),
         Param("dtype", "str", "auto", "train: float32 or bfloat16 (auto: float32 on CPU, bfloat16 on GPUs)",
               choices=("auto", "float32", "bfloat16")),
         Param("log_path", "str", "aceso-logs", "train: root of the reference's per-stage CSVs "

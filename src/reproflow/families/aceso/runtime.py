@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
-from reproflow.families.aceso import resnet_ops, transformer_ops
+from reproflow.families.aceso import mcore, resnet_ops, transformer_ops
 from reproflow.families.aceso.costmodel import Config
 from reproflow.families.aceso.models import RESNET, is_layer_start, model
 from reproflow.families.aceso.plans import read_json
@@ -184,9 +184,11 @@ def check_shapes(stages: list[StagePlan]) -> None:
 class Groups:
     """Every process group the config needs, created on all ranks in one order (a collective)."""
 
-    def __init__(self, stages: list[StagePlan], rank: int) -> None:
+    def __init__(self, stages: list[StagePlan], rank: int, singletons: bool = False) -> None:
         self.rank = rank
         needed: set[tuple[int, ...]] = set()
+        if singletons:  # megatron-core's layers want a process group even at TP size 1
+            needed.update((r,) for st in stages for r in range(st.first, st.first + st.size))
         for st in stages:
             tps = sorted({p.tp for p in st.ops})
             for tp in tps:
@@ -198,7 +200,7 @@ class Groups:
                         needed.update(self._between(st, small, big, i) for i in range(st.size))
         self.pgs: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in sorted(needed, key=lambda r: (len(r), r)):
-            if len(ranks) > 1:
+            if len(ranks) > 1 or singletons:
                 pg = dist.new_group(list(ranks))
                 if rank in ranks:
                     self.pgs[ranks] = pg
@@ -302,9 +304,17 @@ class Stage:
         self.num_micro = config.global_bs // config.micro_bs
         self.weights: dict[int, dict[str, torch.nn.Parameter]] = {}
         self.buckets: dict[tuple[int, int], list[torch.nn.Parameter]] = {}
+        self.ops = {p.index: p.op for p in self.plan.ops}  # megatron-core replaces the linear ones
         for p in self.plan.ops:
             tp = groups.tp(self.plan, p.tp)
-            ws = {k: w.make(tp, weight_seed(self.seed, p.index, k), ctx.device, dtype) for k, w in p.op.weights.items()}
+            on_mcore = None
+            if params["tp_impl"] == "megatron-core":
+                on_mcore = mcore.linear(p.op, tp, weight_seed(self.seed, p.index, "weight"), ctx.device, dtype)
+            if on_mcore is not None:
+                self.ops[p.index], ws = on_mcore
+            else:
+                ws = {k: w.make(tp, weight_seed(self.seed, p.index, k), ctx.device, dtype)
+                      for k, w in p.op.weights.items()}
             self.weights[p.index] = ws
             self.buckets.setdefault((p.tp, p.dp), []).extend(ws.values())
         self.param_ptrs = {w.untyped_storage().data_ptr() for ws in self.weights.values() for w in ws.values()}
@@ -376,7 +386,7 @@ class Stage:
                            for x, a, b in zip(xs, q.op.outs, p.op.ins, strict=True))
             timed = self.op_us is not None and self.forwarding
             begin = time.perf_counter()
-            xs = p.op.forward(self.env(p, micro), self.weights[p.index], *xs)
+            xs = self.ops[p.index].forward(self.env(p, micro), self.weights[p.index], *xs)
             if timed:
                 assert self.op_us is not None
                 self.ctx.sync()
@@ -590,6 +600,8 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
         raise ParamError(f"the config uses {gpus} GPUs (sum of num_gpus) but the job has {world_size} ranks.",
                          f"launch {gpus} ranks, e.g. procs_per_node = {gpus}")
     check_shapes(stages)
+    if params["tp_impl"] == "megatron-core":
+        mcore.available()
 
 
 def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
@@ -598,7 +610,7 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     config, stages = load_config(path, params["seq_len"])
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         params["dtype"] if params["dtype"] != "auto" else ("bfloat16" if ctx.device.type == "cuda" else "float32")]
-    groups = Groups(stages, ctx.rank)
+    groups = Groups(stages, ctx.rank, singletons=params["tp_impl"] == "megatron-core")
     stage = Stage(ctx, config, stages, groups, params, dtype)
     optimizer = torch.optim.Adam([w for ws in stage.weights.values() for w in ws.values()], lr=params["lr"])
     n_stages, s = len(stages), stage.index

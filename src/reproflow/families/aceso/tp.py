@@ -72,13 +72,15 @@ class Weight:
             shape[self.split] //= tp
         return tuple(shape)
 
+    def full(self, seed: int) -> torch.Tensor:
+        """The whole tensor drawn from `seed`, on the CPU in float32."""
+        if self.init == "normal":
+            return torch.randn(self.shape, generator=torch.Generator().manual_seed(seed)) * 0.02
+        return torch.ones(self.shape) if self.init == "ones" else torch.zeros(self.shape)
+
     def make(self, tp: Group, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
         """This rank's slice of the full tensor drawn from `seed` (the same for every partition)."""
-        if self.init == "normal":
-            gen = torch.Generator().manual_seed(seed)
-            full = torch.randn(self.shape, generator=gen) * 0.02
-        else:
-            full = torch.ones(self.shape) if self.init == "ones" else torch.zeros(self.shape)
+        full = self.full(seed)
         if self.split is not None:
             full = full.chunk(tp.size, dim=self.split)[tp.rank]
         return torch.nn.Parameter(full.to(device=device, dtype=dtype).contiguous())
