@@ -223,7 +223,8 @@ def test_megatron_core_layers_train_the_same_numbers(write_suite, tmp_path: Path
     suite = write_suite(launch + "\n".join(
         f'[[experiment]]\nname = "{name}"\nfamily = "aceso"\nlaunch = {{ procs_per_node = {procs} }}\n'
         f'params = {{ kind = "train", config = "{path}", tp_impl = "{impl}", dropout = 0.0, train_iters = 2, '
-        f'warmup_iters = 1, seq_len = {SEQ}, log_path = "{tmp_path / "logs"}" }}\n' for name, path, procs, impl in runs))
+        f'warmup_iters = 1, seq_len = {SEQ}, log_path = "{tmp_path / "logs"}" }}\n'
+        for name, path, procs, impl in runs))
     results = tmp_path / "results"
     run = reproflow("run", str(suite), "--results", str(results))
     assert run.returncode == 0, run.stderr[-3000:]
