@@ -9,7 +9,7 @@ SUITES ?= param-demo resharding
 .PHONY: help venv demo test lint figures sbatch bench containers clean
 
 help:
-	@echo "make demo     set up .venv, run the suites $(SUITES) here, write tables and figures"
+	@echo "make demo     set up .venv, run the suites $(SUITES) and Aceso's small setting here, write tables and figures"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
@@ -26,6 +26,7 @@ venv: $(BIN)/.installed
 
 demo: venv
 	for suite in $(SUITES); do $(BIN)/reproflow run $$suite --results $(RESULTS) || exit 1; done
+	$(BIN)/reproflow aceso reproduce small --log-path $(RESULTS)/aceso-logs --results $(RESULTS) --out $(REPORTS)/aceso
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
 	@echo
 	@echo "results (CSV, one file per point): $(RESULTS)/<suite>/<experiment>/"
@@ -33,6 +34,8 @@ demo: venv
 	@echo "                                   $(REPORTS)/resharding_1_to_m.md, $(REPORTS)/resharding_n_to_m_speedup.md"
 	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png,"
 	@echo "                                   $(REPORTS)/resharding_1_to_m.png, $(REPORTS)/resharding_n_to_m.png"
+	@echo "Aceso (profile -> search -> train): $(REPORTS)/aceso/e2e_thpt_small_<model>.csv, fig7_e2e_small.png,"
+	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: $(RESULTS)/aceso-logs/"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -94,6 +94,10 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         for r in rows:
             cell = {k: (f"{r[k]:.2f}" if r[k] else "-") for k in ("megatron", "alpa", "aceso")}
             lines.append(f"{r['size']:<10}{cell['megatron']:>13}{cell['alpa']:>8}{cell['aceso']:>10}")
+        for size in sizes:
+            on_mcore = best_run(root, "megatron-mcore", model, size)
+            if on_mcore is not None:
+                lines.append(f"  {size}: the Megatron-LM plan on megatron-core's layers: {on_mcore[1]:.2f} samples/s")
         for r in rows:
             if r["megatron"] and r["aceso"]:
                 ratio = r["aceso"] / r["megatron"]
@@ -229,7 +233,10 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             actual_ms = max(float(r["time"]) for r in ranks)
             heaviest = max(ranks, key=lambda r: float(r["max_reserved"]))
             stage = info[int(heaviest["stage"])]
+            slowest = max(ranks, key=lambda r: float(r["time"]))
+            unmodelled = float(slowest.get("grads-all-reduce", 0)) + float(slowest.get("optimizer", 0))
             rows.append({"size": size, "time_actual": actual_ms, "time_predict": max(float(r["time"]) for r in info),
+                         "time_unmodelled": unmodelled,
                          "mem_actual": float(heaviest["max_reserved"]), "mem_total": float(stage["memory(total)"]),
                          "mem_normal": float(stage["memory(normal)"]), "mem_extra": float(stage["memory(reserved)"])})
         if not rows:
@@ -239,12 +246,17 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
         for r in rows:
             err = abs(r["time_predict"] - r["time_actual"]) / r["time_actual"] * 100
             lines.append(f"{r['size']:<10}{r['time_actual']:>10.2f}{r['time_predict']:>10.2f}{err:>7.1f}%")
+            rest = r["time_actual"] - r["time_unmodelled"]
+            lines.append(f"  {r['size']}: without the gradient all-reduce and optimizer step "
+                         f"({r['time_unmodelled']:.2f} ms, not in the model, as the reference's): {rest:.2f} ms, error "
+                         f"{abs(r['time_predict'] - rest) / rest * 100:.1f}%")
         lines.append(f"-------- [{model}] Memory Prediction (MB) --------")
-        lines.append(f"{'Size':<10}{'Actual':>10}{'Predict (normal + extra)':>34}{'Error':>8}")
+        lines.append(f"{'Size':<10}{'Actual':>10}{'Predict (normal + extra)':>34}{'Error':>8}{'vs normal':>10}")
         for r in rows:
             err = abs(r["mem_total"] - r["mem_actual"]) / r["mem_actual"] * 100
+            normal = abs(r["mem_normal"] - r["mem_actual"]) / r["mem_actual"] * 100
             lines.append(f"{r['size']:<10}{r['mem_actual']:>10.0f}{r['mem_total']:>12.2f} ({r['mem_normal']:.2f} + "
-                         f"{r['mem_extra']:.2f}){err:>7.1f}%")
+                         f"{r['mem_extra']:.2f}){err:>7.1f}%{normal:>9.1f}%")
         table = pd.DataFrame(rows).set_index("size")
         out.mkdir(parents=True, exist_ok=True)
         _write_wide(table[["time_actual", "time_predict"]].T.rename(index=lambda s: s.split("_")[1]),

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reproflow.errors import ReproflowError
+from reproflow.errors import ParamError, ReproflowError
+from reproflow.families.aceso import mcore
 from reproflow.families.aceso.costmodel import Config, CostModel
 from reproflow.families.aceso.database import read_database
 from reproflow.families.aceso.models import Model, model
@@ -339,11 +340,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     for exp, plan, config, gpus in runs:
         if gpus % args.num_nodes:
             raise ReproflowError(f"{config}: {gpus} GPUs do not spread over --num-nodes {args.num_nodes}.")
-        params = {"train_iters": args.train_iters, "seq_len": args.seq_len, "dropout": args.dropout,
-                  "log_path": str(args.log_path.resolve())}
-        name = f"aceso-train-{exp}"
-        text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
-        ids += _run_suite_text(text, name, args)
+        for impl in args.tp_impl:
+            params = {"train_iters": args.train_iters, "seq_len": args.seq_len, "dropout": args.dropout,
+                      "log_path": str(args.log_path.resolve()), "tp_impl": impl}
+            name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
+            text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
+            ids += _run_suite_text(text, name, args)
     args.submitted = ",".join(ids)
     return 0
 
@@ -399,8 +401,9 @@ SMALL = {
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """The reference's small setting end to end, one command: for each model, profile its ops,
-    search configs, train the best config and the Megatron-LM uniform plan with the same runtime,
-    then print the end-to-end, search-cost and performance-model tables. With --submit the three
+    search configs, train the best config and the Megatron-LM uniform plan with the same runtime
+    (the plan also on megatron-core's tensor-parallel layers where megatron-core is installed), then
+    print the end-to-end, search-cost and performance-model tables. With --submit the three
     steps of each model are Slurm jobs chained with afterok dependencies; run the result scripts
     (`reproflow aceso e2e small` ...) when they have finished."""
     root: Path = args.log_path
@@ -410,6 +413,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     tps = [t for t in (1, 2, 4, 8) if t <= gpn]
     shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
               "mounts": args.mounts, "force": False}
+    mcore_impl = [] if args.no_megatron_core else ["megatron-core"]
+    if mcore_impl:
+        try:
+            mcore.available()
+        except ParamError as exc:
+            print(f"the Megatron-LM plan runs on reproflow's layers only: {exc}")
+            mcore_impl = []
     for t in targets:
         where = root / "aceso" / "search" / t.model / t.size
         print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
@@ -434,16 +444,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             from_results=args.results if args.submit else None,
             after=[prof.submitted] if prof.submitted else [])
         cmd_search(search_args)
-        train = argparse.Namespace(**shared, config=[where], plan=["aceso", "megatron"], num_nodes=nodes,
-                                   num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
-                                   dropout=0.1, log_path=root,
-                                   after=[getattr(search_args, "submitted", "")] if args.submit else [])
-        cmd_train(train)
+        after = [getattr(search_args, "submitted", "")] if args.submit else []
+        for plan, impls in (("aceso", ["reproflow"]), ("megatron", ["reproflow", *mcore_impl])):
+            cmd_train(argparse.Namespace(**shared, config=[where], plan=[plan], num_nodes=nodes,
+                                         num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
+                                         dropout=0.1, log_path=root, tp_impl=impls, after=after))
     if args.submit or args.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return 0
     for name in ("e2e", "search-cost", "perf-model-acc"):
-        cmd_results(argparse.Namespace(script=name, setting="small", log_path=root, out=root / "results",
+        cmd_results(argparse.Namespace(script=name, setting="small", log_path=root, out=args.out or root / "results",
                                        published=args.published))
     return 0
 
@@ -529,6 +539,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--seq-len", type=int, default=0, help="sequence length or image side the database used")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
+    p.add_argument("--tp-impl", nargs="+", choices=("reproflow", "megatron-core"), default=["reproflow"],
+                   help="tensor-parallel linear layers: reproflow's and/or megatron-core's (one run each)")
     _run_options(p)
     p.set_defaults(func=cmd_train)
     p = tools.add_parser("reproduce", help="profile -> search -> train -> tables, one command (small setting)",
@@ -545,6 +557,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--train-iters", type=int, default=5)
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of profiles, configs, CSVs")
     p.add_argument("--published", type=Path, default=None, help="the artifact's results/ref/ CSVs, drawn beside")
+    p.add_argument("--out", type=Path, default=None, help="tables and figures (default: <log-path>/results)")
+    p.add_argument("--no-megatron-core", action="store_true",
+                   help="train the Megatron-LM plan on reproflow's layers only (default: also on megatron-core's)")
     _run_options(p)
     p.set_defaults(func=cmd_reproduce)
     for name, what in (("e2e", "end-to-end throughput (figure 7)"), ("search-cost", "search cost (figure 8)"),

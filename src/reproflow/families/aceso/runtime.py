@@ -17,7 +17,8 @@ strided by `tp`. An op with DP size `dp` runs micro_bs / dp samples of the stage
 * Gradients: all-reduced per (tp, dp) bucket over each op's DP group; then Adam.
 
 Every rank writes the reference's per-stage CSV,
-`{log_path}/{plan}/runtime/{model}/{size}/csv/{config}_stage{s}_rank{r}.csv`:
+`{log_path}/{plan}/runtime/{model}/{size}/csv/{config}_stage{s}_rank{r}.csv` (plan `megatron-mcore`
+for a run on megatron-core's layers):
 global batch, iteration time (ms), stage timers (ms), per-op forward timers (us per micro-batch,
 from one extra instrumented iteration), memory (MB). On GPUs memory is the CUDA allocator's; on CPU,
 which has no caching allocator to ask, it is accounted: weights, gradients and optimizer state plus
@@ -663,7 +664,8 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
            **{k: round(v, 2) for k, v in timers.items()},
            **{f"{p.op.name}#{p.index}": round(op_us.get(p.index, 0.0) / stage.num_micro, 2) for p in stage.plan.ops},
            **{k: round(v, 2) for k, v in memory.items()}}
-    logs = Path(params["log_path"]) / params["plan"] / "runtime" / config.model.name / config.model.size
+    column = params["plan"] + ("-mcore" if params["tp_impl"] == "megatron-core" else "")
+    logs = Path(params["log_path"]) / column / "runtime" / config.model.name / config.model.size
     _write_csv(logs, path.stem, s, ctx.rank, row)
     every = ctx.gather_objects({"stage": s, "time": my_ms, **memory})
     iteration_ms = max(float(r["time"]) for r in every)  # type: ignore[index]
