@@ -95,9 +95,11 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
             cell = {k: (f"{r[k]:.2f}" if r[k] else "-") for k in ("megatron", "alpa", "aceso")}
             lines.append(f"{r['size']:<10}{cell['megatron']:>13}{cell['alpa']:>8}{cell['aceso']:>10}")
         for size in sizes:
-            on_mcore = best_run(root, "megatron-mcore", model, size)
-            if on_mcore is not None:
-                lines.append(f"  {size}: the Megatron-LM plan on megatron-core's layers: {on_mcore[1]:.2f} samples/s")
+            for column, what in (("megatron-mcore", "the Megatron-LM plan on megatron-core's layers"),
+                                 ("megatron-lm", "Megatron-LM itself (pretrain_gpt.py) on the plan")):
+                other = best_run(root, column, model, size)
+                if other is not None:
+                    lines.append(f"  {size}: {what}: {other[1]:.2f} samples/s")
         for r in rows:
             if r["megatron"] and r["aceso"]:
                 ratio = r["aceso"] / r["megatron"]

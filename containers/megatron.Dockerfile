@@ -12,6 +12,10 @@ RUN DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 pip install --no-cache-dir --no-bu
         deepspeed==${DEEPSPEED_VERSION} \
  && pip install --no-cache-dir --no-deps megatron-core==${MEGATRON_CORE_VERSION}
 
+# Megatron-LM itself, for `reproflow aceso megatron-lm --run` (the Megatron-LM baseline on a plan).
+ARG MEGATRON_LM_REF=core_r0.7.0
+RUN git clone --depth 1 --branch ${MEGATRON_LM_REF} https://github.com/NVIDIA/Megatron-LM.git /opt/Megatron-LM
+
 COPY containers/requirements.txt /tmp/reproflow-requirements.txt
 RUN pip install --no-cache-dir -r /tmp/reproflow-requirements.txt
 COPY . /opt/reproflow

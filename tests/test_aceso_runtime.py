@@ -229,3 +229,32 @@ def test_megatron_core_layers_train_the_same_numbers(write_suite, tmp_path: Path
     run = reproflow("run", str(suite), "--results", str(results))
     assert run.returncode == 0, run.stderr[-3000:]
     assert _losses(results, "mcore") == pytest.approx(_losses(results, "serial"), rel=1e-4)
+
+
+def test_megatron_lm_reads_the_uniform_plan(tmp_path: Path) -> None:
+    """The plan's tp, pp, per-DP-rank micro-batch, batch, shape and recompute as Megatron-LM's options;
+    its log's iteration times are read back; a non-uniform config is refused."""
+    from reproflow.families.aceso.plans import megatron_lm_args, parse_megatron_log
+
+    gpt = model("gpt", "1_3B")
+    n = 1 + 24 * 13 + 2
+    ops = [f"op{i}" for i in range(n)]
+    plan = tmp_path / "gpt_1_3B_24layers_megatron_est_1.json"
+    write_json(config_from_counts(gpt, 512, 8, ops, [157, 158], [2] * n, [2] * n, [0] * n, [1] * n), plan)
+    d = json.loads(plan.read_text())
+    args = megatron_lm_args(d)
+    assert {"--tensor-model-parallel-size=2", "--pipeline-model-parallel-size=2", "--micro-batch-size=4",
+            "--global-batch-size=512", "--num-layers=24", "--hidden-size=2048", "--ffn-hidden-size=8192",
+            "--num-attention-heads=32", "--seq-length=2048", "--vocab-size=51200", "--mock-data",
+            "--recompute-granularity=full"} <= set(args)
+    d["model_parallel_size_of_each_op"][0][5] = 1
+    with pytest.raises(ValueError, match="not a uniform plan"):
+        megatron_lm_args(d)
+    log = (" [2026-11-23 02:30:00] iteration        3/       5 | consumed samples:         1536 | elapsed time per "
+           "iteration (ms): 7312.5 | throughput per GPU (TFLOP/s/GPU): 101.2 | learning rate: 1.0E-04 |\n")
+    assert parse_megatron_log(log * 2) == [7312.5, 7312.5]
+    shown = reproflow("aceso", "megatron-lm", "--config", str(plan), "--megatron-dir", str(tmp_path / "mlm"))
+    assert shown.returncode == 0 and shown.stdout.startswith("torchrun --nproc-per-node=8 ")  # 2 stages x tp 2 x dp 2
+    assert str(tmp_path / "mlm" / "pretrain_gpt.py") in shown.stdout
+    missing = reproflow("aceso", "megatron-lm", "--config", str(plan), "--megatron-dir", str(tmp_path / "mlm"), "--run")
+    assert missing.returncode != 0 and "pretrain_gpt.py" in missing.stderr and "Traceback" not in missing.stderr

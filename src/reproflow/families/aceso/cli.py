@@ -237,6 +237,48 @@ def _stage_info(r: Result, path: Path) -> None:
     atomic_write(path, "\n".join(lines) + "\n")
 
 
+def cmd_megatron_lm(args: argparse.Namespace) -> int:
+    """Megatron-LM itself on a uniform GPT plan (from `aceso megatron` or `aceso search`): print the
+    torchrun command of its pretrain_gpt.py with the plan's tp, pp, per-DP-rank micro-batch, global
+    batch, shape and recompute on mock data; with --run, run it (on a GPU node, in the megatron
+    container) and write the iteration time as the reference's CSV under
+    --log-path/megatron-lm/runtime/gpt/<size>/csv/."""
+    import shlex
+    import subprocess
+
+    from reproflow.families.aceso.plans import megatron_lm_args, parse_megatron_log
+
+    d = _config_fields(args.config)
+    try:
+        plan_args = megatron_lm_args(d, args.train_iters)
+    except (ValueError, KeyError) as exc:
+        raise ReproflowError(f"--config {args.config}: {exc}") from None
+    gpus = int(sum(d["num_gpus"]))
+    per_node = gpus // args.num_nodes
+    launch = ["torchrun", f"--nproc-per-node={per_node}"]
+    if args.num_nodes > 1:
+        launch += [f"--nnodes={args.num_nodes}", "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT"]
+    command = [*launch, str(args.megatron_dir / "pretrain_gpt.py"), *plan_args]
+    print(" ".join(shlex.quote(c) if "$" not in c else c for c in command))
+    if not args.run:
+        return 0
+    if not (args.megatron_dir / "pretrain_gpt.py").is_file():
+        raise ReproflowError(f"no {args.megatron_dir}/pretrain_gpt.py: give --megatron-dir of a Megatron-LM checkout "
+                             "(the megatron container has one at /opt/Megatron-LM); Megatron-LM needs CUDA GPUs.")
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(done.stdout[-4000:], done.stderr[-4000:], sep="\n")
+    times = parse_megatron_log(done.stdout + done.stderr)
+    if done.returncode or not times:
+        raise ReproflowError(f"Megatron-LM exited with {done.returncode} and logged {len(times)} iterations.")
+    timed = times[2:] or times
+    ms = sum(timed) / len(timed)
+    out = args.log_path / "megatron-lm" / "runtime" / "gpt" / str(d["model_size"]) / "csv"
+    gbs = d["global_batch_size"]
+    atomic_write(out / f"{args.config.stem}_stage0_rank0.csv", f"global_batch_size,time\n{gbs},{ms:.2f}\n")
+    print(f"Megatron-LM: {ms:.2f} ms per iteration, {float(gbs) / (ms / 1000):.2f} samples/s -> {out}")
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     """Per-stage time and memory of a config JSON (Aceso's or reproflow's)."""
     setup = _Setup(args)
@@ -573,6 +615,15 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
         p.add_argument("--published", type=Path, default=None,
                        help="the artifact's results/ref/ CSVs (published numbers drawn beside)")
         p.set_defaults(func=cmd_results, script=name)
+    p = tools.add_parser("megatron-lm", help="Megatron-LM's own pretrain_gpt.py on a uniform plan (GPU nodes)",
+                         formatter_class=formatter, description=cmd_megatron_lm.__doc__)
+    p.add_argument("--config", type=Path, required=True, help="a uniform GPT plan JSON")
+    p.add_argument("--megatron-dir", type=Path, default=Path("/opt/Megatron-LM"), help="Megatron-LM checkout")
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--train-iters", type=int, default=5)
+    p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
+    p.add_argument("--run", action="store_true", help="run it (default: print the command)")
+    p.set_defaults(func=cmd_megatron_lm)
     p = tools.add_parser("predict", help="per-stage time and memory of a config JSON",
                          formatter_class=formatter, description=cmd_predict.__doc__)
     _common(p)

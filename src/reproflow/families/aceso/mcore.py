@@ -10,6 +10,7 @@ release for Python 3.11; it runs on gloo without Transformer Engine or Apex.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -23,10 +24,13 @@ def available() -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import megatron.core.tensor_parallel  # noqa: F401
+            from megatron.core.tensor_parallel import ColumnParallelLinear
     except ImportError as exc:
         raise ParamError(f"'tp_impl' = 'megatron-core' but megatron-core is not installed ({exc}).",
                          "pip install 'megatron-core==0.16.1' (make installs it), or tp_impl = 'reproflow'") from None
+    if "tp_group" not in inspect.signature(ColumnParallelLinear.__init__).parameters:
+        raise ParamError("'tp_impl' = 'megatron-core' needs layers that take a tp_group (each op has its own TP "
+                         "group); this megatron-core's do not.", "megatron-core 0.16.1, or tp_impl = 'reproflow'")
 
 
 def linear(op: OpDef, tp: Group, seed: int, device: torch.device,

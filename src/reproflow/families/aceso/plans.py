@@ -8,11 +8,13 @@ micro-batch, and recomputation of every op or none (never the embedding and post
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
 from reproflow.families.aceso.models import (
+    GPT,
     GPT_LAYER,
     RESNET_BLOCK_OPS,
     T5_DECODER_LAYER_OPS,
@@ -136,3 +138,33 @@ def best_feasible(plans: list[Plan], memory_limit: float) -> Plan | None:
     """The fastest plan whose every stage fits `memory_limit` (ties: less memory)."""
     ok = [p for p in plans if p.prediction.max_memory < memory_limit]
     return min(ok, key=lambda p: (p.prediction.iteration_ms, p.prediction.max_memory), default=None)
+
+
+def megatron_lm_args(d: dict[str, object], train_iters: int = 5) -> list[str]:
+    """Megatron-LM's `pretrain_gpt.py` options for a uniform GPT plan in Aceso's JSON (`d`): the same
+    tp, pp, per-DP-rank micro-batch, global batch, shape and full recompute, on mock data."""
+    if d.get("model_name") != "gpt":
+        raise ValueError(f"model_name {d.get('model_name')!r}: only GPT plans map onto Megatron-LM's pretrain_gpt.py")
+    tps = {t for stage in d["model_parallel_size_of_each_op"] for t in stage}  # type: ignore[attr-defined]
+    dps = {x for stage in d["data_parallel_size_of_each_op"] for x in stage}  # type: ignore[attr-defined]
+    if len(tps) != 1 or len(dps) != 1:
+        raise ValueError("not a uniform plan: Megatron-LM needs one tp and one dp for every op")
+    (tp,), (dp,) = tps, dps
+    pp = int(d["num_stages"])  # type: ignore[call-overload]
+    mbs = int(d["micro_batch_size"]) // dp  # type: ignore[call-overload]
+    _, _, _, ffn, _, _, vocab = GPT[str(d["model_size"])] if d["model_size"] in GPT else GPT["scale-layer"]
+    args = [f"--tensor-model-parallel-size={tp}", f"--pipeline-model-parallel-size={pp}",
+            f"--num-layers={d['num_layers']}", f"--hidden-size={d['hidden_size']}",
+            f"--ffn-hidden-size={ffn}", f"--num-attention-heads={d['num_attention_heads']}",
+            f"--seq-length={d['seq_length']}", f"--max-position-embeddings={d['max_position_embeddings']}",
+            f"--micro-batch-size={mbs}", f"--global-batch-size={d['global_batch_size']}",
+            f"--train-iters={train_iters}", "--lr=1.0e-4", "--fp16", "--mock-data", "--tokenizer-type=NullTokenizer",
+            f"--vocab-size={vocab}", "--eval-iters=0", "--log-interval=1", "--log-throughput"]
+    if any(any(stage) for stage in d["recompute_ops"]):  # type: ignore[attr-defined]
+        args += ["--recompute-granularity=full", "--recompute-method=uniform", "--recompute-num-layers=1"]
+    return args
+
+
+def parse_megatron_log(text: str) -> list[float]:
+    """Every `elapsed time per iteration (ms): X` of a Megatron-LM log, in order."""
+    return [float(m) for m in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", text)]
