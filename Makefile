@@ -26,7 +26,7 @@ venv: $(BIN)/.installed
 
 demo: venv
 	for suite in $(SUITES); do $(BIN)/reproflow run $$suite --results $(RESULTS) || exit 1; done
-	$(BIN)/reproflow aceso reproduce small --log-path $(RESULTS)/aceso-logs --results $(RESULTS) --out $(REPORTS)/aceso
+	$(BIN)/reproflow aceso reproduce small --log-path aceso-logs --results $(RESULTS) --out $(REPORTS)/aceso
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
 	@echo
 	@echo "results (CSV, one file per point): $(RESULTS)/<suite>/<experiment>/"
@@ -35,7 +35,7 @@ demo: venv
 	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png,"
 	@echo "                                   $(REPORTS)/resharding_1_to_m.png, $(REPORTS)/resharding_n_to_m.png"
 	@echo "Aceso (profile -> search -> train): $(REPORTS)/aceso/e2e_thpt_small_<model>.csv, fig7_e2e_small.png,"
-	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: $(RESULTS)/aceso-logs/"
+	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: aceso-logs/"
 
 lint: venv
 	$(BIN)/ruff check .
@@ -59,4 +59,4 @@ containers:
 	bash containers/build.sh
 
 clean:
-	rm -rf $(RESULTS) $(REPORTS) benchmarks/results
+	rm -rf $(RESULTS) $(REPORTS) aceso-logs benchmarks/results

@@ -258,3 +258,16 @@ def test_megatron_lm_reads_the_uniform_plan(tmp_path: Path) -> None:
     assert str(tmp_path / "mlm" / "pretrain_gpt.py") in shown.stdout
     missing = reproflow("aceso", "megatron-lm", "--config", str(plan), "--megatron-dir", str(tmp_path / "mlm"), "--run")
     assert missing.returncode != 0 and "pretrain_gpt.py" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_logs_inside_the_results_folder_are_refused(tmp_path: Path) -> None:
+    """Profiles and runtime CSVs are not result rows: reproduce refuses to mix them, and a stray CSV
+    in a results folder is named instead of failing with a traceback."""
+    results = tmp_path / "results"
+    run = reproflow("aceso", "reproduce", "small", "--log-path", str(results / "logs"), "--results", str(results))
+    assert run.returncode != 0 and "is inside --results" in run.stderr and "Traceback" not in run.stderr
+    (results / "x").mkdir(parents=True)
+    (results / "x" / "profile.csv").write_text("op_name,forward-compute\nembedding,1.0\n")
+    report = reproflow("report", "--results", str(results), "--out", str(tmp_path / "reports"))
+    assert report.returncode != 0 and "is not a reproflow result file" in report.stderr
+    assert "Traceback" not in report.stderr

@@ -25,6 +25,9 @@ def load_results(results: Path) -> pd.DataFrame:
     frames = []
     for path in result_files(results):
         frame = pd.read_csv(path, dtype={"rank": str, "job_id": str})
+        if "schema_version" not in frame.columns:
+            raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
+                                 f"CSVs (profiles, logs, tables) out of the results folder {results}.")
         versions = set(frame["schema_version"].unique())
         if versions != {SCHEMA_VERSION}:
             raise ReproflowError(f"{path} has result schema {sorted(versions)}, this reproflow reads "

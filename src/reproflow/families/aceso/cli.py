@@ -449,6 +449,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     steps of each model are Slurm jobs chained with afterok dependencies; run the result scripts
     (`reproflow aceso e2e small` ...) when they have finished."""
     root: Path = args.log_path
+    if root.resolve().is_relative_to(Path(args.results).resolve()):
+        raise ReproflowError(f"--log-path {root} is inside --results {args.results}: the profiles and runtime CSVs "
+                             "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     targets = [t for t in SMALL[args.sizes] if t.model in args.models]
     budget = args.time_budget_total if args.time_budget_total is not None else (5 if args.sizes == "tiny" else 200)
     gpn, nodes = args.num_gpus_per_node, args.num_nodes
