@@ -9,8 +9,10 @@ ones under `top_configs/`, per-stage info CSVs under `csv/`, and a search-cost s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
+import io
 import json
 import shutil
 import sys
@@ -317,7 +319,7 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
 def _run_suite_text(text: str, name: str, args: argparse.Namespace) -> list[str]:
     """Write a generated suite under --results and run it here, or submit it (--submit, after --after);
     returns the submitted job ids (none when run here). Reruns skip the points already measured."""
-    from reproflow.cli import cmd_run, submit_suite
+    from reproflow.cli import cmd_run, cmd_submit
 
     suite = Path(args.results) / f"{name}.toml"
     suite.parent.mkdir(parents=True, exist_ok=True)
@@ -329,8 +331,13 @@ def _run_suite_text(text: str, name: str, args: argparse.Namespace) -> list[str]
         if code:
             raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
         return []
-    return submit_suite(argparse.Namespace(**common, nodes=None, partition=None, image=args.image,
-                                           mounts=args.mounts, after=list(args.after), array=False, max_parallel=0))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cmd_submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
+                                      after=list(args.after), array=False, max_parallel=0))
+    print(out.getvalue(), end="")
+    return [j for line in out.getvalue().splitlines() if line.startswith("job ids: ")
+            for j in line.removeprefix("job ids: ").split(",")]
 
 
 def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,

@@ -24,15 +24,15 @@ import torch.distributed as dist
 
 from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
-from reproflow.families.aceso import transformer_ops
+from reproflow.families.aceso import resnet_ops, transformer_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
 from reproflow.families.aceso.models import GPT, RESNET, T5
-from reproflow.families.aceso.runtime import model_ops
 from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.family import Measurement
 from reproflow.timing import time_steps
 
 MB = 2**20
+IMAGE = 224  # Wide-ResNet input side, as the reference (ImageNet)
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -85,9 +85,15 @@ def tp_group(ctx: RunContext, tp: int) -> Group:
 
 
 def op_defs(params: Mapping[str, Any]) -> list[OpDef]:
-    """Every distinct op of the model, in model order (the runtime's ops at one layer)."""
-    layers = None if params["model"] == "resnet" else 1
-    return model_ops(params["model"], params["size"], layers, params["mbs"], params["algo"], params["seq_len"])
+    """Every distinct op of the model, in model order."""
+    mbs, algo = params["mbs"], params["algo"]
+    if params["model"] == "resnet":
+        blocks, base, width = RESNET[params["size"]]
+        dims = resnet_ops.Dims(blocks, base, width, params["seq_len"] or IMAGE)
+        return [resnet_ops.build(op, mbs, algo) for op in resnet_ops.op_list(dims)]
+    d = transformer_ops.dims(params["model"], params["size"], params["seq_len"])
+    names = transformer_ops.T5_OPS if d.t5 else transformer_ops.GPT_OPS
+    return [transformer_ops.build(op, d, mbs, algo) for op in names]
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:

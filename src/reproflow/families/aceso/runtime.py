@@ -29,6 +29,7 @@ Dropout masks depend on the partition (as Megatron's): compare partitions with d
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import time
@@ -48,12 +49,12 @@ from reproflow.families.aceso import mcore, resnet_ops, transformer_ops
 from reproflow.families.aceso.costmodel import Config
 from reproflow.families.aceso.models import RESNET, is_layer_start, model
 from reproflow.families.aceso.plans import read_json
-from reproflow.families.aceso.tp import Act, Env, Group, OpDef, gather, seed_of, split
+from reproflow.families.aceso.tp import Act, Env, Group, OpDef, gather, split, weight_seed
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
 
 MB = 2**20
-IMAGE = 224  # Wide-ResNet input side, as the reference (ImageNet)
+IMAGE = 224
 
 
 @dataclass(frozen=True)
@@ -76,20 +77,17 @@ class StagePlan:
     ops: tuple[Placed, ...]
 
 
-def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Sequence[int] | int,
+def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Sequence[int],
               seq_len: int) -> list[OpDef]:
-    """Every op of the model in order, for a stage micro-batch of `mbs`, op i with algorithm algos[i]
-    (one int: every op's). With num_layers 1 (GPT, T5) these are the distinct ops the profiler times."""
+    """Every op of the model in order, for a stage micro-batch of `mbs`, op i with algorithm algos[i]."""
     m = model(name, size, num_layers)
     if m.family == "resnet":
         blocks, base, width = RESNET[size]
         ops = resnet_ops.op_list(resnet_ops.Dims(blocks, base, width, seq_len or IMAGE))
-        each = [algos] * len(ops) if isinstance(algos, int) else algos
-        return [resnet_ops.build(op, mbs, a) for op, a in zip(ops, each, strict=True)]
+        return [resnet_ops.build(op, mbs, a) for op, a in zip(ops, algos, strict=True)]
     d = transformer_ops.dims(name, size, seq_len)
     names = m.full_op_list(list(transformer_ops.T5_OPS if d.t5 else transformer_ops.GPT_OPS))
-    each = [algos] * len(names) if isinstance(algos, int) else algos
-    return [transformer_ops.build(op, d, mbs, a) for op, a in zip(names, each, strict=True)]
+    return [transformer_ops.build(op, d, mbs, a) for op, a in zip(names, algos, strict=True)]
 
 
 def resolve_config(path: Path, plan: str) -> Path:
@@ -312,11 +310,11 @@ class Stage:
             tp = groups.tp(self.plan, p.tp)
             on_mcore = None
             if params["tp_impl"] == "megatron-core":
-                on_mcore = mcore.linear(p.op, tp, seed_of(self.seed, p.index, "weight"), ctx.device, dtype)
+                on_mcore = mcore.linear(p.op, tp, weight_seed(self.seed, p.index, "weight"), ctx.device, dtype)
             if on_mcore is not None:
                 self.ops[p.index], ws = on_mcore
             else:
-                ws = {k: w.make(tp, seed_of(self.seed, p.index, k), ctx.device, dtype)
+                ws = {k: w.make(tp, weight_seed(self.seed, p.index, k), ctx.device, dtype)
                       for k, w in p.op.weights.items()}
             self.weights[p.index] = ws
             self.buckets.setdefault((p.tp, p.dp), []).extend(ws.values())
@@ -348,7 +346,9 @@ class Stage:
     # -- data -------------------------------------------------------------------------------------
     def _sample(self, name: str, act: Act, index: int) -> torch.Tensor:
         """Sample `index` of the fixed synthetic dataset (the same in every partition)."""
-        gen = torch.Generator().manual_seed(seed_of(self.seed, name, index))
+        key = f"{self.seed}/{name}/{index}"
+        gen = torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(),
+                                                           "little") >> 1)
         assert act.batch is not None
         shape = tuple(n for d, n in enumerate(act.shape) if d != act.batch)
         if act.high:

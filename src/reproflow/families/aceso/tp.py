@@ -105,7 +105,9 @@ class Env:
         draw the same mask and a recomputed forward redraws it."""
         if self.dropout_p == 0.0:
             return x
-        gen = torch.Generator(device=x.device).manual_seed(seed_of(*self.key, self.tp.rank if split else -1, *x.shape))
+        key = (*self.key, self.tp.rank if split else -1, *x.shape)
+        seed = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") >> 1
+        gen = torch.Generator(device=x.device).manual_seed(seed)
         keep = torch.rand(x.shape, generator=gen, device=x.device) >= self.dropout_p
         return x * keep.to(x.dtype) / (1.0 - self.dropout_p)
 
@@ -197,9 +199,8 @@ def split(x: torch.Tensor, g: Group, dim: int) -> torch.Tensor:
     return x if g.size == 1 else _Split.apply(x, g, dim)
 
 
-def seed_of(*parts: object) -> int:
-    """A 63-bit seed named by `parts` (a weight, a dropout mask, a sample): the same on every rank and
-    in every partition, so the numbers do not depend on who draws them."""
-    text = "/".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+def weight_seed(seed: int, op_index: int, name: str) -> int:
+    """The seed of one weight of one op: the same whatever the partition."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{op_index}/{name}".encode(), digest_size=8).digest(),
+                          "little") >> 1
 
