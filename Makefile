@@ -27,6 +27,7 @@ venv: $(BIN)/.installed
 demo: venv
 	for suite in $(SUITES); do $(BIN)/reproflow run $$suite --results $(RESULTS) || exit 1; done
 	$(BIN)/reproflow aceso reproduce small --log-path aceso-logs --results $(RESULTS) --out $(REPORTS)/aceso
+	$(BIN)/reproflow cfp all --model gpt,moe,llama --work_dir cfp-logs --results $(RESULTS)
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
 	@echo
 	@echo "results (CSV, one file per point): $(RESULTS)/<suite>/<experiment>/"
@@ -36,6 +37,8 @@ demo: venv
 	@echo "                                   $(REPORTS)/resharding_1_to_m.png, $(REPORTS)/resharding_n_to_m.png"
 	@echo "Aceso (profile -> search -> train): $(REPORTS)/aceso/e2e_thpt_small_<model>.csv, fig7_e2e_small.png,"
 	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: aceso-logs/"
+	@echo "CFP (analysis -> profile -> search): $(REPORTS)/cfp_analysis.md, cfp_search.md, cfp_step_time.png;"
+	@echo "                                   ParallelBlocks, strategy maps and profiles: cfp-logs/"
 
 lint: venv
 	$(BIN)/ruff check .
@@ -59,4 +62,4 @@ containers:
 	bash containers/build.sh
 
 clean:
-	rm -rf $(RESULTS) $(REPORTS) aceso-logs benchmarks/results
+	rm -rf $(RESULTS) $(REPORTS) aceso-logs cfp-logs benchmarks/results

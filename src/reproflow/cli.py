@@ -6,6 +6,8 @@ User errors (bad suite, unknown name, missing tool) print one paragraph and exit
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -16,6 +18,7 @@ from reproflow.errors import ParamError, ReproflowError
 from reproflow.family import families, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
+from reproflow.results import atomic_write
 from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
 
 EPILOG = """examples:
@@ -181,6 +184,38 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"submitted {suite.name} / {exp.name} as Slurm job {shown}")
         print(f"job ids: {','.join(ids)}")
     return 0
+
+
+def generated_suite_options(p: argparse.ArgumentParser) -> None:
+    """The options of family commands that write a suite and run it here or submit it (run_generated_suite)."""
+    p.add_argument("--results", type=Path, default=Path("results"), help="where result rows go")
+    p.add_argument("--submit", action="store_true", help="submit to Slurm (through submitit) instead of running here")
+    p.add_argument("--after", action="append", default=[], metavar="JOBID", help="with --submit: after these jobs")
+    p.add_argument("--image", default="", help="with --submit: Enroot squash file for Pyxis")
+    p.add_argument("--mounts", default="", help="with --submit: Pyxis --container-mounts")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+
+
+def run_generated_suite(text: str, name: str, args: argparse.Namespace) -> list[str]:
+    """Write a generated suite under --results and run it here, or submit it (--submit, after --after);
+    returns the submitted job ids (none when run here). Reruns skip the points already measured."""
+    suite = Path(args.results) / f"{name}.toml"
+    suite.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(suite, text)
+    common = {"suite": str(suite), "set": [], "results": str(args.results), "force": getattr(args, "force", False),
+              "procs": None, "experiment": [], "dry_run": args.dry_run}
+    if not getattr(args, "submit", False):
+        code = cmd_run(argparse.Namespace(**common, explain=False))
+        if code:
+            raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
+        return []
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cmd_submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
+                                      after=list(args.after), array=False, max_parallel=0))
+    print(out.getvalue(), end="")
+    return [j for line in out.getvalue().splitlines() if line.startswith("job ids: ")
+            for j in line.removeprefix("job ids: ").split(",")]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -9,10 +9,8 @@ ones under `top_configs/`, per-stage info CSVs under `csv/`, and a search-cost s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import hashlib
-import io
 import json
 import shutil
 import sys
@@ -20,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow.cli import generated_suite_options, run_generated_suite
 from reproflow.errors import ParamError, ReproflowError
 from reproflow.families.aceso import mcore
 from reproflow.families.aceso.costmodel import Config, CostModel
@@ -316,30 +315,6 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
     return "\n".join(text)
 
 
-def _run_suite_text(text: str, name: str, args: argparse.Namespace) -> list[str]:
-    """Write a generated suite under --results and run it here, or submit it (--submit, after --after);
-    returns the submitted job ids (none when run here). Reruns skip the points already measured."""
-    from reproflow.cli import cmd_run, cmd_submit
-
-    suite = Path(args.results) / f"{name}.toml"
-    suite.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(suite, text)
-    common = {"suite": str(suite), "set": [], "results": str(args.results), "force": getattr(args, "force", False),
-              "procs": None, "experiment": [], "dry_run": args.dry_run}
-    if not getattr(args, "submit", False):
-        code = cmd_run(argparse.Namespace(**common, explain=False))
-        if code:
-            raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
-        return []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        cmd_submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
-                                      after=list(args.after), array=False, max_parallel=0))
-    print(out.getvalue(), end="")
-    return [j for line in out.getvalue().splitlines() if line.startswith("job ids: ")
-            for j in line.removeprefix("job ids: ").split(",")]
-
-
 def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,
                 params: dict[str, object]) -> str:
     """A suite training each (experiment, plan, config) on nodes x gpus_per_node ranks."""
@@ -387,7 +362,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                       "log_path": str(args.log_path.resolve()), "tp_impl": impl}
             name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
             text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
-            ids += _run_suite_text(text, name, args)
+            ids += run_generated_suite(text, name, args)
     args.submitted = ",".join(ids)
     return 0
 
@@ -398,7 +373,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     stem = model(args.prof_model_name, args.prof_model_size).file_stem
     text = profile_suite(args.prof_model_name, args.prof_model_size, args.prof_mbs_list, args.prof_tp_size,
                          args.prof_seq_len, args.prof_warmup_times, args.prof_repeat_times, args.prof_comm_sizes)
-    args.submitted = ",".join(_run_suite_text(text, f"aceso-profile-{stem}", args))
+    args.submitted = ",".join(run_generated_suite(text, f"aceso-profile-{stem}", args))
     if args.dry_run or getattr(args, "submit", False):
         return 0
     args.from_results = args.results
@@ -519,15 +494,6 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", type=Path, default=Path("results"), help="where result rows go")
-    p.add_argument("--submit", action="store_true", help="submit to Slurm (through submitit) instead of running here")
-    p.add_argument("--after", action="append", default=[], metavar="JOBID", help="with --submit: after these jobs")
-    p.add_argument("--image", default="", help="with --submit: Enroot squash file for Pyxis")
-    p.add_argument("--mounts", default="", help="with --submit: Pyxis --container-mounts")
-    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
-
-
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Add `reproflow aceso ...`."""
     top = sub.add_parser("aceso", help="Aceso: profile, search, train, Megatron-LM plans, result scripts",
@@ -565,7 +531,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--prof-repeat-times", type=int, default=10)
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
-    _run_options(p)
+    generated_suite_options(p)
     p.set_defaults(func=cmd_profile)
     p = tools.add_parser("database", help="the profiler's rows as Aceso's database files",
                          formatter_class=formatter, description=cmd_database.__doc__)
@@ -586,7 +552,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
     p.add_argument("--tp-impl", nargs="+", choices=("reproflow", "megatron-core"), default=["reproflow"],
                    help="tensor-parallel linear layers: reproflow's and/or megatron-core's (one run each)")
-    _run_options(p)
+    generated_suite_options(p)
     p.set_defaults(func=cmd_train)
     p = tools.add_parser("reproduce", help="profile -> search -> train -> tables, one command (small setting)",
                          formatter_class=formatter, description=cmd_reproduce.__doc__)
@@ -605,7 +571,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--out", type=Path, default=None, help="tables and figures (default: <log-path>/results)")
     p.add_argument("--no-megatron-core", action="store_true",
                    help="train the Megatron-LM plan on reproflow's layers only (default: also on megatron-core's)")
-    _run_options(p)
+    generated_suite_options(p)
     p.set_defaults(func=cmd_reproduce)
     for name, what in (("e2e", "end-to-end throughput (figure 7)"), ("search-cost", "search cost (figure 8)"),
                        ("perf-model-acc", "time and memory prediction accuracy (figure 9)")):

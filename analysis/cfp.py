@@ -1,0 +1,63 @@
+"""Tables and figure of the CFP family.
+
+cfp_analysis: per model, what the analysis found (operators, contractions, ParallelBlocks, segments,
+unique segments) and the size of the space profiled against per-operator enumeration, with the
+analysis and profiling times. cfp_search: per model and plan (CFP's, and the baselines run beside
+it), the search time, the measured step time, TFLOP/s and memory, CFP's predicted step time, the
+errors of the plan's loss and gradients against the unsharded model, and each plan's step time
+relative to CFP's. cfp_step_time.png: step time per model and plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from reproflow.report import aggregates, newest, save_figure, wide, write_table
+
+KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "backend", "device"]
+ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
+            "operator_space", "analysis_time", "flop_count"]
+SEARCH = ["search_time", "predicted_time", "step_time", "tflops", "memory", "loss_error", "grad_error"]
+NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
+        "backward, gradient synchronisation, SGD update) of the plan run with DTensor on the job's ranks. "
+        "vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster). search_time: CFP's analysis + "
+        "profiling + dynamic program; 0 for the fixed baselines. loss_error / grad_error: the plan against "
+        "the unsharded model on one process (absolute / largest relative).")
+
+
+def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    rows = aggregates(newest(frame))
+    keys = [k for k in KEYS if k in rows.columns]
+    written: list[Path] = []
+    analysed = rows[rows["mode"] == "analysis"]
+    if not analysed.empty:
+        table = wide(analysed, keys, ANALYSIS)
+        profiled = rows[(rows["mode"] == "profile") & (rows["metric"] == "profile_time")]
+        if not profiled.empty:
+            table = table.merge(profiled.groupby(keys)["value"].median().rename("profile_time").reset_index(),
+                                on=keys, how="left")
+        written += write_table(table, out_dir, "cfp_analysis", "CFP analysis: ParallelBlocks and segments",
+                               "profiled_space: strategy combinations of the unique segments CFP profiles; "
+                               "operator_space: the same segments with every contraction chosen separately.")
+    searched = rows[rows["mode"] == "search"]
+    if searched.empty:
+        return written
+    table = wide(searched, [*keys, "plan"], SEARCH)
+    cfp = table[table["plan"] == "cfp"].set_index(keys)["step_time"]
+    table["vs_cfp"] = [row.step_time / cfp.get(tuple(row[k] for k in keys), float("nan"))
+                       for _, row in table.iterrows()]
+    written += write_table(table, out_dir, "cfp_search", "CFP search and plans run", NOTE)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    pivot = table.pivot_table(index="model", columns="plan", values="step_time")
+    pivot.plot.bar(ax=ax, rot=0)
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"CFP's plan and baselines, {int(table['world_size'].iloc[0])} ranks, "
+                 f"{table['backend'].iloc[0]}/{table['device'].iloc[0]}")
+    written += save_figure(fig, out_dir, "cfp_step_time")
+    return written

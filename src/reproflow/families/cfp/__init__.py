@@ -1,0 +1,76 @@
+"""CFP (arXiv 2504.00598): profiling-based intra-operator parallelism that keeps communication-free structures.
+
+Three passes, as the reference's scripts (`--mode analysis|profile|search`): the analysis captures
+the training step of GPT, GShard-MoE or LLaMA2 (models.py) as an ATen graph and groups it into
+ParallelBlocks and unique segments (graph.py); the profile pass runs every block-strategy
+combination of each unique segment on the job's ranks (execute.py: DTensor on a 1-D mesh, gloo or
+NCCL); the search composes the plan by dynamic programming, runs it, and runs the data-parallel
+and Megatron-style tensor-parallel plans and the Alpa-style per-contraction integer program
+(alpa.py) beside it (passes.py). `reproflow cfp` is the command line.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reproflow.context import RunContext
+from reproflow.families.cfp import passes
+from reproflow.families.cfp.cli import register_cli
+from reproflow.families.cfp.models import MODELS
+from reproflow.family import Family, Measurement
+from reproflow.params import Param
+
+MODES = ("analysis", "profile", "search")
+BASELINES = ("alpa", "data-parallel", "tensor-parallel")
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    passes.check(params, world_size)
+    from reproflow.errors import ParamError
+
+    bad = [b for b in params["baselines"].split(",") if b and b not in BASELINES]
+    if bad:
+        raise ParamError(f"baselines has {', '.join(bad)}.", f"a comma-separated list of {', '.join(BASELINES)}")
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    return {"analysis": passes.analysis, "profile": passes.profile, "search": passes.search}[params["mode"]](
+        ctx, params)
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    head = f"CFP {params['mode']} of {params['model']} {params['size']} (batch {params['batch_size']})"
+    lines = [head] + [f"  {m.metric}{'' if not m.coords else ' ' + str(dict(m.coords))}: {m.value:g} {m.unit}"
+                      for m in rows if m.rank is None]
+    return "\n".join(lines)
+
+
+FAMILY = Family(
+    name="cfp",
+    summary="CFP: ParallelBlock analysis, segment profiling and strategy search on GPT, MoE and LLaMA",
+    params=(
+        Param("mode", "str", "analysis", "the pass: analysis, profile (needs the analysis's model), or search "
+              "(needs the profiles)", choices=MODES),
+        Param("model", "str", "gpt", "the model", choices=MODELS),
+        Param("size", "str", "tiny", "model size: tiny (for CPUs), or the reference's (gpt 125M..2.6B, moe seed, "
+              "llama 7B)"),
+        Param("num_layer", "int", 0, "layers (0: the size's)", minimum=0),
+        Param("batch_size", "int", 8, "global batch size (split over the ranks by data-parallel blocks)", minimum=1),
+        Param("warmup", "int", 1, "untimed steps before each measurement", minimum=0),
+        Param("repeats", "int", 2, "profile: timed steps per strategy combination", minimum=1),
+        Param("runs", "int", 3, "search: timed steps of each plan", minimum=1),
+        Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
+        Param("baselines", "str", "alpa,data-parallel,tensor-parallel",
+              "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program)"),
+        Param("verify", "bool", True, "search: check each plan's loss and gradients against the unsharded model "
+              "(one process holds the whole model: tiny sizes)"),
+        Param("force", "bool", False, "profile: re-profile segments already on disk"),
+        Param("verbose", "bool", False, "analysis: print every ParallelBlock with its instructions and plans"),
+        Param("work_dir", "str", "cfp-logs", "where the analysis, strategy map and profiles are written"),
+    ),
+    run=run,
+    table=table,
+    check=check,
+    register_cli=register_cli,
+)
+
+__all__ = ["FAMILY"]

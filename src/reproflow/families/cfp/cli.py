@@ -1,0 +1,83 @@
+"""`reproflow cfp`: CFP's passes with the reference scripts' options.
+
+  reproflow cfp analysis --model moe --num_layer 4 --batch_size 64
+  reproflow cfp --mode profile --model moe --num_layer 4 --batch_size 64     (the scripts' form)
+  reproflow cfp search --model moe --num_layer 4 --batch_size 64
+  reproflow cfp all --model gpt,moe,llama                                     (the three passes, each model)
+
+Each command writes a suite under --results and runs it here on --nproc ranks (gloo on CPUs), or
+submits it to Slurm with --submit; rows land in the results folder, the analysis files and the
+profiles in --work_dir. The search needs the profiles, the profiles are reused when the model,
+batch and mesh are unchanged (--force re-profiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from reproflow.cli import generated_suite_options, run_generated_suite
+from reproflow.errors import ReproflowError
+from reproflow.families.cfp.models import MODELS
+
+PASSES = ("analysis", "profile", "search")
+
+
+def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
+    """A suite with one experiment per (model, pass), in pass order for each model."""
+    q = json.dumps  # TOML basic strings escape as JSON does
+    common = (f"size = {q(args.size)}, num_layer = {args.num_layer}, batch_size = {args.batch_size}, "
+              f"warmup = {args.warmup}, repeats = {args.repeats}, runs = {args.runs}, "
+              f"memory_limit_gb = {args.memory_limit_gb}, work_dir = {q(args.work_dir)}, "
+              f"force = {str(args.force).lower()}, verbose = {str(args.verbose).lower()}, "
+              f"verify = {str(not args.no_verify).lower()}, baselines = {q(args.baselines)}")
+    text = [f'[suite]\ndescription = "CFP {", ".join(passes)} of {", ".join(models)} on {args.nproc} ranks"\n',
+            '[launch]\nnodes = 1\ntime_limit = "04:00:00"\n']
+    for m in models:
+        for p in passes:
+            text.append(f'[[experiment]]\nname = "{m}-{p}"\nfamily = "cfp"\n'
+                        f"launch = {{ procs_per_node = {args.nproc} }}\n"
+                        f'params = {{ mode = "{p}", model = "{m}", {common} }}\n')
+    return "\n".join(text)
+
+
+def cmd_cfp(args: argparse.Namespace) -> int:
+    mode = args.mode or args.pass_
+    if mode is None:
+        raise ReproflowError("no pass given: reproflow cfp analysis|profile|search|all (or --mode PASS).")
+    models = [m for m in args.model.split(",") if m]
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise ReproflowError(f"--model {args.model!r} names no model or an unknown one; give a comma-separated "
+                             f"list of {', '.join(MODELS)}.")
+    passes = list(PASSES) if mode == "all" else [mode]
+    name = f"cfp-{'-'.join(models)}-{mode}-{args.size}-L{args.num_layer}-B{args.batch_size}-n{args.nproc}"
+    run_generated_suite(suite_text(models, passes, args), name, args)
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    """Add `reproflow cfp ...`."""
+    p = sub.add_parser("cfp", help="CFP: analysis, profile and search passes (GPT, MoE, LLaMA)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pass_", nargs="?", choices=[*PASSES, "all"], metavar="PASS",
+                   help="analysis, profile, search, or all three in order")
+    p.add_argument("--mode", choices=[*PASSES, "all"], help="the pass, as the reference's scripts give it")
+    p.add_argument("--model", default="gpt", help=f"model(s), comma-separated: {', '.join(MODELS)}")
+    p.add_argument("--size", default="tiny", help="model size (tiny for CPUs; the reference's: see reproflow list)")
+    p.add_argument("--num_layer", type=int, default=0, help="layers (0: the size's)")
+    p.add_argument("--batch_size", type=int, default=8, help="global batch size")
+    p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the 1-D mesh)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before each measurement")
+    p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
+    p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
+    p.add_argument("--memory_limit_gb", type=float, default=0.0, help="search: memory limit per device (0: none)")
+    p.add_argument("--baselines", default="alpa,data-parallel,tensor-parallel",
+                   help="search: plans run beside CFP's (alpa: per-contraction strategies by an integer program)")
+    p.add_argument("--work_dir", default="cfp-logs", help="analysis files and profiles")
+    p.add_argument("--force", action="store_true", help="profile again segments already profiled")
+    p.add_argument("--verbose", action="store_true", help="analysis: print every ParallelBlock")
+    p.add_argument("--no-verify", action="store_true",
+                   help="search: skip checking each plan against the unsharded model (needed above tiny sizes)")
+    generated_suite_options(p)
+    p.set_defaults(func=cmd_cfp)

@@ -1,0 +1,192 @@
+"""Capture a training step (or one segment of it) as an ATen graph, and run the graph under a plan on a mesh.
+
+A plan is one strategy per ParallelBlock. The runner interprets the graph with DTensors on a 1-D
+DeviceMesh (gloo on CPUs, NCCL on GPUs): every parameter is stored with the partition its block's
+strategy gives it, every contraction's operands are redistributed to its strategy's partitions, and
+DTensor's own propagation runs everything in between, communicating where partitions disagree
+(block boundaries). Gradients are brought to their parameter's partition (the data-parallel
+all-reduce where the parameter is replicated) and an SGD update is applied, so a timed call is a
+whole training step. The peak of live local bytes is tracked as the plan's memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard, distribute_tensor
+
+from reproflow.families.cfp import graph
+from reproflow.families.cfp.graph import Analysis, R
+
+LR = 1e-3
+
+
+def placement(p: int) -> list[Any]:
+    return [Replicate()] if p == R else [Shard(p)]
+
+
+@dataclass
+class Captured:
+    """A step's graph, its analysis, and example inputs (parameters first)."""
+
+    analysis: Analysis
+    params: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]  # the step's other inputs: tokens and targets, or activation and its gradient
+    input_placements: list[int]
+
+
+def capture(module: nn.Module, inputs: Sequence[torch.Tensor], n: int, kind: str,
+            input_placements: Sequence[int] = ()) -> Captured:
+    """Capture `module`'s training step and analyse it for n devices. kind "model": inputs are
+    (tokens, targets) and the step returns the loss; "layer": (x, dy) -> y and the gradients of x;
+    "head": (x, targets) -> loss and the gradient of x. Gradients of every parameter follow."""
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def step(params: dict[str, torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> Any:
+        if kind == "model":
+            loss = torch.func.functional_call(module, params, (a, b))
+            return loss, torch.autograd.grad(loss, list(params.values()))
+        if kind == "head":
+            loss = torch.func.functional_call(module, params, (a, b))
+            return loss, torch.autograd.grad(loss, [a, *params.values()])
+        y = torch.func.functional_call(module, params, (a,))
+        return y, torch.autograd.grad(y, [a, *params.values()], b)
+
+    example = [x.detach().requires_grad_(kind != "model" and i == 0 and x.is_floating_point())
+               for i, x in enumerate(inputs)]
+    gm = graph.capture(step, {k: v.requires_grad_() for k, v in params.items()}, *example)
+    holders = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
+    names = dict(zip(holders, params, strict=False))
+    return Captured(graph.analyse(gm, names, n), params, list(inputs),
+                    list(input_placements) or [R] * len(inputs))
+
+
+def assignment(a: Analysis, choice: Sequence[int]) -> dict[fx.Node, graph.Strategy]:
+    """Every contraction's strategy under a plan of one strategy per ParallelBlock."""
+    if len(choice) != len(a.blocks):
+        raise ValueError(f"a plan needs {len(a.blocks)} strategies, one per ParallelBlock; got {len(choice)}")
+    return {c: plan[k] for b, k in zip(a.blocks, choice, strict=True) for c, plan in b.plans.items()}
+
+
+def param_placements(a: Analysis, assign: Mapping[fx.Node, graph.Strategy]) -> dict[fx.Node, int]:
+    """Each parameter's stored partition: the one its first contraction (in graph order) uses it with."""
+    out: dict[fx.Node, int] = {}
+    for c in a.contractions():
+        s = assign[c]
+        for y, want in zip(graph.operands(c), (s.lhs, s.rhs), strict=True):
+            if y in a.param_of and (q := graph.stored(y, a.param_of[y], want, a.n)) is not None:
+                out.setdefault(a.param_of[y], q)
+    return out
+
+
+@dataclass
+class StepResult:
+    outputs: list[Any]  # the graph's outputs as DTensors (loss or y, then gradients)
+    seconds: float
+    peak_bytes: int
+    communication_s: float  # time spent in the redistributions the plan forces at contractions
+
+
+class Runner:
+    """Runs a captured step on a 1-D mesh with a strategy for every contraction (a plan)."""
+
+    def __init__(self, cap: Captured, mesh: DeviceMesh, assign: Mapping[fx.Node, graph.Strategy]) -> None:
+        a = cap.analysis
+        self.cap, self.mesh = cap, mesh
+        self.nodes = list(a.graph.graph.nodes)
+        self.forced = {c: (s.lhs, s.rhs) for c, s in assign.items()}
+        pplace = param_placements(a, assign)
+        holders = [nd for nd in self.nodes if nd.op == "placeholder"]
+        self.holder_places = [pplace.get(nd, R) for nd in holders[:len(cap.params)]] + cap.input_placements
+        last: dict[fx.Node, int] = {}
+        for i, nd in enumerate(self.nodes):
+            for x in nd.all_input_nodes:
+                last[x] = i
+        self.free_after: dict[int, list[fx.Node]] = {}
+        for nd, i in last.items():
+            self.free_after.setdefault(i, []).append(nd)
+        self.values = [distribute_tensor(v.detach().clone(), mesh, placement(p)) for v, p in
+                       zip([*cap.params.values(), *cap.inputs], self.holder_places, strict=True)]
+
+    def _wrap(self, x: Any) -> Any:
+        # Factory ops (ones, arange, zeros) make plain tensors, on the device the graph was traced on:
+        # the same on every rank, so replicated.
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
+            return DTensor.from_local(x.to(self.mesh.device_type), self.mesh, [Replicate()], run_check=False)
+        return x
+
+    def step(self, update: bool = True) -> StepResult:
+        """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""
+        env: dict[fx.Node, Any] = {}
+        live = peak = 0
+        comm = 0.0
+        dist.barrier()
+        t0 = time.perf_counter()
+        outputs: list[Any] = []
+        holders = iter(self.values)
+        for i, nd in enumerate(self.nodes):
+            if nd.op == "placeholder":
+                env[nd] = next(holders)
+            elif nd.op == "call_function":
+                args = fx.node.map_aggregate(fx.node.map_arg(nd.args, env.__getitem__), self._wrap)
+                kwargs = fx.node.map_aggregate(fx.node.map_arg(nd.kwargs, env.__getitem__), self._wrap)
+                if nd in self.forced:
+                    t1 = time.perf_counter()
+                    args = self._force(nd, list(args))
+                    comm += time.perf_counter() - t1
+                env[nd] = nd.target(*args, **kwargs)
+                live += _bytes(env[nd])
+                peak = max(peak, live)
+            elif nd.op == "output":
+                outputs = pytree.tree_leaves(fx.node.map_arg(nd.args[0], env.__getitem__))
+            for x in self.free_after.get(i, ()):
+                live -= _bytes(env.pop(x)) if x.op != "placeholder" else 0
+        nparams = len(self.cap.params)
+        grads = outputs[-nparams:]
+        t1 = time.perf_counter()
+        grads = [g.redistribute(self.mesh, p.placements) for g, p in zip(grads, self.values[:nparams], strict=True)]
+        comm += time.perf_counter() - t1
+        if update:
+            for i, g in enumerate(grads):
+                self.values[i] = (self.values[i] - LR * g).detach()
+        for o in outputs[:-nparams] + grads:
+            o.to_local().sum().item()  # waits for the collectives still in flight
+        elapsed = time.perf_counter() - t0
+        dist.barrier()
+        peak += sum(_bytes(v) for v in self.values[:nparams])
+        return StepResult(outputs[:-nparams] + grads, elapsed, peak, comm)
+
+    def _force(self, nd: fx.Node, args: list[Any]) -> tuple[Any, ...]:
+        lhs, rhs = self.forced[nd]
+        i = 1 if graph.op_name(nd) == "addmm" else 0
+        for j, p in ((i, lhs), (i + 1, rhs)):
+            want = placement(p)
+            if tuple(args[j].placements) != tuple(want):
+                args[j] = args[j].redistribute(self.mesh, want)
+        return tuple(args)
+
+
+def _bytes(x: Any) -> int:
+    return sum(t.to_local().numel() * t.element_size() for t in pytree.tree_leaves(x) if isinstance(t, DTensor))
+
+
+def timed(runner: Runner, warmup: int, repeats: int) -> tuple[list[float], StepResult]:
+    """Step times (the slowest rank's) of `repeats` steps after `warmup` untimed ones, and the last result."""
+    result = runner.step()
+    for _ in range(max(warmup - 1, 0)):
+        result = runner.step()
+    times = []
+    for _ in range(repeats):
+        result = runner.step()
+        t = torch.tensor([result.seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(float(t))
+    return times, result

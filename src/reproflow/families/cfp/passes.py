@@ -1,0 +1,386 @@
+"""CFP's three passes on the job's ranks: analysis, segment profiling, and the search that runs its plan.
+
+The analysis captures the whole training step and finds ParallelBlocks and unique segments
+(graph.py). The profile pass captures each unique segment alone (a half layer: x -> x + f(norm(x))
+with its backward, or the output head with the loss), runs every combination of its blocks'
+strategies on the mesh, once with its input replicated and once split by batch (what the previous
+segment hands over), and caches step time, memory and the partition of the output on disk. The
+search composes a plan by dynamic programming over the global segment sequence (the state is the
+partition of the activation between segments; an output in another partition, e.g. partial sums,
+pays the measured redistribution of the activation and of its gradient), keeps plans under the
+memory limit, then runs the plan it found and the baselines for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError, PointFailed
+from reproflow.families.cfp import alpa, execute, graph, models
+from reproflow.families.cfp.graph import Analysis, R
+from reproflow.family import Measurement
+from reproflow.results import atomic_write
+
+P = -2  # partial sums (an output only)
+STATES = (R, 0)  # partitions an activation enters a segment with: replicated, or split by batch
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: str
+    size: str
+    num_layer: int
+    batch_size: int
+    n: int
+    work_dir: Path
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any], n: int) -> Setup:
+        return cls(params["model"], params["size"], params["num_layer"], params["batch_size"], n,
+                   Path(params["work_dir"]))
+
+    @property
+    def config(self) -> models.ModelConfig:
+        return models.config_of(self.model, self.size, self.num_layer)
+
+    @property
+    def dir(self) -> Path:
+        c = self.config
+        return self.work_dir / f"{self.model}-{self.size}-L{c.num_layers}-B{self.batch_size}-n{self.n}"
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    s = Setup.of(params, world_size)
+    c = s.config
+    if s.batch_size % world_size:
+        raise ParamError(f"batch_size {s.batch_size} does not split over {world_size} ranks.",
+                         f"a batch_size divisible by {world_size}")
+    if c.hidden_size % c.num_heads:
+        raise ParamError(f"hidden size {c.hidden_size} is not a multiple of {c.num_heads} heads.", "another size")
+    if s.model == "moe" and s.batch_size * c.seq_len % min(c.expert_group_size, s.batch_size * c.seq_len):
+        raise ParamError(f"batch_size x seq_len ({s.batch_size * c.seq_len}) is not a multiple of the expert group "
+                         f"size {c.expert_group_size}.", "a batch_size that fills whole expert groups")
+
+
+def global_step(s: Setup) -> tuple[models.LanguageModel, execute.Captured]:
+    """The model and its whole training step, captured and analysed for the mesh."""
+    model = models.build(s.model, s.config)
+    tokens, targets = models.batch(s.config, s.batch_size)
+    return model, execute.capture(model, [tokens, targets], s.n, "model")
+
+
+def segment_step(model: models.LanguageModel, key: str, s: Setup) -> execute.Captured:
+    """One segment alone: a half layer (input activation and the gradient of its output), or the head."""
+    c = s.config
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(s.batch_size, c.seq_len, c.hidden_size, generator=g)
+    if key == "out":
+        return execute.capture(model.segments()[key], [x, models.batch(c, s.batch_size)[1]], s.n, "head")
+    dy = torch.randn(s.batch_size, c.seq_len, c.hidden_size, generator=g) / (s.batch_size * c.seq_len)
+    return execute.capture(model.segments()[key], [x, dy], s.n, "layer")
+
+
+def signature(a: Analysis, lo: int, hi: int) -> str:
+    return hashlib.sha256(repr([b.signature() for b in a.blocks[lo:hi]]).encode()).hexdigest()[:16]
+
+
+def _place(t: DTensor) -> int:
+    p = t.placements[0]
+    return R if isinstance(p, Replicate) else P if isinstance(p, Partial) else int(p.dim)  # type: ignore[attr-defined]
+
+
+def _name(p: int) -> str:
+    return {R: "R", P: "P"}.get(p, f"S({p})")
+
+
+def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    s = Setup.of(params, ctx.world_size)
+    _, cap = global_step(s)
+    a = cap.analysis
+    if ctx.rank == 0:
+        s.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(s.dir / "analysis.txt", graph.describe(a) + "\n")
+        atomic_write(s.dir / "strategy_map.txt", graph.strategy_map(a))
+    if params["verbose"]:
+        ctx.log(graph.describe(a))
+    else:
+        for (lo, hi), k in zip(a.segments, a.mapped, strict=True):
+            ctx.log(f"ParallelBlocks sequence: ({lo}, {hi}) mapped to  {a.segments[k]}")
+        ctx.log(f"global analysis time: {a.seconds}")
+    ctx.log(f"FLOP_COUNT: {a.flops() / 1e12}")
+    unique = a.unique_segments()
+    cfp_space = sum(_space(a, k) for k in unique)
+    op_space = sum(a.operator_space(k) for k in unique)
+    ctx.log(f"{len(a.graph.graph.nodes)} operators, {len(a.contractions())} contractions, {len(a.blocks)} "
+            f"ParallelBlocks, {len(a.segments)} segments, {len(unique)} unique; profiled combinations "
+            f"{cfp_space} vs {op_space} with per-operator enumeration; written to {s.dir}")
+    return [Measurement("analysis_time", a.seconds, "s"), Measurement("operators", len(a.graph.graph.nodes), "count"),
+            Measurement("contractions", len(a.contractions()), "count"),
+            Measurement("parallel_blocks", len(a.blocks), "count"), Measurement("segments", len(a.segments), "count"),
+            Measurement("unique_segments", len(unique), "count"),
+            Measurement("profiled_space", cfp_space, "count"), Measurement("operator_space", op_space, "count"),
+            Measurement("flop_count", a.flops() / 1e12, "TFLOP")]
+
+
+def _space(a: Analysis, k: int) -> int:
+    out = 1
+    for x in a.search_space(k):
+        out *= x
+    return out
+
+
+def _mesh(ctx: RunContext) -> DeviceMesh:
+    return init_device_mesh(ctx.device.type, (ctx.world_size,))
+
+
+def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    s = Setup.of(params, ctx.world_size)
+    model, cap = global_step(s)
+    a = cap.analysis
+    mesh = _mesh(ctx)
+    prof = s.dir / "profile"
+    rows: list[Measurement] = []
+    unique = a.unique_segments()
+    ctx.log(f"NUM SEGMENT is {len(unique)}")
+    t_all = time.perf_counter()
+    for k in unique:
+        lo, hi = a.segments[k]
+        key = a.blocks[lo].layer
+        path = prof / f"segment_{k}.json"
+        sig = signature(a, lo, hi)
+        if path.exists() and json.loads(path.read_text()).get("signature") == sig and not params["force"]:
+            ctx.log(f"segment {k} ({key}): profiled already, {path}")
+            continue
+        seg = segment_step(model, key, s)
+        if [b.signature() for b in seg.analysis.blocks] != [b.signature() for b in a.blocks[lo:hi]]:
+            raise PointFailed(f"segment {k} ({key}) captured alone has other ParallelBlocks than in the model")
+        space = [len(b.strategies) for b in seg.analysis.blocks]
+        ctx.log(f"\nRUN AutoSharding FOR SEGMENT {k} segment_{k} ({key})\n\nsegment PB search space: {space}")
+        entries = []
+        t0 = time.perf_counter()
+        for combo in itertools.product(*(range(x) for x in space)):
+            for state in STATES:  # the partition the previous segment hands over
+                seg.input_placements = [state, state]
+                runner = execute.Runner(seg, mesh, execute.assignment(seg.analysis, combo))
+                times, res = execute.timed(runner, params["warmup"], params["repeats"])
+                mem = max(ctx.gather_floats(float(res.peak_bytes)))
+                cost = statistics.median(times)
+                entries.append({"combo": list(combo), "time_s": cost, "times_s": times, "memory_bytes": mem,
+                                "in": state, "out": _place(res.outputs[0])})
+                ctx.log(f"SegmentIdx: {k} ParallelBlock Strategy: {list(combo)} input {_name(state)} avgcost: "
+                        f"{cost} mem_cost(GB): {mem / 2**30:.6f}")
+        seconds = time.perf_counter() - t0
+        if ctx.rank == 0:
+            prof.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps({"segment": k, "layer": key, "signature": sig, "space": space,
+                                           "seconds": seconds, "entries": entries}, indent=1) + "\n")
+        rows += [Measurement("segment_combinations", len(entries), "count", {"segment": k}),
+                 Measurement("segment_profile_time", seconds, "s", {"segment": k})]
+    path = prof / "boundary.json"
+    if not path.exists() or params["force"]:
+        table = boundary_costs(mesh, s, params["repeats"])
+        if ctx.rank == 0:
+            atomic_write(path, json.dumps(table, indent=1) + "\n")
+    total = time.perf_counter() - t_all
+    ctx.log(f"overlapped_profiling overall time {total}")
+    return [*rows, Measurement("profile_time", total, "s")]
+
+
+def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]:
+    """Measured seconds to redistribute the activation between segments, per (from, to) partition."""
+    c = s.config
+    full = torch.randn(s.batch_size, c.seq_len, c.hidden_size)
+    out: dict[str, float] = {}
+    for src in (R, P, 0, 1, 2):
+        for dst in STATES:
+            times = []
+            for _ in range(repeats + 1):
+                t = (DTensor.from_local(full / mesh.size(), mesh, [Partial()], run_check=False) if src == P
+                     else distribute_tensor(full, mesh, execute.placement(src)))
+                torch.distributed.barrier()
+                t0 = time.perf_counter()
+                t.redistribute(mesh, execute.placement(dst)).to_local().sum().item()
+                times.append(time.perf_counter() - t0)
+            out[f"{src},{dst}"] = statistics.median(times[1:])
+    return out
+
+
+@dataclass
+class Found:
+    choice: list[int]  # a strategy per global ParallelBlock
+    predicted_s: float
+    memory_bytes: float
+    search_s: float
+
+
+def dynamic_program(a: Analysis, profiles: dict[int, dict[str, Any]], boundary: dict[str, float],
+                    memory_limit: float) -> Found:
+    """The fastest plan under the memory limit: segments in order, state = the activation's partition."""
+    t0 = time.perf_counter()
+    # state -> Pareto list of (time, memory, choice)
+    frontier: dict[int, list[tuple[float, float, list[int]]]] = {R: [(0.0, 0.0, [])]}
+    for k in range(len(a.segments)):
+        nxt: dict[int, list[tuple[float, float, list[int]]]] = {}
+        for prev, paths in frontier.items():
+            for e in profiles[a.mapped[k]]["entries"]:
+                if prev in STATES and e["in"] != prev:
+                    continue  # profiled with exactly this input partition
+                # otherwise (partial sums, another split) redistribute to the input partition, and back for
+                # the gradient
+                move = 0.0 if prev in STATES else boundary[f"{prev},{e['in']}"] + boundary[f"{e['in']},{R}"]
+                for t, m, ch in paths:
+                    cand = (t + move + e["time_s"], m + e["memory_bytes"], ch + e["combo"])
+                    if cand[1] <= memory_limit:
+                        nxt.setdefault(e["out"], []).append(cand)
+        frontier = {st: _pareto(v) for st, v in nxt.items()}
+    best = min((p for v in frontier.values() for p in v), default=None)
+    if best is None:
+        raise PointFailed(f"no plan fits the memory limit of {memory_limit / 2**30:.3f} GB per device; raise "
+                          "memory_limit_gb")
+    return Found(best[2], best[0], best[1], time.perf_counter() - t0)
+
+
+def _pareto(paths: list[tuple[float, float, list[int]]], keep: int = 64) -> list[tuple[float, float, list[int]]]:
+    out: list[tuple[float, float, list[int]]] = []
+    for p in sorted(paths, key=lambda p: (p[0], p[1])):
+        if not out or p[1] < out[-1][1]:
+            out.append(p)
+    return out[:keep]
+
+
+def _weighted(a: Analysis, c: Any) -> bool:
+    """Whether a contraction multiplies by a parameter (possibly through a transpose or view)."""
+    for x in graph.operands(c):
+        while x not in a.param_names and x.op == "call_function" and graph.op_name(x) in graph.LAYOUT:
+            x = x.all_input_nodes[0]
+        if x in a.param_names:
+            return True
+    return False
+
+
+def _feeding(a: Analysis, c: Any, layer: str, owner: dict[Any, Any]) -> set[Any]:
+    """The weight contractions of `layer` whose outputs reach c's left operand: through any operator and
+    through the layer's weightless contractions (attention scores), not through weight GEMMs."""
+    out, seen, todo = set(), set(), [graph.operands(c)[0]]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in owner:
+            if owner[x].layer != layer:
+                continue
+            if _weighted(a, x):
+                out.add(x)
+                continue
+        todo.extend(x.all_input_nodes)
+    return out
+
+
+def baseline(a: Analysis, name: str) -> list[int]:
+    """Data parallel: every block splits rows (the batch). Tensor parallel (Megatron): a weight GEMM that
+    reads the output of a column-split GEMM of its layer splits its contraction, any other weight GEMM
+    splits its columns; blocks without weights (attention scores, expert dispatch) split the batch."""
+    if name == "data-parallel":
+        return [0] * len(a.blocks)
+    owner = {c: b for b in a.blocks for c in b.plans}
+    choice: dict[int, int] = {}
+    for b in a.blocks:
+        if not _weighted(a, b.entry):
+            choice[b.index] = 0
+            continue
+        col = next(i for i, s in enumerate(b.strategies) if s.lhs == R and s.rhs >= 0)
+        contr = next((i for i, s in enumerate(b.strategies) if s.allreduce), col)
+        fed_by_col = any(owner[c].plans[c][choice[owner[c].index]].out >= 0 and
+                         owner[c].plans[c][choice[owner[c].index]].lhs == R
+                         for c in _feeding(a, b.entry, b.layer, owner) if owner[c].index in choice)
+        choice[b.index] = contr if fed_by_col else col
+    return [choice[b.index] for b in a.blocks]
+
+
+def errors(model: models.LanguageModel, s: Setup, res: execute.StepResult) -> tuple[float, float]:
+    """The plan's loss and gradients against the unsharded model's on this process: absolute loss error
+    and the largest gradient error relative to that gradient's largest entry."""
+    model.zero_grad()
+    loss = model(*models.batch(s.config, s.batch_size))
+    loss.backward()
+    got = [o.full_tensor().cpu() for o in res.outputs]
+    grad_err = max(float((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
+                   for g, p in zip(got[1:], model.parameters(), strict=True))
+    return abs(float(got[0]) - float(loss)), grad_err
+
+
+def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    s = Setup.of(params, ctx.world_size)
+    model, cap = global_step(s)
+    a = cap.analysis
+    prof = s.dir / "profile"
+    profiles = {}
+    for k in a.unique_segments():
+        path = prof / f"segment_{k}.json"
+        lo, hi = a.segments[k]
+        if not path.exists() or json.loads(path.read_text()).get("signature") != signature(a, lo, hi):
+            raise ParamError(f"no profile of segment {k} for this model and mesh in {prof}.",
+                             "run the profile pass first (reproflow cfp profile with the same options)")
+        profiles[k] = json.loads(path.read_text())
+    boundary = json.loads((prof / "boundary.json").read_text())
+    limit = params["memory_limit_gb"] * 2**30 if params["memory_limit_gb"] > 0 else float("inf")
+    found = dynamic_program(a, profiles, boundary, limit)
+    profile_s = sum(p["seconds"] for p in profiles.values())
+    ctx.log(f"searched ParallelBlock Strategies solution: {found.choice}")
+    flops = a.flops()
+    mesh = _mesh(ctx)
+    rows = [Measurement("predicted_time", found.predicted_s, "s", {"plan": "cfp"}),
+            Measurement("predicted_memory", found.memory_bytes / 2**30, "GB", {"plan": "cfp"})]
+    plans: dict[str, tuple[dict, str, float]] = {
+        "cfp": (execute.assignment(a, found.choice), str(found.choice), found.search_s + profile_s + a.seconds)}
+    for b in (b for b in params["baselines"].split(",") if b):
+        if b == "alpa":
+            c = s.config
+            nbytes = s.batch_size * c.seq_len * c.hidden_size * 4
+            bandwidth = (s.n - 1) / s.n * nbytes / max(boundary[f"0,{R}"], 1e-9)  # the measured all-gather
+            sol = alpa.solve(a, bandwidth)
+            ctx.log(f"alpa: integer program over {len(a.contractions())} contractions ({sol.variables} variables, "
+                    f"{bandwidth / 1e9:.2f} GB/s) solved in {sol.seconds:.3f} s, predicted communication "
+                    f"{sol.predicted_s:.4g} s")
+            plans[b] = (sol.assign, "per-contraction", sol.seconds + a.seconds)
+        else:
+            choice = baseline(a, b)
+            plans[b] = (execute.assignment(a, choice), str(choice), 0.0)
+    for name, (assign, shown, search_s) in plans.items():
+        runner = execute.Runner(cap, mesh, assign)
+        coords = {"plan": name}
+        rows.append(Measurement("search_time", search_s, "s", coords))
+        if params["verify"]:
+            loss_err, grad_err = errors(model, s, runner.step(update=False))
+            ctx.log(f"{name}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
+                    f"{grad_err:.3g} (relative)")
+            rows += [Measurement("loss_error", loss_err, "abs", coords),
+                     Measurement("grad_error", grad_err, "rel", coords)]
+        times, res = execute.timed(runner, params["warmup"], params["runs"])
+        mem = max(ctx.gather_floats(float(res.peak_bytes)))
+        tflops = [flops / t / 1e12 for t in times]
+        if name == "cfp":
+            ctx.log(f"searched training cost: {times}, memory_cost: {mem / 2**30:.6f}\nTFLOP_COUNT: {flops / 1e12}\n"
+                    f"tflops: {tflops}")
+        else:
+            ctx.log(f"{name} plan {shown}: training cost {times}, memory {mem / 2**30:.6f} GB, tflops {tflops}")
+        rows += [Measurement("step_time", statistics.median(times), "s", coords),
+                 Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords),
+                 Measurement("memory", mem / 2**30, "GB", coords)]
+    ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
+            f"predicted {found.predicted_s:.4f} s per step")
+    return rows

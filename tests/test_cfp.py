@@ -1,0 +1,143 @@
+"""CFP: the analysis on the three tiny models as units; the three passes from one command on 4 gloo ranks,
+where every plan run (CFP's, data parallel, tensor parallel) must compute the unsharded model's loss and
+gradients; and bad input."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import reproflow
+
+from reproflow.families.cfp import execute, graph, models, passes
+
+
+def _analysis(model: str, n: int = 4) -> graph.Analysis:
+    c = models.config_of(model, "tiny")
+    return execute.capture(models.build(model, c), list(models.batch(c, 8)), n, "model").analysis
+
+
+@pytest.mark.parametrize("model,unique", [("gpt", 3), ("moe", 4), ("llama", 3)])
+def test_analysis_finds_one_unique_segment_per_repeated_layer_part(model: str, unique: int) -> None:
+    a = _analysis(model)
+    # Every contraction (forward and backward GEMMs) belongs to exactly one block.
+    members = [c for b in a.blocks for c in b.plans]
+    assert sorted(map(str, members)) == sorted(map(str, a.contractions()))
+    # Two layers: attention and MLP (MoE: attention, dense MLP, experts) map to one segment each, plus the head.
+    assert len(a.unique_segments()) == unique
+    assert a.mapped[2] == 0  # layer 1's attention is layer 0's
+    for k in a.unique_segments():
+        space = 1
+        for s in a.search_space(k):
+            space *= s
+        assert 1 < space < a.operator_space(k)
+    text = graph.describe(a)
+    assert "Parallel Block 0:" in text and "Plan: " in text and "ParallelBlocks sequence: (0, " in text
+    assert "Strategy RR = RS x SR (allreduce)" in graph.strategy_map(a)
+
+
+def test_strategies_follow_the_mesh_and_divisibility() -> None:
+    a = _analysis("gpt")
+    qkv = a.blocks[0].entry  # [512, 64] x [64, 192]
+    assert [(s.lhs, s.rhs, s.allreduce) for s in graph.strategies(qkv, 4)] == [(0, -1, False), (-1, 1, False),
+                                                                             (1, 0, True)]
+    assert len(graph.strategies(qkv, 3)) == 1  # only 192 columns split in 3 (512 rows and 64 do not)
+
+
+def test_reshape_keeps_a_split_only_on_contiguous_chunks() -> None:
+    assert graph._reshape((8, 64, 192), (8, 64, 4, 48), 2, 4) == 2  # hidden -> heads
+    assert graph._reshape((8, 4, 64, 16), (32, 64, 16), 0, 4) == 0  # batch merged with heads, batch outer
+    assert graph._reshape((8, 4, 64, 16), (32, 64, 16), 1, 4) is None  # heads are not a contiguous chunk
+    assert graph._reshape((512, 64), (8, 64, 64), 0, 4) == 0
+
+
+def test_dynamic_program_pays_for_changing_the_partition() -> None:
+    a = _analysis("gpt")
+    entry = {"combo": None, "time_s": 1.0, "memory_bytes": 1.0}
+    profiles = {k: {"entries": [entry | {"combo": [0] * len(a.search_space(k)), "in": 0, "out": 0, "time_s": 1.0},
+                                entry | {"combo": [1] * len(a.search_space(k)), "in": -1, "out": -1,
+                                         "time_s": 0.9}]} for k in a.unique_segments()}
+    costly = {f"{s},{d}": 0.0 if s == d or d == 0 else 5.0 for s in (-1, -2, 0, 1, 2) for d in (-1, 0)}
+    found = passes.dynamic_program(a, profiles, costly, float("inf"))
+    assert found.choice[0] == 1 and found.predicted_s == pytest.approx(0.9 * len(a.segments))  # starts replicated
+    with pytest.raises(Exception, match="memory_limit_gb"):
+        passes.dynamic_program(a, profiles, costly, 0.5)
+
+
+def test_baselines_are_data_and_megatron_tensor_parallel() -> None:
+    a = _analysis("gpt")
+    tp = passes.baseline(a, "tensor-parallel")
+    strat = [b.strategies[k] for b, k in zip(a.blocks, tp, strict=True)]
+    # qkv splits columns (heads), the attention projection splits its contraction, fc1 splits columns
+    # (fc2 follows it inside the block with a split contraction).
+    assert [(s.rhs >= 0 and s.lhs == -1, s.allreduce) for s in strat[:5]] == [
+        (True, False), (False, False), (False, False), (False, True), (True, False)]
+    assert set(passes.baseline(a, "data-parallel")) == {0}
+
+
+def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path) -> None:
+    # 2 ranks keep it to a few minutes on 2 cores; `make demo` runs all three models on 4.
+    res = reproflow("cfp", "all", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
+                    str(tmp_path / "w"), "--repeats", "1", "--runs", "1", "--warmup", "0", "--nproc", "2",
+                    timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout
+    assert "ParallelBlocks sequence: (5, 9) mapped to  (0, 4)" in out
+    assert "segment PB search space: [3, 4, 4, 3]" in out and "SegmentIdx: 0 ParallelBlock Strategy" in out
+    assert "searched ParallelBlock Strategies solution:" in out and "tflops:" in out
+    work = tmp_path / "w" / "gpt-tiny-L2-B8-n2"
+    assert (work / "strategy_map.txt").read_text().startswith("Instruction ")
+    assert len(list((work / "profile").glob("segment_*.json"))) == 3
+    rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
+    errs = {(r["plan"], r["metric"]): float(r["value"]) for r in rows if r["metric"] in ("loss_error", "grad_error")}
+    assert {p for p, _ in errs} == {"cfp", "alpa", "data-parallel", "tensor-parallel"}
+    assert all(v < 1e-4 for v in errs.values()), errs
+    steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
+    assert set(steps) == {"cfp", "alpa", "data-parallel", "tensor-parallel"} and all(v > 0 for v in steps.values())
+    assert "alpa: integer program over 39 contractions" in out
+    # A rerun skips the points already measured; the profile pass alone (another suite) reuses the profiles.
+    fast = ["--nproc", "2", "--repeats", "1", "--runs", "1", "--warmup", "0"]
+    again = reproflow("cfp", "all", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
+                      str(tmp_path / "w"), *fast, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("0 to run, 1 already done") == 3, again.stdout[-2000:]
+    again = reproflow("cfp", "profile", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
+                      str(tmp_path / "w"), *fast, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("profiled already") == 3, again.stdout[-2000:]
+
+
+def test_bad_input_names_the_fix(tmp_path: Path) -> None:
+    res = reproflow("cfp", "analysis", "--model", "bert", "--results", str(tmp_path))
+    assert res.returncode == 2 and "--model" in res.stderr and "gpt, moe, llama" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = reproflow("cfp", "search", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
+                    str(tmp_path / "none"), "--nproc", "2", timeout=300)
+    assert res.returncode != 0 and "run the profile pass first" in res.stdout + res.stderr
+    res = reproflow("cfp", "analysis", "--batch_size", "6", "--results", str(tmp_path / "b"))
+    assert res.returncode != 0 and "batch_size" in res.stdout + res.stderr
+
+
+def test_segment_captured_alone_has_the_models_blocks() -> None:
+    s = passes.Setup("llama", "tiny", 0, 8, 4, Path("unused"))
+    model, cap = passes.global_step(s)
+    a = cap.analysis
+    for k in a.unique_segments():
+        lo, hi = a.segments[k]
+        seg = passes.segment_step(model, a.blocks[lo].layer, s)
+        assert [b.signature() for b in seg.analysis.blocks] == [b.signature() for b in a.blocks[lo:hi]]
+    assert a.flops() > 0 and torch.get_default_dtype() == torch.float32
+
+
+def test_committed_suite_is_what_cfp_all_generates() -> None:
+    """workflows/cfp-small.toml (rendered to sbatch/) holds the experiments of `reproflow cfp all`."""
+    import tomllib
+
+    from conftest import ROOT
+
+    from reproflow.cli import build_parser
+    from reproflow.families.cfp.cli import PASSES, suite_text
+
+    args = build_parser().parse_args(["cfp", "all", "--model", "gpt,moe,llama"])
+    generated = tomllib.loads(suite_text(["gpt", "moe", "llama"], list(PASSES), args))["experiment"]
+    assert tomllib.loads((ROOT / "workflows" / "cfp-small.toml").read_text())["experiment"] == generated
