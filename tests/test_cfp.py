@@ -92,10 +92,11 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert len(list((work / "profile").glob("segment_*.json"))) == 3
     rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
     errs = {(r["plan"], r["metric"]): float(r["value"]) for r in rows if r["metric"] in ("loss_error", "grad_error")}
-    assert {p for p, _ in errs} == {"cfp", "alpa", "data-parallel", "tensor-parallel"}
+    plans = {"cfp", "alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "zero1", "zero2", "zero3"}
+    assert {p for p, _ in errs} == plans
     assert all(v < 1e-4 for v in errs.values()), errs
     steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
-    assert set(steps) == {"cfp", "alpa", "data-parallel", "tensor-parallel"} and all(v > 0 for v in steps.values())
+    assert set(steps) == plans and all(v > 0 for v in steps.values())
     assert "alpa: integer program over 39 contractions" in out
     # A rerun skips the points already measured; the profile pass alone (another suite) reuses the profiles.
     fast = ["--nproc", "2", "--repeats", "1", "--runs", "1", "--warmup", "0"]
@@ -107,6 +108,23 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert again.returncode == 0 and again.stdout.count("profiled already") == 3, again.stdout[-2000:]
 
 
+def test_enumeration_predicts_volume_and_measures_communication(tmp_path: Path) -> None:
+    res = reproflow("cfp", "enum", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
+                    str(tmp_path / "w"), "--nproc", "2", "--runs", "1", "--warmup", "0", timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "generated_search_space: [3, 4, 4, 3, 3, 3, 4, 4, 3, 3, 3]" in res.stdout
+    rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
+    volume = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "comm_volume"}
+    comm = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "comm_time"}
+    # 1 + the other strategies of every block of the unique segments: (2+3+3+2) + 2 + 2
+    assert len(volume) == len(comm) == res.stdout.count("sval [") == 15
+    assert all(v > 0 for v in comm.values())
+    # Data parallel moves the gradients only; splitting the attention projection's contraction adds
+    # all-reduces of activations.
+    zeros = " ".join(["0"] * 11)
+    assert volume[zeros] > 0 and max(volume.values()) > volume[zeros]
+
+
 def test_bad_input_names_the_fix(tmp_path: Path) -> None:
     res = reproflow("cfp", "analysis", "--model", "bert", "--results", str(tmp_path))
     assert res.returncode == 2 and "--model" in res.stderr and "gpt, moe, llama" in res.stderr
@@ -116,6 +134,8 @@ def test_bad_input_names_the_fix(tmp_path: Path) -> None:
     assert res.returncode != 0 and "run the profile pass first" in res.stdout + res.stderr
     res = reproflow("cfp", "analysis", "--batch_size", "6", "--results", str(tmp_path / "b"))
     assert res.returncode != 0 and "batch_size" in res.stdout + res.stderr
+    res = reproflow("cfp", "search", "--baselines", "alpa,megatron", "--results", str(tmp_path / "c"))
+    assert res.returncode != 0 and "megatron" in res.stdout + res.stderr and "zero3" in res.stdout + res.stderr
 
 
 def test_segment_captured_alone_has_the_models_blocks() -> None:
@@ -132,7 +152,6 @@ def test_segment_captured_alone_has_the_models_blocks() -> None:
 def test_committed_suite_is_what_cfp_all_generates() -> None:
     """workflows/cfp-small.toml (rendered to sbatch/) holds the experiments of `reproflow cfp all`."""
     import tomllib
-
     from conftest import ROOT
 
     from reproflow.cli import build_parser
@@ -141,3 +160,16 @@ def test_committed_suite_is_what_cfp_all_generates() -> None:
     args = build_parser().parse_args(["cfp", "all", "--model", "gpt,moe,llama"])
     generated = tomllib.loads(suite_text(["gpt", "moe", "llama"], list(PASSES), args))["experiment"]
     assert tomllib.loads((ROOT / "workflows" / "cfp-small.toml").read_text())["experiment"] == generated
+
+
+def test_analysis_at_the_seeds_moe_size_holds_no_memory() -> None:
+    """The seed's MoEModelConfig(1024, 1280, 16, 4, 32000, 32, 2048) with --num_layer 4 --batch_size 64:
+    analysed on meta tensors in seconds (the real weights would take gigabytes)."""
+    s = passes.Setup("moe", "seed", 4, 64, 4, Path("unused"))
+    model, cap = passes.global_step(s, meta=True)
+    a = cap.analysis
+    assert next(model.parameters()).is_meta
+    # dense attention, dense MLP, attention, experts; twice; then the head
+    assert a.mapped == [0, 1, 0, 3, 0, 1, 0, 3, 8]
+    assert [a.search_space(k) for k in a.unique_segments()] == [[3, 4, 4, 3], [3], [3, 4, 4], [3]]
+    assert a.flops() / 1e12 == pytest.approx(68.365, rel=1e-3)

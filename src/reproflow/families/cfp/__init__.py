@@ -13,28 +13,31 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reproflow.context import RunContext
-from reproflow.families.cfp import passes
-from reproflow.families.cfp.cli import register_cli
+from reproflow.errors import ParamError
+from reproflow.families.cfp import passes, torch_baselines
+from reproflow.families.cfp.cli import BASELINES, register_cli
 from reproflow.families.cfp.models import MODELS
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
 
-MODES = ("analysis", "profile", "search")
-BASELINES = ("alpa", "data-parallel", "tensor-parallel")
+MODES = ("analysis", "profile", "search", "enum")
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
     passes.check(params, world_size)
-    from reproflow.errors import ParamError
 
-    bad = [b for b in params["baselines"].split(",") if b and b not in BASELINES]
+    wanted = [b for b in params["baselines"].split(",") if b]
+    bad = [b for b in wanted if b not in BASELINES]
     if bad:
         raise ParamError(f"baselines has {', '.join(bad)}.", f"a comma-separated list of {', '.join(BASELINES)}")
+    if any(b.startswith("zero") for b in wanted) and not torch_baselines.deepspeed_available():
+        raise ParamError("baselines zero1-3 need DeepSpeed, which is not installed.",
+                         "pip install '.[deepspeed]' (make does), or leave zero1, zero2, zero3 out of baselines")
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    return {"analysis": passes.analysis, "profile": passes.profile, "search": passes.search}[params["mode"]](
-        ctx, params)
+    return {"analysis": passes.analysis, "profile": passes.profile, "search": passes.search,
+            "enum": passes.enum}[params["mode"]](ctx, params)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
@@ -48,8 +51,8 @@ FAMILY = Family(
     name="cfp",
     summary="CFP: ParallelBlock analysis, segment profiling and strategy search on GPT, MoE and LLaMA",
     params=(
-        Param("mode", "str", "analysis", "the pass: analysis, profile (needs the analysis's model), or search "
-              "(needs the profiles)", choices=MODES),
+        Param("mode", "str", "analysis", "the pass: analysis, profile, search (needs the profiles), or enum "
+              "(communication volume against measured time, per plan)", choices=MODES),
         Param("model", "str", "gpt", "the model", choices=MODELS),
         Param("size", "str", "tiny", "model size: tiny (for CPUs), or the reference's (gpt 125M..2.6B, moe seed, "
               "llama 7B)"),
@@ -59,8 +62,9 @@ FAMILY = Family(
         Param("repeats", "int", 2, "profile: timed steps per strategy combination", minimum=1),
         Param("runs", "int", 3, "search: timed steps of each plan", minimum=1),
         Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
-        Param("baselines", "str", "alpa,data-parallel,tensor-parallel",
-              "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program)"),
+        Param("baselines", "str", ",".join(BASELINES),
+              "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; ddp, "
+              "fsdp2: PyTorch's on the module; zero1-3: DeepSpeed's ZeRO stages)"),
         Param("verify", "bool", True, "search: check each plan's loss and gradients against the unsharded model "
               "(one process holds the whole model: tiny sizes)"),
         Param("force", "bool", False, "profile: re-profile segments already on disk"),

@@ -13,7 +13,6 @@ runner then executes the assignment like any other plan.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,17 +47,8 @@ def reshard_s(src: int | None, dst: int, nbytes: float, n: int, bandwidth: float
 
 
 def _producers(x: fx.Node, contractions: set[fx.Node]) -> set[fx.Node]:
-    out, seen, todo = set(), set(), [x]
-    while todo:
-        y = todo.pop()
-        if y in seen:
-            continue
-        seen.add(y)
-        if y in contractions:
-            out.add(y)
-        elif y.op == "call_function":
-            todo.extend(y.all_input_nodes)
-    return out
+    """The contractions whose outputs reach x through other operators."""
+    return graph.upstream(x, contractions.__contains__, lambda y: y in contractions or y.op != "call_function")
 
 
 def _arrives(a: Analysis, c: fx.Node, s: Strategy, x: fx.Node, order: dict[fx.Node, int]) -> int | None:
@@ -75,47 +65,62 @@ def _arrives(a: Analysis, c: fx.Node, s: Strategy, x: fx.Node, order: dict[fx.No
     return q if isinstance(q, int) else R
 
 
-def solve(a: Analysis, bandwidth: float) -> Solution:
-    """The cheapest assignment of a strategy to every contraction under the cost model above."""
-    t0 = time.perf_counter()
+@dataclass
+class Terms:
+    """The cost model on a graph: each contraction's strategies, the cost of choosing one, and the cost of
+    each pair of choices (producer strategy i, consumer strategy j) that reshards between them."""
+
+    strat: dict[fx.Node, list[Strategy]]
+    node: dict[tuple[fx.Node, int], float]
+    edges: list[tuple[fx.Node, int, fx.Node, int, float]]
+
+    def cost(self, assign: dict[fx.Node, Strategy]) -> float:
+        """The modelled cost of an assignment (seconds; bytes moved when bandwidth is 1)."""
+        pick = {c: self.strat[c].index(s) for c, s in assign.items()}
+        return sum(self.node[c, pick[c]] for c in pick) + sum(
+            v for c, i, d, j, v in self.edges if pick[c] == i and pick[d] == j)
+
+
+def terms(a: Analysis, bandwidth: float) -> Terms:
+    """Alpa's per-strategy and resharding costs on the graph (see the module's docstring)."""
     cons = a.contractions()
     cset = set(cons)
     order = {nd: i for i, nd in enumerate(a.graph.graph.nodes)}
     strat = {c: graph.strategies(c, a.n) for c in cons}
-    var = {}
-    cost: list[float] = []
-    for c in cons:
-        for i, s in enumerate(strat[c]):
-            var[c, i] = len(cost)
-            cost.append(reshard_s(None, R, _bytes(c), a.n, bandwidth) if s.allreduce else 0.0)
-    pairs: list[tuple[int, int, int]] = []  # (edge variable, x variable, y variable)
-
-    def edge(ci: int, dj: int, price: float) -> None:
-        if price > 0:
-            pairs.append((len(cost), ci, dj))
-            cost.append(price)
-
+    t = Terms(strat, {(c, i): reshard_s(None, R, _bytes(c), a.n, bandwidth) if s.allreduce else 0.0
+                      for c in cons for i, s in enumerate(strat[c])}, [])
     for d in cons:
         for k, x in enumerate(graph.operands(d)):
             if x in a.param_of:
                 continue
-            for c in _producers(x, cset):
-                if order[c] >= order[d]:
+            for c in sorted(_producers(x, cset), key=order.__getitem__):  # a fixed order: the same program
+                if order[c] >= order[d]:                                    # on every rank
                     continue
                 for i, s in enumerate(strat[c]):
                     q = _arrives(a, c, s, x, order)
-                    for j, t in enumerate(strat[d]):
-                        edge(var[c, i], var[d, j], reshard_s(q, (t.lhs, t.rhs)[k], _bytes(x), a.n, bandwidth))
-    _gradient_edges(a, cons, strat, var, edge, bandwidth)
+                    for j, u in enumerate(strat[d]):
+                        t.edges.append((c, i, d, j, reshard_s(q, (u.lhs, u.rhs)[k], _bytes(x), a.n, bandwidth)))
+    _gradient_edges(a, t, bandwidth)
+    t.edges = [e for e in t.edges if e[4] > 0]
+    return t
+
+
+def solve(a: Analysis, bandwidth: float) -> Solution:
+    """The cheapest assignment of a strategy to every contraction, as an integer linear program:
+    x_ci = 1 when c runs strategy i, e >= x_ci + x_dj - 1 for every priced pair."""
+    t0 = time.perf_counter()
+    t = terms(a, bandwidth)
+    var = {key: k for k, key in enumerate(t.node)}
+    cost = list(t.node.values()) + [e[4] for e in t.edges]
     nvar = len(cost)
     rows, lo, hi = [], [], []
-    for c in cons:  # one strategy per contraction
+    for c, options in t.strat.items():  # one strategy per contraction
         row = np.zeros(nvar)
-        row[[var[c, i] for i in range(len(strat[c]))]] = 1
+        row[[var[c, i] for i in range(len(options))]] = 1
         rows.append(row), lo.append(1), hi.append(1)
-    for e, xi, yj in pairs:  # e >= x_i + y_j - 1
+    for k, (c, i, d, j, _) in enumerate(t.edges):
         row = np.zeros(nvar)
-        row[[e, xi, yj]] = [1, -1, -1]
+        row[[len(var) + k, var[c, i], var[d, j]]] = [1, -1, -1]
         rows.append(row), lo.append(-1), hi.append(np.inf)
     integral = np.zeros(nvar)
     integral[:len(var)] = 1
@@ -123,20 +128,19 @@ def solve(a: Analysis, bandwidth: float) -> Solution:
                bounds=Bounds(0, 1))
     if res.x is None:
         raise RuntimeError(f"the Alpa-style program has no solution: {res.message}")
-    assign = {c: strat[c][max(range(len(strat[c])), key=lambda i: res.x[var[c, i]])] for c in cons}
+    assign = {c: opts[max(range(len(opts)), key=lambda i: res.x[var[c, i]])] for c, opts in t.strat.items()}
     return Solution(assign, float(res.fun), time.perf_counter() - t0, nvar)
 
 
-def _gradient_edges(a: Analysis, cons: list[fx.Node], strat: dict[fx.Node, list[Strategy]],
-                    var: dict[tuple[fx.Node, int], int], edge: Callable[[int, int, float], None],
-                    bandwidth: float) -> None:
+def _gradient_edges(a: Analysis, t: Terms, bandwidth: float) -> None:
     """A parameter is stored as its first contraction uses it; its gradient, made by a backward contraction,
     is brought to that partition (the data-parallel all-reduce when the parameter is replicated)."""
     out = next(nd for nd in a.graph.graph.nodes if nd.op == "output")
     params = list(a.param_names)
     grads = pytree.tree_leaves(out.args[0])[-len(params):]
+    strat = t.strat
     first: dict[fx.Node, tuple[fx.Node, int, fx.Node]] = {}
-    for c in cons:
+    for c in a.contractions():
         for k, y in enumerate(graph.operands(c)):
             if y in a.param_of and a.param_of[y] not in first:
                 first[a.param_of[y]] = (c, k, y)
@@ -155,10 +159,10 @@ def _gradient_edges(a: Analysis, cons: list[fx.Node], strat: dict[fx.Node, list[
                 for z in reversed(chain[:-1]):
                     q = graph.propagate(z, {z.all_input_nodes[0]: at}, lambda _: True, a.n)
                     at = q if isinstance(q, int) else _GATHERED
-            for j, t in enumerate(strat[c]):
-                stored = graph.stored(y, p, (t.lhs, t.rhs)[k], a.n)
+            for j, u in enumerate(strat[c]):
+                stored = graph.stored(y, p, (u.lhs, u.rhs)[k], a.n)
                 if stored is not None:
-                    edge(var[src, i], var[c, j], reshard_s(at, stored, _bytes(p), a.n, bandwidth))
+                    t.edges.append((src, i, c, j, reshard_s(at, stored, _bytes(p), a.n, bandwidth)))
 
 
 _GATHERED = -9  # a partition the propagation lost: reaching any other costs an all-gather

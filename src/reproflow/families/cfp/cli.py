@@ -4,6 +4,7 @@
   reproflow cfp --mode profile --model moe --num_layer 4 --batch_size 64     (the scripts' form)
   reproflow cfp search --model moe --num_layer 4 --batch_size 64
   reproflow cfp all --model gpt,moe,llama                                     (the three passes, each model)
+  reproflow cfp enum --model gpt      (communication volume vs measured communication and compute time)
 
 Each command writes a suite under --results and runs it here on --nproc ranks (gloo on CPUs), or
 submits it to Slurm with --submit; rows land in the results folder, the analysis files and the
@@ -19,8 +20,10 @@ import json
 from reproflow.cli import generated_suite_options, run_generated_suite
 from reproflow.errors import ReproflowError
 from reproflow.families.cfp.models import MODELS
+from reproflow.families.cfp.torch_baselines import KINDS
 
 PASSES = ("analysis", "profile", "search")
+BASELINES = ("alpa", "data-parallel", "tensor-parallel", *KINDS)
 
 
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
@@ -60,9 +63,10 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     """Add `reproflow cfp ...`."""
     p = sub.add_parser("cfp", help="CFP: analysis, profile and search passes (GPT, MoE, LLaMA)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pass_", nargs="?", choices=[*PASSES, "all"], metavar="PASS",
-                   help="analysis, profile, search, or all three in order")
-    p.add_argument("--mode", choices=[*PASSES, "all"], help="the pass, as the reference's scripts give it")
+    p.add_argument("pass_", nargs="?", choices=[*PASSES, "all", "enum"], metavar="PASS",
+                   help="analysis, profile, search, all three in order, or enum (the reference's "
+                        "enum_and_benchmark: communication volume against measured time per plan)")
+    p.add_argument("--mode", choices=[*PASSES, "all", "enum"], help="the pass, as the reference's scripts give it")
     p.add_argument("--model", default="gpt", help=f"model(s), comma-separated: {', '.join(MODELS)}")
     p.add_argument("--size", default="tiny", help="model size (tiny for CPUs; the reference's: see reproflow list)")
     p.add_argument("--num_layer", type=int, default=0, help="layers (0: the size's)")
@@ -72,8 +76,10 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
     p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
     p.add_argument("--memory_limit_gb", type=float, default=0.0, help="search: memory limit per device (0: none)")
-    p.add_argument("--baselines", default="alpa,data-parallel,tensor-parallel",
-                   help="search: plans run beside CFP's (alpa: per-contraction strategies by an integer program)")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help="search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; "
+                        "ddp, fsdp2: PyTorch's DistributedDataParallel and fully_shard on the module; zero1-3: "
+                        "DeepSpeed's ZeRO stages, an optional extra)")
     p.add_argument("--work_dir", default="cfp-logs", help="analysis files and profiles")
     p.add_argument("--force", action="store_true", help="profile again segments already profiled")
     p.add_argument("--verbose", action="store_true", help="analysis: print every ParallelBlock")

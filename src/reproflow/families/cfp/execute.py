@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from reproflow.families.cfp import graph
 from reproflow.families.cfp.graph import Analysis, R
@@ -152,7 +152,7 @@ class Runner:
         nparams = len(self.cap.params)
         grads = outputs[-nparams:]
         t1 = time.perf_counter()
-        grads = [g.redistribute(self.mesh, p.placements) for g, p in zip(grads, self.values[:nparams], strict=True)]
+        grads = self._synchronise(grads, self.values[:nparams])
         comm += time.perf_counter() - t1
         if update:
             for i, g in enumerate(grads):
@@ -163,6 +163,22 @@ class Runner:
         dist.barrier()
         peak += sum(_bytes(v) for v in self.values[:nparams])
         return StepResult(outputs[:-nparams] + grads, elapsed, peak, comm)
+
+    def _synchronise(self, grads: list[DTensor], params: list[DTensor]) -> list[DTensor]:
+        """Bring each gradient to its parameter's partition. The partial sums of replicated parameters (the
+        data-parallel gradients) are all-reduced as one flat buffer, as DDP's buckets and XLA's combined
+        all-reduces do; the rest are redistributed one by one."""
+        bucket = [i for i, (g, p) in enumerate(zip(grads, params, strict=True))
+                  if isinstance(g.placements[0], Partial) and isinstance(p.placements[0], Replicate)]
+        out = [g if i in bucket else g.redistribute(self.mesh, p.placements)
+               for i, (g, p) in enumerate(zip(grads, params, strict=True))]
+        if bucket:
+            flat = torch.cat([grads[i].to_local().reshape(-1) for i in bucket])
+            dist.all_reduce(flat, group=self.mesh.get_group())
+            for i, piece in zip(bucket, flat.split([grads[i].to_local().numel() for i in bucket]), strict=True):
+                out[i] = DTensor.from_local(piece.view_as(grads[i].to_local()), self.mesh, [Replicate()],
+                                            run_check=False)
+        return out
 
     def _force(self, nd: fx.Node, args: list[Any]) -> tuple[Any, ...]:
         lhs, rhs = self.forced[nd]

@@ -223,8 +223,9 @@ class Block:
     n: int = 1
 
     def signature(self) -> tuple:
+        """What makes two blocks interchangeable: their operators, shapes and contraction plans."""
         return tuple((op_name(m), shape(m)) for m in self.members) + tuple(
-            (op_name(c), tuple(map(tuple, map(lambda s: (s.lhs, s.rhs), v)))) for c, v in self.plans.items())
+            (op_name(c), tuple((s.lhs, s.rhs) for s in plan)) for c, plan in self.plans.items())
 
 
 @dataclass
@@ -261,6 +262,22 @@ class Analysis:
             sa, sb = shape(a) or (), shape(b) or ()
             total += 2 * math.prod(sa) * sb[-1]
         return total
+
+
+def upstream(start: fx.Node, keep: Callable[[fx.Node], bool], stop: Callable[[fx.Node], bool]) -> set[fx.Node]:
+    """The nodes `keep` accepts among those met walking back from `start` through inputs, going no further
+    back than nodes `stop` accepts."""
+    out, seen, todo = set(), set(), [start]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if keep(x):
+            out.add(x)
+        if not stop(x):
+            todo.extend(x.all_input_nodes)
+    return out
 
 
 def capture(step: Callable[..., Any], *inputs: Any) -> fx.GraphModule:

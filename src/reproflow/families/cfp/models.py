@@ -86,8 +86,8 @@ class RMSNorm(nn.Module):
 def rotate(x: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Rotary position embedding on [batch, heads, seq, head_dim] (LLaMA's, half-split form)."""
     d = x.shape[-1]
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=x.device), inv)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
@@ -107,7 +107,7 @@ class Attention(nn.Module):
         if self.rotary:
             q, k = rotate(q, t), rotate(k, t)
         att = (q @ k.transpose(-2, -1)) * (self.c.head_dim ** -0.5)
-        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
         return self.proj((att @ v).transpose(1, 2).reshape(b, t, h))
 
@@ -149,11 +149,12 @@ class MoE(nn.Module):
         e, s = self.c.num_experts, min(self.c.expert_group_size, b * t)
         xg = x.reshape(b * t // s, s, h)
         gates = self.gate(xg).softmax(-1)  # [g, s, e]
-        experts = torch.arange(e)
+        experts = torch.arange(e, device=x.device)
         capacity = max(2 * s // e, 1)
-        slots = torch.arange(capacity)
-        dispatch = torch.zeros(*gates.shape, capacity)  # [g, s, e, c]: token s goes to slot c of expert e
-        combine = torch.zeros(*gates.shape, capacity)
+        slots = torch.arange(capacity, device=x.device)
+        # dispatch[g, s, e, c] = 1: token s of group g goes to slot c of expert e
+        dispatch = torch.zeros(*gates.shape, capacity, device=x.device)
+        combine = torch.zeros(*gates.shape, capacity, device=x.device)
         taken = torch.zeros_like(gates)
         used = torch.zeros_like(gates[:, :1])  # slots of each expert already filled in the group
         for _ in range(2):  # the top-1 expert, then the best of the rest; tokens past capacity are dropped
@@ -221,7 +222,7 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(tokens)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(tokens.shape[1]))
+            x = x + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
         for layer in self.layers:
             x = layer(x)
         return self.out(x, targets)

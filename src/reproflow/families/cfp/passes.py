@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError, PointFailed
-from reproflow.families.cfp import alpa, execute, graph, models
+from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
@@ -75,10 +75,16 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
                          f"size {c.expert_group_size}.", "a batch_size that fills whole expert groups")
 
 
-def global_step(s: Setup) -> tuple[models.LanguageModel, execute.Captured]:
-    """The model and its whole training step, captured and analysed for the mesh."""
-    model = models.build(s.model, s.config)
-    tokens, targets = models.batch(s.config, s.batch_size)
+def global_step(s: Setup, meta: bool = False) -> tuple[models.LanguageModel, execute.Captured]:
+    """The model and its whole training step, captured and analysed for the mesh. With `meta` the model
+    holds no memory (the analysis alone, at the reference's sizes)."""
+    if meta:
+        with torch.device("meta"):
+            model = models.LanguageModel(s.model, s.config)
+            tokens = targets = torch.zeros(s.batch_size, s.config.seq_len, dtype=torch.long)
+    else:
+        model = models.build(s.model, s.config)
+        tokens, targets = models.batch(s.config, s.batch_size)
     return model, execute.capture(model, [tokens, targets], s.n, "model")
 
 
@@ -108,7 +114,7 @@ def _name(p: int) -> str:
 
 def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     s = Setup.of(params, ctx.world_size)
-    _, cap = global_step(s)
+    _, cap = global_step(s, meta=True)
     a = cap.analysis
     if ctx.rank == 0:
         s.dir.mkdir(parents=True, exist_ok=True)
@@ -274,20 +280,11 @@ def _weighted(a: Analysis, c: Any) -> bool:
 def _feeding(a: Analysis, c: Any, layer: str, owner: dict[Any, Any]) -> set[Any]:
     """The weight contractions of `layer` whose outputs reach c's left operand: through any operator and
     through the layer's weightless contractions (attention scores), not through weight GEMMs."""
-    out, seen, todo = set(), set(), [graph.operands(c)[0]]
-    while todo:
-        x = todo.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if x in owner:
-            if owner[x].layer != layer:
-                continue
-            if _weighted(a, x):
-                out.add(x)
-                continue
-        todo.extend(x.all_input_nodes)
-    return out
+    def mine(x: Any) -> bool:
+        return x in owner and owner[x].layer == layer and _weighted(a, x)
+
+    return graph.upstream(graph.operands(c)[0], mine,
+                          lambda x: x in owner and (owner[x].layer != layer or _weighted(a, x)))
 
 
 def baseline(a: Analysis, name: str) -> list[int]:
@@ -320,7 +317,7 @@ def errors(model: models.LanguageModel, s: Setup, res: execute.StepResult) -> tu
     got = [o.full_tensor().cpu() for o in res.outputs]
     grad_err = max(float((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
                    for g, p in zip(got[1:], model.parameters(), strict=True))
-    return abs(float(got[0]) - float(loss)), grad_err
+    return abs(float(got[0]) - float(loss.detach())), grad_err
 
 
 def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
@@ -353,17 +350,26 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             nbytes = s.batch_size * c.seq_len * c.hidden_size * 4
             bandwidth = (s.n - 1) / s.n * nbytes / max(boundary[f"0,{R}"], 1e-9)  # the measured all-gather
             sol = alpa.solve(a, bandwidth)
+            # The ranks must run one assignment: rank 0's (a tie may be broken differently elsewhere).
+            cons = a.contractions()
+            picks = ctx.gather_objects([graph.strategies(c, a.n).index(sol.assign[c]) for c in cons])[0]
+            sol.assign = {c: graph.strategies(c, a.n)[i] for c, i in zip(cons, picks, strict=True)}
             ctx.log(f"alpa: integer program over {len(a.contractions())} contractions ({sol.variables} variables, "
                     f"{bandwidth / 1e9:.2f} GB/s) solved in {sol.seconds:.3f} s, predicted communication "
                     f"{sol.predicted_s:.4g} s")
             plans[b] = (sol.assign, "per-contraction", sol.seconds + a.seconds)
+        elif b in torch_baselines.KINDS:
+            plans[b] = ({}, "", 0.0)
         else:
             choice = baseline(a, b)
             plans[b] = (execute.assignment(a, choice), str(choice), 0.0)
     for name, (assign, shown, search_s) in plans.items():
-        runner = execute.Runner(cap, mesh, assign)
         coords = {"plan": name}
         rows.append(Measurement("search_time", search_s, "s", coords))
+        if name in torch_baselines.KINDS:
+            rows += _module_baseline(ctx, params, s, name, mesh, flops)
+            continue
+        runner = execute.Runner(cap, mesh, assign)
         if params["verify"]:
             loss_err, grad_err = errors(model, s, runner.step(update=False))
             ctx.log(f"{name}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
@@ -383,4 +389,81 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                  Measurement("memory", mem / 2**30, "GB", coords)]
     ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
             f"predicted {found.predicted_s:.4f} s per step")
+    return rows
+
+
+def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind: str, mesh: DeviceMesh,
+                     flops: float) -> list[Measurement]:
+    """DDP or FSDP2 on the nn.Module: checked, then timed like the graph plans (no memory figure: the
+    module's activations are not tracked the way the graph runner tracks them)."""
+    runner = torch_baselines.ModuleRunner(kind, s.model, s.config, s.batch_size, mesh)
+    coords = {"plan": kind}
+    rows = []
+    if params["verify"]:
+        loss_err, grad_err = torch_baselines.check(runner, s.model, s.config, s.batch_size)
+        ctx.log(f"{kind}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
+                f"{grad_err:.3g} (relative)")
+        rows += [Measurement("loss_error", loss_err, "abs", coords), Measurement("grad_error", grad_err, "rel", coords)]
+    for _ in range(params["warmup"]):
+        runner.step()
+    times = [max(ctx.gather_floats(runner.step()[0])) for _ in range(params["runs"])]
+    tflops = [flops / t / 1e12 for t in times]
+    ctx.log(f"{kind}: training cost {times}, tflops {tflops}")
+    return [*rows, Measurement("step_time", statistics.median(times), "s", coords),
+            Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords)]
+
+
+def variations(a: Analysis) -> list[list[int]]:
+    """The plans the communication enumeration runs: every block at its first strategy, then, for each
+    block of each unique segment and each other strategy, that strategy in every copy of the segment."""
+    base = [0] * len(a.blocks)
+    plans = [base]
+    for k in a.unique_segments():
+        lo, hi = a.segments[k]
+        for j in range(hi - lo):
+            for v in range(1, len(a.blocks[lo + j].strategies)):
+                plan = list(base)
+                for (lo2, _), m in zip(a.segments, a.mapped, strict=True):
+                    if m == k:
+                        plan[lo2 + j] = v
+                plans.append(plan)
+    return plans
+
+
+def communication_time(runner: execute.Runner) -> tuple[float, float]:
+    """One step under the profiler: (seconds in collectives and waits for them, the step's seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        res = runner.step()
+    comm = sum(e.self_cpu_time_total for e in prof.key_averages()
+               if "c10d" in e.key or "wait_tensor" in e.key) / 1e6
+    return comm, res.seconds
+
+
+def enum(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """The reference's enum_and_benchmark: per plan, the cost model's communication volume against the
+    measured communication and computation time."""
+    s = Setup.of(params, ctx.world_size)
+    _, cap = global_step(s)
+    a = cap.analysis
+    mesh = _mesh(ctx)
+    volume = alpa.terms(a, 1.0)  # bandwidth 1: costs in bytes
+    ctx.log(f"generated_search_space: {[len(b.strategies) for b in a.blocks]}")
+    rows = []
+    for plan in variations(a):
+        assign = execute.assignment(a, plan)
+        runner = execute.Runner(cap, mesh, assign)
+        times, res = execute.timed(runner, params["warmup"], params["runs"])
+        comm, step = communication_time(runner)
+        slowest = max(ctx.gather_floats(comm))
+        mem = max(ctx.gather_floats(float(res.peak_bytes)))
+        bytes_moved = volume.cost(assign)
+        ctx.log(f"Comm Volume: {bytes_moved:g}\nComm Overhead: {slowest:g}\nComp Overhead: {step - slowest:g}\n"
+                f"sval {plan} {times} {int(mem)}")
+        coords = {"plan": " ".join(map(str, plan))}
+        rows += [Measurement("comm_volume", bytes_moved, "B", coords), Measurement("comm_time", slowest, "s", coords),
+                 Measurement("comp_time", step - slowest, "s", coords),
+                 Measurement("step_time", statistics.median(times), "s", coords),
+                 Measurement("memory", mem / 2**30, "GB", coords)]
     return rows

@@ -1,0 +1,115 @@
+"""Data parallelism of PyTorch and DeepSpeed as baselines: DistributedDataParallel, FSDP2 (fully_shard per
+layer) and DeepSpeed's ZeRO stages 1, 2 and 3.
+
+Each trains the nn.Module itself (no captured graph) on the rank's slice of the batch with SGD at the
+runner's learning rate; the mean of the ranks' losses is the global batch's loss, and the averaged or
+sharded gradients are the unsharded model's, which `check` verifies. DeepSpeed is an optional extra
+(`pip install .[deepspeed]`); on CPUs it talks gloo and JIT-compiles its shared-memory op once into
+TORCH_EXTENSIONS_DIR (reproflow points that at `.cache/torch_extensions` under the working directory
+unless it is set).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from reproflow.families.cfp import models
+from reproflow.families.cfp.execute import LR
+
+KINDS = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
+
+
+def deepspeed_available() -> bool:
+    """Whether DeepSpeed is installed (the zero baselines need it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+class ModuleRunner:
+    """One training step of the wrapped model on this rank's batch slice, timed like execute.Runner."""
+
+    def __init__(self, kind: str, model: str, c: models.ModelConfig, batch_size: int, mesh: DeviceMesh) -> None:
+        device = torch.device(mesh.device_type)
+        self.module = models.build(model, c).to(device)
+        rank, n = dist.get_rank(), dist.get_world_size()
+        tokens, targets = models.batch(c, batch_size)
+        per = batch_size // n
+        self.tokens = tokens[rank * per:(rank + 1) * per].to(device)
+        self.targets = targets[rank * per:(rank + 1) * per].to(device)
+        self.kind = kind
+        self._grads: list[torch.Tensor] | None = None
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
+        if kind == "ddp":
+            self.wrapped: torch.nn.Module = DistributedDataParallel(self.module)
+        elif kind == "fsdp2":
+            for layer in self.module.layers:
+                fully_shard(layer, mesh=mesh)
+            self.wrapped = fully_shard(self.module, mesh=mesh)
+            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
+        else:
+            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(".cache/torch_extensions").resolve()))
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=dist.get_backend())
+            config = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": per,
+                      "zero_optimization": {"stage": int(kind[-1])}, "steps_per_print": 2**31,
+                      "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True}  # plain SGD
+            self.wrapped, self.optimizer, _, _ = deepspeed.initialize(model=self.module, optimizer=self.optimizer,
+                                                                      config=config)
+
+    def step(self, update: bool = True) -> tuple[float, float]:
+        """(seconds, the global batch's loss)."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        if self.kind.startswith("zero"):
+            loss = self.wrapped(self.tokens, self.targets)
+            self.wrapped.backward(loss)  # type: ignore[operator]
+            self._grads = self._deepspeed_grads() if not update else None
+            if update:
+                self.wrapped.step()  # type: ignore[operator]
+        else:
+            self.optimizer.zero_grad()
+            loss = self.wrapped(self.tokens, self.targets)
+            loss.backward()
+            if update:
+                self.optimizer.step()
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        elapsed = time.perf_counter() - t0
+        return elapsed, float(value) / dist.get_world_size()
+
+    def _deepspeed_grads(self) -> list[torch.Tensor]:
+        from deepspeed.utils import safe_get_full_grad
+
+        return [safe_get_full_grad(p).detach().cpu().clone() for p in self.module.parameters()]
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The full gradient of every parameter, in the module's order (after a step without update)."""
+        if self.kind.startswith("zero"):
+            return self._grads or []
+        out = []
+        for p in self.module.parameters():
+            g = p.grad
+            out.append((g.full_tensor() if isinstance(g, DTensor) else g).cpu())  # type: ignore[union-attr]
+        return out
+
+
+def check(runner: ModuleRunner, model: str, c: models.ModelConfig, batch_size: int) -> tuple[float, float]:
+    """(absolute loss error, largest relative gradient error) of one step against the unsharded model."""
+    _, loss = runner.step(update=False)
+    ref = models.build(model, c)
+    ref_loss = ref(*models.batch(c, batch_size))
+    ref_loss.backward()
+    err = max(float((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
+              for g, p in zip(runner.gradients(), ref.parameters(), strict=True))
+    return abs(loss - float(ref_loss)), err
