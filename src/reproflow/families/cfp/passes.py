@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -128,7 +129,7 @@ def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         ctx.log(f"global analysis time: {a.seconds}")
     ctx.log(f"FLOP_COUNT: {a.flops() / 1e12}")
     unique = a.unique_segments()
-    cfp_space = sum(_space(a, k) for k in unique)
+    cfp_space = sum(math.prod(a.search_space(k)) for k in unique)
     op_space = sum(a.operator_space(k) for k in unique)
     ctx.log(f"{len(a.graph.graph.nodes)} operators, {len(a.contractions())} contractions, {len(a.blocks)} "
             f"ParallelBlocks, {len(a.segments)} segments, {len(unique)} unique; profiled combinations "
@@ -139,13 +140,6 @@ def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             Measurement("unique_segments", len(unique), "count"),
             Measurement("profiled_space", cfp_space, "count"), Measurement("operator_space", op_space, "count"),
             Measurement("flop_count", a.flops() / 1e12, "TFLOP")]
-
-
-def _space(a: Analysis, k: int) -> int:
-    out = 1
-    for x in a.search_space(k):
-        out *= x
-    return out
 
 
 def _mesh(ctx: RunContext) -> DeviceMesh:
