@@ -56,6 +56,7 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     pivot = table.pivot_table(index="model", columns="plan", values="step_time")
     pivot.plot.bar(ax=ax, rot=0)
+    ax.legend(title="plan", bbox_to_anchor=(1.01, 1), loc="upper left")
     ax.set_ylabel("step time (s)")
     ax.set_title(f"CFP's plan and baselines, {int(table['world_size'].iloc[0])} ranks, "
                  f"{table['backend'].iloc[0]}/{table['device'].iloc[0]}")
