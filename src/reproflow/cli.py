@@ -6,8 +6,6 @@ User errors (bad suite, unknown name, missing tool) print one paragraph and exit
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -167,6 +165,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit a suite's experiments to Slurm through submitit."""
+    submit(args)
+    return 0
+
+
+def submit(args: argparse.Namespace) -> list[str]:
+    """`reproflow submit` with its options parsed into `args`; returns the Slurm job ids (none with --dry-run)."""
     from reproflow.submit import SubmititExecutor
 
     suite = _suite(args.suite, args.set)
@@ -174,6 +178,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
                                 args.image, args.mounts, args.force, tuple(args.set), after, args.array,
                                 args.max_parallel)
+    all_ids: list[str] = []
     for exp in suite.select(args.experiment):
         if args.dry_run:
             print(f"# {suite.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
@@ -183,7 +188,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         shown = f"array {ids[0].split('_')[0]} ({len(ids)} tasks)" if args.array else ids[0]
         print(f"submitted {suite.name} / {exp.name} as Slurm job {shown}")
         print(f"job ids: {','.join(ids)}")
-    return 0
+        all_ids += ids
+    return all_ids
 
 
 def generated_suite_options(p: argparse.ArgumentParser) -> None:
@@ -209,13 +215,8 @@ def run_generated_suite(text: str, name: str, args: argparse.Namespace) -> list[
         if code:
             raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
         return []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        cmd_submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
-                                      after=list(args.after), array=False, max_parallel=0))
-    print(out.getvalue(), end="")
-    return [j for line in out.getvalue().splitlines() if line.startswith("job ids: ")
-            for j in line.removeprefix("job ids: ").split(",")]
+    return submit(argparse.Namespace(**common, nodes=None, partition=None, image=args.image, mounts=args.mounts,
+                                     after=list(args.after), array=False, max_parallel=0))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
