@@ -95,3 +95,11 @@ def time_steps(sync: Callable[[], None], step: Callable[[], Any], warmup: int, s
         step()
     sync()
     return (time.perf_counter() - start) / steps
+
+
+def slowest_steps(ctx: RunContext, step: Callable[[], float], warmup: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` calls after `warmup` untimed ones, each the slowest rank's. `step` runs one
+    step (e.g. a training step from a barrier to its last collective) and returns this rank's seconds."""
+    for _ in range(warmup):
+        step()
+    return [max(ctx.gather_floats(step())) for _ in range(steps)]

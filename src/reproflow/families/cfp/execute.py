@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from reproflow.families.cfp import graph
+from reproflow.families.cfp import graph, models
 from reproflow.families.cfp.graph import Analysis, R
 
 LR = 1e-3
@@ -92,7 +92,6 @@ class StepResult:
     outputs: list[Any]  # the graph's outputs as DTensors (loss or y, then gradients)
     seconds: float
     peak_bytes: int
-    communication_s: float  # time spent in the redistributions the plan forces at contractions
 
 
 class Runner:
@@ -127,7 +126,6 @@ class Runner:
         """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""
         env: dict[fx.Node, Any] = {}
         live = peak = 0
-        comm = 0.0
         dist.barrier()
         t0 = time.perf_counter()
         outputs: list[Any] = []
@@ -139,9 +137,7 @@ class Runner:
                 args = fx.node.map_aggregate(fx.node.map_arg(nd.args, env.__getitem__), self._wrap)
                 kwargs = fx.node.map_aggregate(fx.node.map_arg(nd.kwargs, env.__getitem__), self._wrap)
                 if nd in self.forced:
-                    t1 = time.perf_counter()
                     args = self._force(nd, list(args))
-                    comm += time.perf_counter() - t1
                 env[nd] = nd.target(*args, **kwargs)
                 live += _bytes(env[nd])
                 peak = max(peak, live)
@@ -151,9 +147,7 @@ class Runner:
                 live -= _bytes(env.pop(x)) if x.op != "placeholder" else 0
         nparams = len(self.cap.params)
         grads = outputs[-nparams:]
-        t1 = time.perf_counter()
         grads = self._synchronise(grads, self.values[:nparams])
-        comm += time.perf_counter() - t1
         if update:
             for i, g in enumerate(grads):
                 self.values[i] = (self.values[i] - LR * g).detach()
@@ -162,7 +156,12 @@ class Runner:
         elapsed = time.perf_counter() - t0
         dist.barrier()
         peak += sum(_bytes(v) for v in self.values[:nparams])
-        return StepResult(outputs[:-nparams] + grads, elapsed, peak, comm)
+        self.last = StepResult(outputs[:-nparams] + grads, elapsed, peak)
+        return self.last
+
+    def seconds(self) -> float:
+        """One training step; this rank's seconds (timing.slowest_steps takes the slowest rank's)."""
+        return self.step().seconds
 
     def _synchronise(self, grads: list[DTensor], params: list[DTensor]) -> list[DTensor]:
         """Bring each gradient to its parameter's partition. The partial sums of replicated parameters (the
@@ -194,15 +193,13 @@ def _bytes(x: Any) -> int:
     return sum(t.to_local().numel() * t.element_size() for t in pytree.tree_leaves(x) if isinstance(t, DTensor))
 
 
-def timed(runner: Runner, warmup: int, repeats: int) -> tuple[list[float], StepResult]:
-    """Step times (the slowest rank's) of `repeats` steps after `warmup` untimed ones, and the last result."""
-    result = runner.step()
-    for _ in range(max(warmup - 1, 0)):
-        result = runner.step()
-    times = []
-    for _ in range(repeats):
-        result = runner.step()
-        t = torch.tensor([result.seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times.append(float(t))
-    return times, result
+def errors(model: str, c: models.ModelConfig, batch_size: int, loss: float,
+           grads: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """A step's loss and full gradients (in parameter order) against the unsharded model's on this process:
+    the absolute loss error and the largest gradient error relative to that gradient's largest entry."""
+    ref = models.build(model, c)
+    ref_loss = ref(*models.batch(c, batch_size))
+    ref_loss.backward()
+    grad_err = max(float((g.cpu() - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
+                   for g, p in zip(grads, ref.parameters(), strict=True))
+    return abs(loss - float(ref_loss.detach())), grad_err

@@ -34,6 +34,7 @@ from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
+from reproflow.timing import slowest_steps
 
 P = -2  # partial sums (an output only)
 STATES = (R, 0)  # partitions an activation enters a segment with: replicated, or split by batch
@@ -175,7 +176,8 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             for state in STATES:  # the partition the previous segment hands over
                 seg.input_placements = [state, state]
                 runner = execute.Runner(seg, mesh, execute.assignment(seg.analysis, combo))
-                times, res = execute.timed(runner, params["warmup"], params["repeats"])
+                times = slowest_steps(ctx, runner.seconds, params["warmup"], params["repeats"])
+                res = runner.last
                 mem = max(ctx.gather_floats(float(res.peak_bytes)))
                 cost = statistics.median(times)
                 entries.append({"combo": list(combo), "time_s": cost, "times_s": times, "memory_bytes": mem,
@@ -302,21 +304,9 @@ def baseline(a: Analysis, name: str) -> list[int]:
     return [choice[b.index] for b in a.blocks]
 
 
-def errors(model: models.LanguageModel, s: Setup, res: execute.StepResult) -> tuple[float, float]:
-    """The plan's loss and gradients against the unsharded model's on this process: absolute loss error
-    and the largest gradient error relative to that gradient's largest entry."""
-    model.zero_grad()
-    loss = model(*models.batch(s.config, s.batch_size))
-    loss.backward()
-    got = [o.full_tensor().cpu() for o in res.outputs]
-    grad_err = max(float((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
-                   for g, p in zip(got[1:], model.parameters(), strict=True))
-    return abs(float(got[0]) - float(loss.detach())), grad_err
-
-
 def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     s = Setup.of(params, ctx.world_size)
-    model, cap = global_step(s)
+    _, cap = global_step(s)
     a = cap.analysis
     prof = s.dir / "profile"
     profiles = {}
@@ -365,12 +355,14 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             continue
         runner = execute.Runner(cap, mesh, assign)
         if params["verify"]:
-            loss_err, grad_err = errors(model, s, runner.step(update=False))
+            got = [o.full_tensor() for o in runner.step(update=False).outputs]
+            loss_err, grad_err = execute.errors(s.model, s.config, s.batch_size, float(got[0].detach()), got[1:])
             ctx.log(f"{name}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
                     f"{grad_err:.3g} (relative)")
             rows += [Measurement("loss_error", loss_err, "abs", coords),
                      Measurement("grad_error", grad_err, "rel", coords)]
-        times, res = execute.timed(runner, params["warmup"], params["runs"])
+        times = slowest_steps(ctx, runner.seconds, params["warmup"], params["runs"])
+        res = runner.last
         mem = max(ctx.gather_floats(float(res.peak_bytes)))
         tflops = [flops / t / 1e12 for t in times]
         if name == "cfp":
@@ -398,9 +390,7 @@ def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind:
         ctx.log(f"{kind}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
                 f"{grad_err:.3g} (relative)")
         rows += [Measurement("loss_error", loss_err, "abs", coords), Measurement("grad_error", grad_err, "rel", coords)]
-    for _ in range(params["warmup"]):
-        runner.step()
-    times = [max(ctx.gather_floats(runner.step()[0])) for _ in range(params["runs"])]
+    times = slowest_steps(ctx, lambda: runner.step()[0], params["warmup"], params["runs"])
     tflops = [flops / t / 1e12 for t in times]
     ctx.log(f"{kind}: training cost {times}, tflops {tflops}")
     return [*rows, Measurement("step_time", statistics.median(times), "s", coords),
@@ -448,7 +438,8 @@ def enum(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     for plan in variations(a):
         assign = execute.assignment(a, plan)
         runner = execute.Runner(cap, mesh, assign)
-        times, res = execute.timed(runner, params["warmup"], params["runs"])
+        times = slowest_steps(ctx, runner.seconds, params["warmup"], params["runs"])
+        res = runner.last
         comm, step = communication_time(runner)
         slowest = max(ctx.gather_floats(comm))
         mem = max(ctx.gather_floats(float(res.peak_bytes)))

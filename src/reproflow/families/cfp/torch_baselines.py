@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from reproflow.families.cfp import models
-from reproflow.families.cfp.execute import LR
+from reproflow.families.cfp.execute import LR, errors
 
 KINDS = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
 
@@ -48,9 +48,9 @@ class ModuleRunner:
         self.targets = targets[rank * per:(rank + 1) * per].to(device)
         self.kind = kind
         self._grads: list[torch.Tensor] | None = None
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
         if kind == "ddp":
             self.wrapped: torch.nn.Module = DistributedDataParallel(self.module)
+            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
         elif kind == "fsdp2":
             for layer in self.module.layers:
                 fully_shard(layer, mesh=mesh)
@@ -64,8 +64,8 @@ class ModuleRunner:
             config = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": per,
                       "zero_optimization": {"stage": int(kind[-1])}, "steps_per_print": 2**31,
                       "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True}  # plain SGD
-            self.wrapped, self.optimizer, _, _ = deepspeed.initialize(model=self.module, optimizer=self.optimizer,
-                                                                      config=config)
+            sgd = torch.optim.SGD(self.module.parameters(), lr=LR)
+            self.wrapped, self.optimizer, _, _ = deepspeed.initialize(model=self.module, optimizer=sgd, config=config)
 
     def step(self, update: bool = True) -> tuple[float, float]:
         """(seconds, the global batch's loss)."""
@@ -107,9 +107,4 @@ class ModuleRunner:
 def check(runner: ModuleRunner, model: str, c: models.ModelConfig, batch_size: int) -> tuple[float, float]:
     """(absolute loss error, largest relative gradient error) of one step against the unsharded model."""
     _, loss = runner.step(update=False)
-    ref = models.build(model, c)
-    ref_loss = ref(*models.batch(c, batch_size))
-    ref_loss.backward()
-    err = max(float((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))  # type: ignore[union-attr]
-              for g, p in zip(runner.gradients(), ref.parameters(), strict=True))
-    return abs(loss - float(ref_loss)), err
+    return errors(model, c, batch_size, loss, runner.gradients())
