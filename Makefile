@@ -18,7 +18,7 @@ help:
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[test,megatron,deepspeed]'
+	$(BIN)/python -m pip install --quiet -e '.[test,megatron,deepspeed,mpi]'
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

@@ -344,3 +344,45 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
         assert len(csvs) == 2, plan  # one per rank, on both nodes
     tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
     assert tables.returncode == 0 and "-------- [gpt] End-to-end Throughput (Samples/s) --------" in tables.stdout
+
+
+SPATIAL = """
+[launch]
+launcher = "mpi"
+time_limit = "00:10:00"
+[[experiment]]
+name = "tiles"
+family = "spatial"
+launch = { nodes = 2, procs_per_node = 2 }
+[experiment.params]
+model = "resnet"
+image_size = 64
+batch_size = 2
+split_size = 2
+spatial_size = 1
+num_spatial_parts = 2
+slice_method = "vertical"
+local_dp = 2
+steps = 1
+"""
+
+
+def test_spatial_mpi_ranks_start_through_srun_on_two_nodes(tmp_path, write_suite):
+    """The MPI path of the sbatch script: srun --mpi starts one MPI rank per task (pmi2 here: the MPICH
+    wheel has no PMIx client); tiles on node1, the two layer-parallel replicas on node2."""
+    from reproflow.render import render_sbatch
+    from reproflow.suite import load_suite
+
+    script = tmp_path / "spatial.sbatch"
+    script.write_text(render_sbatch(load_suite(write_suite(SPATIAL, "spatial-two-nodes")), ROOT))
+    results = tmp_path / "results"
+    job = sbatch("-N", "2", f"--export=NONE,IMAGE=,RESULTS={results},SRUN_MPI=pmi2", "-o",
+                 str(tmp_path / "%x_%j.out"), str(script))
+    state = wait(job, timeout=300)[job]
+    log = (tmp_path / f"reproflow-spatial-two-nodes_{job}.out").read_text()
+    assert state["state"] == "COMPLETED", log[-3000:]
+    assert "MPI rank(s) per node through srun" in log
+    rows = rows_of(results)
+    assert set(rows["nodelist"]) == {"node1,node2"} and set(rows["world_size"]) == {4}
+    checks = rows[rows["metric"].isin(["logits_max_rel_err", "grads_max_rel_err"])]["value"]
+    assert len(checks) == 2 and checks.max() < 1e-8

@@ -42,6 +42,35 @@ def choose_device_and_backend(device: str, backend: str) -> tuple[str, str]:
     return device, backend
 
 
+# Set by MPI launchers for each rank: hydra/MPICH and srun --mpi=pmi2, PMIx, Open MPI, MVAPICH's mpirun_rsh.
+MPI_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def adopt_mpi_environment() -> None:
+    """Under an MPI launcher, take RANK, WORLD_SIZE, LOCAL_RANK and (unless set) the rendezvous from MPI.
+
+    Ranks started by mpirun, `srun --mpi` or mpirun_rsh have no torchrun variables; rank 0's host
+    and a free port on it become MASTER_ADDR / MASTER_PORT, so gloo or NCCL join beside MPI.
+    """
+    if "RANK" in os.environ or not any(v in os.environ for v in MPI_RANK_VARIABLES):
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    hosts = comm.allgather(socket.gethostname())
+    if "MASTER_ADDR" not in os.environ:
+        port = 0
+        if rank == 0:
+            with socket.socket() as sock:
+                sock.bind(("", 0))
+                port = sock.getsockname()[1]
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = comm.bcast((hosts[0], str(port)))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(comm.Get_size()),
+                      LOCAL_RANK=str(hosts[:rank].count(hosts[rank])),
+                      LOCAL_WORLD_SIZE=str(hosts.count(hosts[rank])))
+
+
 @dataclass
 class RunContext:
     """The rank's view of its job. Created once per job by the worker."""
@@ -59,7 +88,8 @@ class RunContext:
 
     @classmethod
     def from_env(cls, device: str, backend: str, timeout_s: float) -> RunContext:
-        """Join the job's process group using the torch.distributed environment variables."""
+        """Join the job's process group using the torch.distributed environment variables (or MPI's)."""
+        adopt_mpi_environment()
         missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
         if missing:
             raise ReproflowError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow.errors import ReproflowError
 from reproflow.suite import Experiment, Suite, slurm_seconds
 
 
@@ -36,12 +38,23 @@ def worker_args(suite: Suite, exp: Experiment, results: Path, force: bool, root:
     return args + (["--force"] if force else [])
 
 
+def find_mpirun() -> str:
+    """The mpirun of the MPI that mpi4py loads: beside this Python first (the `mpich` wheel), else on PATH."""
+    found = shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if not found:
+        raise ReproflowError("launch.launcher = 'mpi' needs mpirun and mpi4py: pip install '.[mpi]' (make does), "
+                             "or load the cluster's MPI module.")
+    return found
+
+
 def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
-              limit_s: float = 3600.0, host_size: int | None = None) -> int:
+              limit_s: float = 3600.0, host_size: int | None = None, mpirun: str = "") -> int:
     """Start `cmd` once per rank with the torch.distributed environment, on this machine.
 
     `host_size` ranks form one emulated host (LOCAL_WORLD_SIZE), as on `world / host_size` nodes;
-    LOCAL_RANK stays the rank, so ranks on a multi-GPU machine still get distinct GPUs.
+    LOCAL_RANK stays the rank, so ranks on a multi-GPU machine still get distinct GPUs. With
+    `mpirun`, one `mpirun -np world python -m mpi4py ...` starts the ranks instead, and each takes
+    its rank from MPI (`python -m mpi4py` aborts the job when a rank raises, rather than hanging).
     Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
     a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
     code of the first failing rank (then the other ranks are stopped rather than left waiting).
@@ -59,8 +72,13 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     env.update(env_extra or {})
     procs: list[subprocess.Popen] = []
     files = []
+    if mpirun:
+        env.update(REPROFLOW_RANK_LOGS=str(logs))
+        env.pop("RANK", None)
+        first, *rest = cmd
+        procs.append(subprocess.Popen([mpirun, "-np", str(world), first, "-m", "mpi4py", *rest], env=env))
     try:
-        for rank in range(world):
+        for rank in range(world if mpirun else 0, world):
             env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
             if rank == 0:
                 procs.append(subprocess.Popen(list(cmd), env=env_r))
@@ -76,11 +94,15 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
         for fh in files:
             fh.close()
     if code not in (0, 3):
-        for rank, p in enumerate(procs[1:], start=1):
-            if p.returncode not in (0, None, -signal.SIGTERM):
-                tail = (logs / f"rank{rank}.log").read_text().splitlines()[-15:]
-                print(f"--- rank {rank} exited {p.returncode}; last lines of {logs}/rank{rank}.log:",
-                      *tail, sep="\n", file=sys.stderr)
+        for rank in range(1, world):
+            path = logs / f"rank{rank}.log"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            # Under mpirun one process stands for all ranks: show the logs of the ranks that raised.
+            crashed = ("Traceback" in text or "reproflow: error" in text) if mpirun else \
+                procs[rank].returncode not in (0, None, -signal.SIGTERM)
+            if crashed:
+                print(f"--- rank {rank} failed; last lines of {path}:", *text.splitlines()[-15:], sep="\n",
+                      file=sys.stderr)
     return code
 
 
@@ -144,4 +166,5 @@ class LocalExecutor:
             {"REPROFLOW_JOB_ID": job_id},
             slurm_seconds(exp.launch.time_limit),
             self.host_size(exp),
+            find_mpirun() if exp.launch.launcher == "mpi" else "",
         )

@@ -58,6 +58,7 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
         exclusive=launch.exclusive,
         settings=settings,
         image=default_image(suite, root),
+        mpi=any(e.launch.launcher == "mpi" for e in suite.experiments),
         quote=shlex.quote,
     )
 

@@ -35,6 +35,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
     import tomli as tomllib
 
+LAUNCHERS = ("torchrun", "mpi")
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -70,6 +71,7 @@ class Launch:
     timeout_s: float = 600.0
     partition: str = ""
     exclusive: bool = True
+    launcher: str = "torchrun"
 
     @property
     def world_size(self) -> int:
@@ -92,6 +94,9 @@ LAUNCH_FIELDS: dict[str, Param] = {
               maximum=86400),
         Param("partition", "str", "", "Slurm partition (empty: the cluster default)"),
         Param("exclusive", "bool", True, "request whole nodes (#SBATCH --exclusive)"),
+        Param("launcher", "str", "torchrun", "how ranks start: torchrun (one per node, it starts the ranks), or "
+              "mpi (one MPI rank per process: mpirun here, srun --mpi on Slurm, mpirun_rsh with MVAPICH)",
+              choices=LAUNCHERS),
     )
 }
 
@@ -351,3 +356,26 @@ def find_suite(name_or_path: str, workflows: Path) -> Path:
         return candidate
     names = ", ".join(sorted(p.stem for p in workflows.glob("*.toml"))) or "(none)"
     raise ReproflowError(f"no suite named '{name_or_path}' in {workflows}. Suites there: {names}.")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # TOML basic strings escape as JSON does
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def suite_toml(suite: Mapping[str, Any], launch: Mapping[str, Any], experiments: list[Mapping[str, Any]]) -> str:
+    """The text of a suite file (the tables `load_suite` reads), for commands that generate suites."""
+    text = ["[suite]", *(f"{k} = {_toml_value(v)}" for k, v in suite.items()), "",
+            "[launch]", *(f"{k} = {_toml_value(v)}" for k, v in launch.items())]
+    for exp in experiments:
+        text += ["", "[[experiment]]", *(f"{k} = {_toml_value(v)}" for k, v in exp.items())]
+    return "\n".join(text) + "\n"

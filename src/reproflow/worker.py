@@ -155,6 +155,19 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
     return failed
 
 
+def _rank_log(rank: int) -> None:
+    """Under mpirun (one launcher for all ranks), ranks other than 0 write to REPROFLOW_RANK_LOGS/rank<N>.log."""
+    logs = os.environ.get("REPROFLOW_RANK_LOGS")
+    if not logs or rank == 0:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(Path(logs) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one rank."""
     parser = argparse.ArgumentParser(prog="python -m reproflow.worker", description=__doc__,
@@ -173,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite = load_suite(args.suite, parse_overrides(args.set))
         exp = suite.experiment(args.experiment)
         ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
+        _rank_log(ctx.rank)
         try:
             failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root),
                                     args.point)

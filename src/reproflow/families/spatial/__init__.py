@@ -1,0 +1,265 @@
+"""Spatial parallelism (MPI4DL): ResNet-110-v2 and AmoebaNet-D over image tiles with halo exchange.
+
+The first `spatial_size` of `split_size` partitions run on `num_spatial_parts` ranks each, one
+image tile per rank (square, vertical or horizontal slices), exchanging halos with their
+neighbours before every convolution and pooling (or, with halo-D2, once per group of blocks); the
+tiles are joined for the layer-parallel partitions. Messages go over MPI (mpi4py) by default, or
+torch.distributed. Each point times synthetic-data steps as the reference prints them (`images per
+sec`, `Mean ... Median ...`) and, with `verify`, checks logits and gradients against the unsplit
+model. `reproflow spatial resnet|amoebanet` takes the reference's options.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError, PointFailed
+from reproflow.families.spatial.cli import register_cli
+from reproflow.families.spatial.comm import Comm, make_comm
+from reproflow.families.spatial.layout import SLICES, Layout
+from reproflow.families.spatial.pipeline import DTYPES, Setup, Stage, serial_reference, synthetic_batch
+from reproflow.family import Family, Measurement
+from reproflow.params import Param
+
+MODELS = ("resnet", "amoebanet")
+BACKENDS = ("mpi", "gloo", "nccl")
+# The reference's synthetic dataset (`--app 3`) holds 10 batches per epoch.
+SYNTHETIC_BATCHES = 10
+
+
+def layers_of(params: Mapping[str, Any]) -> int:
+    """Sequential layers `--balance` splits: 38 for ResNet-110, num_layers + 6 for AmoebaNet-D."""
+    return 38 if params["model"] == "resnet" else params["num_layers"] + 6
+
+
+def setup_of(params: Mapping[str, Any]) -> Setup:
+    """The step's setup from the point's parameters."""
+    layout = Layout(params["split_size"], params["spatial_size"], params["num_spatial_parts"], params["local_dp"],
+                    params["slice_method"])
+    try:
+        balance = tuple(int(b) for b in params["balance"].split(",") if b.strip())
+    except ValueError:
+        raise ParamError(f"balance {params['balance']!r} is not a list of layer counts.",
+                         "comma-separated integers, e.g. '19,19'") from None
+    return Setup(params["model"], layout, params["image_size"], params["batch_size"], params["parts"],
+                 params["halo_d2"], params["fused_layers"], params["num_layers"], params["num_filters"],
+                 params["num_classes"], balance, not params["enable_evaluation"], params["precision"],
+                 params["optimizer"], params["learning_rate"])
+
+
+def check(params: Mapping[str, Any], world_size: int) -> None:
+    """Everything about a point that can be known before it runs."""
+    s = setup_of(params)
+    problems = s.layout.problems(s.image_size, s.batch_size, s.micro_batches)
+    if params["app"] != 3:
+        problems.append(f"--app {params['app']}: only 3 (synthetic images, the benchmarks' default) is available; "
+                        "1 (ImageFolder) and 2 (CIFAR-10) need datasets this tool does not ship")
+    if s.model == "amoebanet" and (s.num_layers % 3 or s.num_layers < 3):
+        problems.append(f"--num-layers {s.num_layers} must be a positive multiple of 3 (three groups of normal cells)")
+    if s.model == "amoebanet" and (s.num_filters < 8 or s.num_filters % 8):
+        problems.append(f"--num-filters {s.num_filters} must be a multiple of 8 (the cells use filters/4 channels, "
+                        "halved by factorized reductions)")
+    if s.balance and (len(s.balance) != s.layout.split_size or sum(s.balance) != layers_of(params)
+                      or min(s.balance) < 1):
+        problems.append(f"--balance {params['balance']} must list {s.layout.split_size} positive layer counts "
+                        f"summing to the model's {layers_of(params)} layers")
+    if s.precision == "fp_16" and s.train:
+        problems.append("--precision fp_16 is for inference, as in the reference: add --enable-evaluation")
+    if not problems and s.layout.world != world_size:
+        problems.append(f"this layout needs {s.layout.world} processes (split_size + parts x spatial_size - "
+                        f"spatial_size + (split_size - spatial_size)(local_DP - 1)), the job has {world_size}; "
+                        f"start it with -np {s.layout.world}")
+    if problems:
+        raise ParamError("; ".join(problems) + ".")
+
+
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    """The backend must be the one the ranks were started for."""
+    backend = params["comm_backend"]
+    if backend == "mpi":
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise ParamError("backend 'mpi' needs mpi4py, which is not installed.",
+                             "pip install '.[mpi]' (make does), or backend gloo") from None
+        if MPI.COMM_WORLD.Get_size() != ctx.world_size:
+            raise ParamError(f"backend 'mpi' but MPI sees {MPI.COMM_WORLD.Get_size()} process(es) for "
+                             f"{ctx.world_size} ranks.", "launch.launcher = 'mpi' (mpirun, srun --mpi), or backend "
+                             f"'{ctx.backend}'")
+    elif backend != ctx.backend:
+        raise ParamError(f"backend '{backend}' but the job's process group is {ctx.backend}.",
+                         f"backend '{ctx.backend}' or 'mpi', or launch.backend = '{backend}'")
+
+
+def _max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    scale = ref.double().abs().max().item()
+    return (got.double() - ref.double()).abs().max().item() / max(scale, 1e-300)
+
+
+def verify(ctx: RunContext, comm: Comm, s: Setup) -> list[Measurement]:
+    """One step of the split model in fp64, checked on rank 0 against the unsplit model: logits and
+    gradients (float64, so rounding is not mistaken for an error; see pipeline.DTYPES)."""
+    s = replace(s, precision="fp64")
+    stage = Stage(s, comm, ctx.rank, ctx.device)
+    images, labels = synthetic_batch(s, -1)
+    stage.step(images, labels, update=False)
+    mine = {"logits": [lg.cpu() for lg in stage.logits], "replica": stage.role.index if stage.last else -1,
+            "grads": {}}
+    leader = stage.role.index == 0
+    if s.train and leader:
+        mine["grads"] = {i: [g.cpu() for g in gs] for i, gs in stage.grads().items()}
+    stage.zero_grads()
+    gathered = ctx.gather_objects(mine)
+    if ctx.rank != 0:
+        return []
+    ref_logits, ref_grads = serial_reference(s, images, labels)
+    parts = sorted((g["replica"], g["logits"]) for g in gathered if g["replica"] >= 0)
+    per_micro = [torch.cat([p[1][m] for p in parts]) for m in range(s.micro_batches)]
+    out = [Measurement("logits_max_rel_err", _max_rel(torch.cat(per_micro), ref_logits), "")]
+    if s.train:
+        grads: dict[int, list[torch.Tensor]] = {}
+        for g in gathered:
+            grads.update(g["grads"])
+        err = max(_max_rel(a, b) for i in ref_grads for a, b in zip(grads[i], ref_grads[i], strict=True))
+        out.append(Measurement("grads_max_rel_err", err, ""))
+    ctx.log("reproflow: check against the unsplit model: " + ", ".join(f"{m.metric} {m.value:.2e}" for m in out))
+    return out
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Build this rank's stage, check it, then time the reference's epochs of synthetic steps."""
+    s = setup_of(params)
+    torch.set_grad_enabled(True)
+    comm = make_comm(params["comm_backend"], ctx.device, ctx.rank, ctx.world_size)
+    try:
+        out = verify(ctx, comm, s) if params["verify"] else []
+        stage = Stage(s, comm, ctx.rank, ctx.device)
+        steps = params["steps"] or SYNTHETIC_BATCHES // params["times"]
+        ips, times, exchanges = [], [], []
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        for epoch in range(params["num_epochs"]):
+            loss = correct = 0.0
+            for step in range(steps):
+                images, labels = synthetic_batch(s, epoch * steps + step)
+                before = stage.space.exchanges
+                ctx.barrier()
+                seconds = stage.step(images, labels)
+                got = ctx.gather_objects((seconds, _loss(stage, labels, s), stage.space.exchanges - before))
+                seconds = max(g[0] for g in got)
+                loss += sum(g[1][0] for g in got)
+                correct += sum(g[1][1] for g in got)
+                times.append(seconds)
+                exchanges.append(max(g[2] for g in got))
+                ips.append(s.batch_size / seconds)
+                ctx.log(f"Epoch: {epoch} images per sec:{ips[-1]}")
+                out += [Measurement("step_s", seconds, "s", {"epoch": epoch, "step": step}),
+                        Measurement("images_per_s", ips[-1], "images/s", {"epoch": epoch, "step": step})]
+            ctx.log(f"Epoch {epoch} Global loss: {loss / steps} Acc {correct / steps / s.batch_size}")
+    except ValueError as exc:
+        raise PointFailed(str(exc)) from None
+    ctx.log(f"Mean {statistics.mean(ips)} Median {statistics.median(ips)}")
+    out += [Measurement("images_per_s_mean", statistics.mean(ips), "images/s"),
+            Measurement("images_per_s_median", statistics.median(ips), "images/s"),
+            Measurement("halo_exchanges_per_step", float(exchanges[-1]), "")]
+    if len(ips) > 1:
+        out.append(Measurement("images_per_s_steady", s.batch_size / statistics.mean(times[1:]), "images/s"))
+    memory = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else stage.saved.peak)
+    role = stage.role
+    for r, (mem, stage_no, spatial) in enumerate(ctx.gather_objects((memory, role.stage, role.spatial))):
+        metric = "peak_memory_bytes" if ctx.device.type == "cuda" else "activation_bytes"
+        out.append(Measurement(metric, float(mem), "B", {"stage": stage_no, "spatial": spatial}, rank=r))
+    return out
+
+
+def _loss(stage: Stage, labels: torch.Tensor, s: Setup) -> tuple[float, float]:
+    """This rank's share of the step's summed loss and correct predictions (last stage only)."""
+    if not stage.last:
+        return 0.0, 0.0
+    n, per = s.micro, s.micro // s.layout.local_dp
+    loss = correct = 0.0
+    for m, logits in enumerate(stage.logits):
+        start = m * n + stage.role.index * per
+        y = labels[start:start + per].to(logits.device)
+        loss += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").item() / s.batch_size
+        correct += float((logits.argmax(dim=1) == y).sum().item())
+    return loss, correct
+
+
+def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
+    """The point's summary, in the reference's words."""
+    s = setup_of(params)
+    lay = s.layout
+    config = f"layer parallelism, split {lay.split_size}"
+    if lay.spatial_size:
+        config = (f"split {lay.split_size}, spatial {lay.spatial_size} x {lay.parts} {lay.slice_method}"
+                  + (" + halo-D2" if s.halo_d2 else ""))
+    head = (f"{s.model} {s.image_size}x{s.image_size} batch {s.batch_size}, {config}, "
+            f"{'inference' if not s.train else 'training'} {s.precision}")
+    agg = {m.metric: m.value for m in rows if m.rank is None and not m.coords}
+    lines = [head, f"  Mean {agg.get('images_per_s_mean', math.nan):.3f} Median "
+                   f"{agg.get('images_per_s_median', math.nan):.3f} images/s; halo exchanges per step "
+                   f"{agg.get('halo_exchanges_per_step', 0):.0f}"]
+    if "logits_max_rel_err" in agg:
+        lines.append(f"  vs unsplit model: logits {agg['logits_max_rel_err']:.1e}"
+                     + (f", gradients {agg['grads_max_rel_err']:.1e}" if "grads_max_rel_err" in agg else ""))
+    mem = [m for m in rows if m.rank is not None]
+    if mem:
+        lines.append("  " + mem[0].metric + " per rank: " + ", ".join(
+            f"r{m.rank}(stage {m.coords['stage']}{' tile' if m.coords['spatial'] else ''}) {m.value / 2**20:.1f} MiB"
+            for m in mem))
+    return "\n".join(lines)
+
+
+FAMILY = Family(
+    name="spatial",
+    summary="spatial parallelism (MPI4DL): ResNet / AmoebaNet over image tiles with halo exchange",
+    params=(
+        Param("model", "str", "resnet", "resnet (ResNet-110-v2) or amoebanet (AmoebaNet-D)", choices=MODELS),
+        Param("batch_size", "int", 32, "global batch per step", minimum=1),
+        Param("parts", "int", 1, "micro-batches per step, pipelined GPipe-style", minimum=1),
+        Param("split_size", "int", 2, "model partitions (stages)", minimum=1, maximum=1024),
+        Param("num_spatial_parts", "int", 4, "image tiles per spatial stage", minimum=1, maximum=4096),
+        Param("spatial_size", "int", 1, "leading partitions that run spatially (0: layer parallelism alone)",
+              minimum=0),
+        Param("times", "int", 1, "GEMS replication factor: an epoch is 10 / times synthetic batches", minimum=1,
+              maximum=10),
+        Param("image_size", "int", 32, "square image side, a power of two", minimum=32),
+        Param("num_epochs", "int", 1, "epochs", minimum=1),
+        Param("num_layers", "int", 18, "AmoebaNet normal cells (a multiple of 3)", minimum=3),
+        Param("num_filters", "int", 416, "AmoebaNet filters", minimum=8),
+        Param("num_classes", "int", 10, "classes", minimum=2),
+        Param("balance", "str", "", "layers per partition, comma-separated (empty: even, remainder to the last)"),
+        Param("halo_d2", "bool", False, "design 2: one wide halo exchange per group of blocks, valid convolutions "
+              "inside"),
+        Param("fused_layers", "int", 1, "halo-D2: ResNet blocks sharing one exchange", minimum=1),
+        Param("local_dp", "int", 1, "data-parallel replicas of each layer-parallel partition", minimum=1),
+        Param("slice_method", "str", "square", "how images are cut into tiles", choices=SLICES),
+        Param("app", "int", 3, "3: synthetic images (1 ImageFolder and 2 CIFAR-10 need datasets)", minimum=1,
+              maximum=3),
+        Param("enable_evaluation", "bool", False, "inference only (batch norm uses running statistics)"),
+        Param("comm_backend", "str", "mpi", "messages: mpi (mpi4py; start the ranks with launch.launcher = 'mpi'), "
+              "or the job's torch.distributed group (gloo, nccl)", choices=BACKENDS),
+        Param("precision", "str", "fp32", "fp32, or fp_16 for inference (fp64: for checks)", choices=tuple(DTYPES)),
+        Param("optimizer", "str", "sgd", "sgd (momentum 0.9, as the benchmark scripts) or adam",
+              choices=("sgd", "adam")),
+        Param("learning_rate", "float", 1e-3, "learning rate", minimum=0.0),
+        Param("steps", "int", 0, "steps per epoch (0: the reference's 10 / times)", minimum=0),
+        Param("verify", "bool", True, "before timing, compare one step's logits and gradients with the unsplit "
+              "model on rank 0 (which then runs the whole model once)"),
+    ),
+    run=run,
+    table=table,
+    check=check,
+    runtime_check=runtime_check,
+    register_cli=register_cli,
+)
+
+__all__ = ["FAMILY"]

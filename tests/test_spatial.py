@@ -1,0 +1,223 @@
+"""Spatial parallelism: tile geometry and layers (fast), then real MPI and gloo runs checked against the
+unsplit model."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import reproflow
+
+from reproflow.errors import ParamError
+from reproflow.families.spatial import FAMILY
+from reproflow.families.spatial.halo import Patch, Span, Window
+from reproflow.families.spatial.layers import AvgPool, Conv, MaxPool, Norm
+from reproflow.families.spatial.layout import Layout
+from reproflow.families.spatial.models import FactorizedReduce, amoebanet_d, resnet_v2
+from reproflow.families.spatial.pipeline import partition, program
+
+
+def test_layers_on_a_whole_image_match_torch():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16, 16)
+    whole = Patch.whole(x)
+    conv = Conv(4, 6, (1, 7), (1, 2), (0, 3))
+    torch.testing.assert_close(conv(whole).data, F.conv2d(x, conv.conv.weight, stride=(1, 2), padding=(0, 3)))
+    conv = Conv(4, 6, 3, 2)
+    torch.testing.assert_close(conv(whole).data, F.conv2d(x, conv.conv.weight, stride=2, padding=1))
+    torch.testing.assert_close(MaxPool(3, 2, 1)(whole).data, F.max_pool2d(x, 3, 2, 1))
+    torch.testing.assert_close(MaxPool(2, 2, 0)(whole).data, F.max_pool2d(x, 2, 2))
+    for stride in (1, 2):
+        torch.testing.assert_close(AvgPool(3, stride, 1)(whole).data,
+                                   F.avg_pool2d(x, 3, stride, 1, count_include_pad=False))
+    torch.testing.assert_close(Norm(4)(whole).data, F.batch_norm(x, None, None, training=True))
+    # AmoebaNet's factorized reduction: conv1(x) beside conv2 on x shifted by one pixel.
+    fr = FactorizedReduce(4, 6).eval()
+    r = F.relu(x)
+    ref = torch.cat([F.conv2d(r, fr.even.conv.weight, stride=2),
+                     F.conv2d(F.pad(r[:, :, 1:, 1:], (0, 1, 0, 1)), fr.odd.conv.weight, stride=2)], dim=1)
+    torch.testing.assert_close(fr(whole).data, fr.norm.bn(ref))
+
+
+@pytest.mark.parametrize("window", [Window(3, 1, 1), Window(3, 2, 1), Window(1, 2, 0), Window(1, 2, -1),
+                                    Window(7, 1, 3), Window(2, 2, 0)])
+def test_window_reads_exactly_what_it_needs(window):
+    for lo, hi in ((0, 8), (4, 12), (6, 10)):
+        out = Span(lo, hi)
+        need = window.needs(out)
+        assert window.gives(need) == out
+        # One input fewer on either side loses an output.
+        assert window.gives(Span(need.lo + 1, need.hi)) != out and window.gives(Span(need.lo, need.hi - 1)) != out
+
+
+def test_models_have_the_references_layer_counts():
+    assert len(resnet_v2(110, 10, 32)) == 38
+    assert len(amoebanet_d(18, 32, 10)) == 24
+    assert partition(38, 2, ()) == [range(0, 19), range(19, 38)]
+    assert partition(10, 3, ()) == [range(0, 3), range(3, 6), range(6, 10)]
+    assert partition(38, 2, (10, 28)) == [range(0, 10), range(10, 38)]
+    # halo-D2 groups of 3 blocks inside the first 19 layers: conv, then 18 blocks -> 6 groups.
+    assert len(program(resnet_v2(110, 10, 32)[:19], 3)) == 1 + 6
+
+
+def test_layout_follows_the_references_process_formula():
+    assert Layout(2, 1, 4, 1, "square").world == 5
+    assert Layout(3, 2, 4, 1, "vertical").world == 9
+    assert Layout(2, 1, 4, 2, "square").world == 6
+    lay = Layout(3, 1, 4, 2, "horizontal")
+    assert [lay.role(r).stage for r in range(lay.world)] == [0, 0, 0, 0, 1, 1, 2, 2]
+    assert lay.ranks(2) == [6, 7] and lay.grid() == (4, 1)
+    assert "perfect-square" in " ".join(Layout(2, 1, 2, 1, "square").problems(64, 2, 1))
+    assert "--spatial-size" in " ".join(Layout(2, 2, 4, 1, "square").problems(64, 2, 1))
+    assert "--local-DP" in " ".join(Layout(2, 1, 4, 2, "square").problems(64, 1, 1))
+    assert "power of two" in " ".join(Layout(2, 1, 4, 1, "square").problems(96, 2, 1))
+
+
+def _params(**kw):
+    base = {p.name: p.default for p in FAMILY.params}
+    return base | kw
+
+
+def test_bad_points_name_the_option_and_the_fix():
+    with pytest.raises(ParamError, match=r"needs 5 processes.*-np 5"):
+        FAMILY.check(_params(), 4)
+    with pytest.raises(ParamError, match="--balance"):
+        FAMILY.check(_params(balance="10,10"), 5)
+    with pytest.raises(ParamError, match="--app 1"):
+        FAMILY.check(_params(app=1), 5)
+    with pytest.raises(ParamError, match="--enable-evaluation"):
+        FAMILY.check(_params(precision="fp_16"), 5)
+    with pytest.raises(ParamError, match="comma-separated integers"):
+        FAMILY.check(_params(balance="a,b"), 5)
+    FAMILY.check(_params(), 5)
+    proc = reproflow("spatial", "resnet", "--num-spatial-parts", "4,2", "--dry-run")
+    assert proc.returncode != 0 and "same count" in proc.stderr and "Traceback" not in proc.stderr
+
+
+CHECKS = """
+[launch]
+nodes = 1
+launcher = "mpi"
+time_limit = "00:20:00"
+[[experiment]]
+name = "resnet"
+family = "spatial"
+launch = { procs_per_node = 5 }
+params = { model = "resnet", image_size = 64, batch_size = 2, fused_layers = 2, steps = 1 }
+matrix = { slice_method = ["square", "vertical", "horizontal"], halo_d2 = [false, true] }
+[[experiment]]
+name = "amoebanet"
+family = "spatial"
+launch = { procs_per_node = 5 }
+params = { model = "amoebanet", num_layers = 3, num_filters = 16, image_size = 256, batch_size = 2, steps = 1 }
+matrix = { slice_method = ["square", "vertical", "horizontal"], halo_d2 = [false, true] }
+"""
+
+
+def _rows(results) -> pd.DataFrame:
+    files = sorted(results.rglob("*.csv"))
+    assert files
+    return pd.concat([pd.read_csv(f, dtype={"rank": str}) for f in files])
+
+
+def _metric(rows: pd.DataFrame, name: str) -> pd.DataFrame:
+    return rows[(rows["metric"] == name) & (rows["rank"] == "all")]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_every_slicing_matches_the_unsplit_model_over_mpi(tmp_path, write_suite):
+    """5 MPI ranks (4 tiles + 1 layer-parallel rank): logits and gradients of one training step equal the
+    unsplit model's in fp64, for ResNet and AmoebaNet, square / vertical / horizontal, ± halo-D2."""
+    suite = write_suite(CHECKS, "spatial-checks")
+    results = tmp_path / "results"
+    proc = reproflow("run", str(suite), "--results", str(results), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(results)
+    assert len(rows["point"].unique()) == 6 and set(rows["experiment"]) == {"resnet", "amoebanet"}
+    assert (_metric(rows, "logits_max_rel_err")["value"] < 1e-12).all()
+    assert (_metric(rows, "grads_max_rel_err")["value"] < 1e-8).all()
+    assert len(_metric(rows, "grads_max_rel_err")) == 12
+    # halo-D2 exchanges once per group: fewer exchanges than one per convolution and pooling.
+    ex = _metric(rows, "halo_exchanges_per_step").set_index(["experiment", "slice_method", "halo_d2"])["value"]
+    for model in ("resnet", "amoebanet"):
+        for sl in ("square", "vertical", "horizontal"):
+            assert 0 < ex[(model, sl, True)] < ex[(model, sl, False)]
+    # Each tile keeps less for backward than the whole first stage would (a quarter plus halos).
+    act = rows[rows["metric"] == "activation_bytes"]
+    tile = act[act["spatial"].astype(str) == "True"]["value"].max()
+    joined = act[(act["spatial"].astype(str) == "False")]["value"].min()
+    assert tile > 0 and joined > 0
+    assert "Mean " in proc.stdout and "images per sec:" in proc.stdout
+    again = reproflow("run", str(suite), "--results", str(results))
+    assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 12
+
+
+MIXED = """
+[launch]
+nodes = 1
+time_limit = "00:20:00"
+[[experiment]]
+name = "gloo-dp"
+family = "spatial"
+launch = { procs_per_node = 8, backend = "gloo" }
+[experiment.params]
+model = "resnet"
+image_size = 64
+batch_size = 4
+parts = 2
+split_size = 3
+spatial_size = 1
+local_dp = 2
+slice_method = "square"
+comm_backend = "gloo"
+steps = 2
+balance = "10,14,14"
+[[experiment]]
+name = "mpi-two-spatial-stages"
+family = "spatial"
+launch = { procs_per_node = 9, launcher = "mpi" }
+[experiment.params]
+model = "amoebanet"
+num_layers = 3
+num_filters = 16
+image_size = 128
+batch_size = 2
+split_size = 3
+spatial_size = 2
+slice_method = "square"
+halo_d2 = true
+steps = 1
+[[experiment]]
+name = "inference-fp16"
+family = "spatial"
+launch = { procs_per_node = 5, launcher = "mpi" }
+[experiment.params]
+model = "resnet"
+image_size = 64
+batch_size = 2
+slice_method = "vertical"
+enable_evaluation = true
+precision = "fp_16"
+steps = 2
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_local_dp_micro_batches_two_spatial_stages_gloo_and_inference(tmp_path, write_suite):
+    """torch.distributed (gloo) instead of MPI with 2 micro-batches and 2 replicas of each layer-parallel
+    stage (8 ranks); two spatial stages (9 MPI ranks); fp16 inference: each checked against the unsplit model."""
+    suite = write_suite(MIXED, "spatial-mixed")
+    results = tmp_path / "results"
+    proc = reproflow("run", str(suite), "--results", str(results), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(results)
+    logits = _metric(rows, "logits_max_rel_err").set_index("experiment")["value"]
+    assert set(logits.index) == {"gloo-dp", "mpi-two-spatial-stages", "inference-fp16"}
+    assert (logits < 1e-12).all()
+    grads = _metric(rows, "grads_max_rel_err").set_index("experiment")["value"]
+    assert set(grads.index) == {"gloo-dp", "mpi-two-spatial-stages"} and grads.max() < 1e-8
+    ips = _metric(rows, "images_per_s_mean")
+    assert len(ips) == 3 and (ips["value"] > 0).all()
