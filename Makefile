@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RESULTS ?= results
 REPORTS ?= reports
-SUITES ?= param-demo resharding
+SUITES ?= param-demo resharding spatial-small
 
 .PHONY: help venv demo test lint figures sbatch bench containers clean
 
@@ -39,6 +39,7 @@ demo: venv
 	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: aceso-logs/"
 	@echo "CFP (analysis -> profile -> search): $(REPORTS)/cfp_analysis.md, cfp_search.md, cfp_step_time.png;"
 	@echo "                                   ParallelBlocks, strategy maps and profiles: cfp-logs/"
+	@echo "spatial parallelism (MPI):         $(REPORTS)/spatial_throughput.md, spatial_check.md, spatial_images_per_s.png"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -235,6 +235,7 @@ def test_doctor_reports_slurm_ready_and_shared_results(tmp_path):
     assert "[  ok] Slurm is ready: controller up, 2 of 2 node(s) usable" in proc.stdout, proc.stdout
     assert f"[  ok] results folder {tmp_path.resolve()} is visible from 2 node(s)" in proc.stdout
     assert "[  ok] accounting on" in proc.stdout and "GPUs per node: node1=8, node2=8" in proc.stdout
+    assert "pmi2" in proc.stdout and "[  ok] mpi4py loads MPICH" in proc.stdout
 
 
 RESHARDING = """

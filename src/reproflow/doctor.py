@@ -2,7 +2,8 @@
 
 Checks: Slurm client tools, controller and nodes, accounting (sacct), Pyxis (srun knows
 --container-image), enroot and squashfuse, the image path's syntax, that the results folder is on a
-filesystem every node sees, and GPUs per node. Each check prints ok, warn or FAIL with the fix.
+filesystem every node sees, GPUs per node, and MPI (srun's plugins, mpi4py's library). Each check
+prints ok, warn or FAIL with the fix.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +162,21 @@ def check_gpus() -> list[Check]:
                       + ("" if len(counts) == 1 else " (nodes differ)"))]
 
 
+def check_mpi() -> list[Check]:
+    """srun's MPI plugins and the MPI library mpi4py loads (suites with launch.launcher = 'mpi')."""
+    out = _run(["srun", "--mpi=list"])
+    plugins = sorted(set(re.findall(r"\b(pmix|pmi2)\b", (out.stdout + out.stderr) if out else "")))
+    probe = _run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"])
+    library = probe.stdout.strip() if probe is not None and probe.returncode == 0 else ""
+    checks = [Check(OK, f"srun MPI plugins: {', '.join(plugins)} (SRUN_MPI picks one; pmix is the default)")
+              if plugins else Check(WARN, "srun offers neither pmix nor pmi2: MPI suites cannot start through srun",
+                                    "install Slurm's PMIx plugin (Debian: libpmix-dev), or MPI_LAUNCHER=mpirun_rsh")]
+    checks.append(Check(OK, f"mpi4py loads {library}") if library else
+                  Check(WARN, "mpi4py is not importable: spatial-parallelism suites with the mpi backend will fail",
+                        "pip install '.[mpi]', or build mpi4py against the cluster's MPI (the spatial image does)"))
+    return checks
+
+
 def diagnose(image: str, results: Path, nodes: int) -> list[Check]:
     """Every check, in the order a user would fix things."""
     checks = check_tools()
@@ -168,5 +185,5 @@ def diagnose(image: str, results: Path, nodes: int) -> list[Check]:
         checks += check_cluster()
     checks += check_containers() + check_image(image)
     if slurm_ok and all(c.status != FAIL for c in checks[:3]):
-        checks += check_shared_results(results, nodes) + check_gpus()
+        checks += check_shared_results(results, nodes) + check_gpus() + check_mpi()
     return checks
