@@ -90,6 +90,10 @@ def test_bad_points_name_the_option_and_the_fix():
         FAMILY.check(_params(precision="fp_16"), 5)
     with pytest.raises(ParamError, match="comma-separated integers"):
         FAMILY.check(_params(balance="a,b"), 5)
+    # A tile narrower than a halo-D2 group reads is refused before any rank waits for another.
+    with pytest.raises(ParamError, match="wider than the 16x4 tile"):
+        FAMILY.check(_params(model="amoebanet", num_layers=3, num_filters=16, image_size=64, slice_method="vertical",
+                             halo_d2=True), 5)
     FAMILY.check(_params(), 5)
     proc = reproflow("spatial", "resnet", "--num-spatial-parts", "4,2", "--dry-run")
     assert proc.returncode != 0 and "same count" in proc.stderr and "Traceback" not in proc.stderr

@@ -24,7 +24,7 @@ from reproflow.errors import ParamError, PointFailed
 from reproflow.families.spatial.cli import register_cli
 from reproflow.families.spatial.comm import Comm, make_comm
 from reproflow.families.spatial.layout import SLICES, Layout
-from reproflow.families.spatial.pipeline import DTYPES, Setup, Stage, serial_reference, synthetic_batch
+from reproflow.families.spatial.pipeline import DTYPES, Setup, Stage, dry_run, serial_reference, synthetic_batch
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
 
@@ -72,6 +72,11 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
                         f"summing to the model's {layers_of(params)} layers")
     if s.precision == "fp_16" and s.train:
         problems.append("--precision fp_16 is for inference, as in the reference: add --enable-evaluation")
+    if not problems:
+        try:
+            dry_run(s)
+        except ValueError as exc:
+            problems.append(str(exc))
     if not problems and s.layout.world != world_size:
         problems.append(f"this layout needs {s.layout.world} processes (split_size + parts x spatial_size - "
                         f"spatial_size + (split_size - spatial_size)(local_DP - 1)), the job has {world_size}; "

@@ -21,11 +21,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 class MpiComm:
     """mpi4py's COMM_WORLD. Waits poll with a short sleep: on an oversubscribed machine a spinning
-    MPI wait would take the cores the computing ranks need."""
+    MPI wait would take the cores the computing ranks need. A wait longer than `timeout_s` raises
+    (under `python -m mpi4py` that aborts the job) instead of waiting forever for a dead rank."""
 
     name = "mpi"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, timeout_s: float = 600.0) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -33,6 +34,7 @@ class MpiComm:
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         self.device = device
+        self.timeout_s = timeout_s
 
     def _sync(self) -> None:
         # MPI reads device buffers directly; queued kernels must have written them first.
@@ -52,8 +54,11 @@ class MpiComm:
     def wait(self, requests: Sequence[Any]) -> None:
         """Wait for every request."""
         reqs = [r for r, _ in requests]
-        pause = 0.0
+        pause, deadline = 0.0, time.monotonic() + self.timeout_s
         while not self._mpi.Request.Testall(reqs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: MPI messages unfinished after {self.timeout_s:.0f} s; a peer "
+                                   "rank has died or hangs")
             time.sleep(pause)
             pause = min(1e-3, pause * 2 or 2e-5)
 

@@ -103,6 +103,10 @@ class Grid:
 
     def own(self, extent: tuple[int, int]) -> tuple[Span, Span]:
         """This rank's tile of an image of `extent` (H, W)."""
+        if extent[0] % self.rows or extent[1] % self.cols or extent[0] < self.rows or extent[1] < self.cols:
+            raise ValueError(f"a {extent[0]}x{extent[1]} activation does not split into {self.rows}x{self.cols} "
+                             "equal tiles; use a larger --image-size, fewer --num-spatial-parts, or fewer layers in "
+                             "the spatial partitions (--balance)")
         h, w = extent[0] // self.rows, extent[1] // self.cols
         return Span(self.row * h, (self.row + 1) * h), Span(self.col * w, (self.col + 1) * w)
 
@@ -114,7 +118,8 @@ class Space:
     """Where a partition's patches live: its grid, the communicator and the spatial group.
 
     One tile (`SERIAL`) is the unsplit model: exchanges only pad. `d2` makes `Fused` groups
-    exchange once per group; `exchanges` counts the exchanges that sent messages.
+    exchange once per group; `exchanges` counts the exchanges that sent messages. Without `comm`
+    the exchanges only pad and check their widths (a dry run on the meta device).
     """
 
     def __init__(self, grid: Grid = SERIAL, comm: Comm | None = None, group: Any = None, d2: bool = False) -> None:
@@ -166,7 +171,7 @@ class Space:
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Differentiable sum of `t` over the spatial group (identity for one tile)."""
-        if not self.split:
+        if not self.split or self.comm is None:
             return t
         return _AllReduce.apply(t, self)
 
@@ -204,7 +209,7 @@ class _Halo(torch.autograd.Function):
         h, w = data.shape[-2:]
         out = data.new_full((*data.shape[:-2], top + h + bottom, left + w + right), fill)
         out[..., top:top + h, left:left + w] = data
-        if space.split:
+        if space.split and space.comm is not None:
             recvs, sends = space._blocks(halo, h, w)
             comm = space.comm
             bufs = [(torch.empty_like(out[..., r, c], memory_format=torch.contiguous_format), r, c)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reproflow.families.spatial.comm import Comm
-from reproflow.families.spatial.halo import Grid, Patch, Space
+from reproflow.families.spatial.halo import Grid, Patch, Space, Span
 from reproflow.families.spatial.layers import Fused, Seq
 from reproflow.families.spatial.layout import Layout
 from reproflow.families.spatial.models import amoebanet_d, resnet_v2
@@ -118,6 +118,28 @@ def boundary_shapes(s: Setup) -> list[list[torch.Size]]:
             x = m(x)
             shapes.append([e.data.shape if isinstance(e, Patch) else e.shape for e in _elements(x)])
     return shapes
+
+
+def dry_run(s: Setup) -> None:
+    """The split forward on the meta device, one tile per spatial stage: raises ValueError (naming the
+    option to change) where a tile does not split evenly or is narrower than a halo, before any rank
+    waits for another."""
+    with torch.device("meta"):
+        layers = build_layers(s)
+    rows, cols = s.layout.grid()
+    tiles = Space(Grid(rows, cols, 0, 0, tuple(range(rows * cols))), None, None, s.halo_d2)
+    x: Any = Patch.whole(torch.empty(s.micro, 3, s.image_size, s.image_size, device="meta", dtype=s.dtype))
+    with torch.no_grad():
+        for k, bounds in enumerate(partition(len(layers), s.layout.split_size, s.balance)):
+            space = tiles if k < s.layout.spatial_size else Space()
+            x = _like(x, [Patch(e.data, Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, space)
+                          .crop(*space.own(e.extent)) for e in _elements(x)])
+            for m in program([layers[i].eval() for i in bounds], s.fused_layers if s.halo_d2 else 1):
+                x = m(x)
+            if not isinstance(x, Patch | tuple):
+                return
+            x = _like(x, [Patch(torch.empty(e.data.shape[:2] + e.extent, device="meta", dtype=s.dtype),
+                                Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, space) for e in _elements(x)])
 
 
 def _nbytes(x: Any) -> int:
