@@ -225,3 +225,12 @@ def test_local_dp_micro_batches_two_spatial_stages_gloo_and_inference(tmp_path, 
     assert set(grads.index) == {"gloo-dp", "mpi-two-spatial-stages"} and grads.max() < 1e-8
     ips = _metric(rows, "images_per_s_mean")
     assert len(ips) == 3 and (ips["value"] > 0).all()
+
+
+def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
+    proc = reproflow("spatial", "resnet", "--image-size", "256", "--batch-size", "2", "--compare", "--dry-run",
+                     "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "mpirun -np 2 python -m mpi4py -m reproflow.worker" in proc.stdout
+    assert "mpirun -np 5 python -m mpi4py -m reproflow.worker" in proc.stdout
+    assert proc.stdout.count("halo_d2=") == 6 and not list(tmp_path.rglob("*.csv"))

@@ -78,7 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             continue
         if args.dry_run:
             print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
-            print(f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python -m reproflow.worker "
+            launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
+                        else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
+            print(f"{launcher} -m reproflow.worker "
                   + " ".join(worker_args(suite, exp, Path(args.results), args.force, root, args.set)))
             for point in exp.points:
                 print(f"    {point.label}")
