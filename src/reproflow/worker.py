@@ -204,4 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if "mpi4py.MPI" not in sys.modules:
+        # Every row is on disk and the process group is gone: leave without the interpreter's teardown,
+        # where a gloo thread left joinable now and then aborts a finished rank ("terminate called
+        # without an active exception", exit -6). MPI ranks must still pass MPI_Finalize at exit.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+    sys.exit(exit_code)
