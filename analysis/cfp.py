@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.report import aggregates, newest, over_baseline, save_figure, wide, write_table
 
 KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "backend", "device"]
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
@@ -49,9 +49,7 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     if searched.empty:
         return written
     table = wide(searched, [*keys, "plan"], SEARCH)
-    cfp = table[table["plan"] == "cfp"].set_index(keys)["step_time"]
-    table["vs_cfp"] = [row.step_time / cfp.get(tuple(row[k] for k in keys), float("nan"))
-                       for _, row in table.iterrows()]
+    table["vs_cfp"] = over_baseline(table, keys, table["plan"] == "cfp", "step_time")
     written += write_table(table, out_dir, "cfp_search", "CFP search and plans run", NOTE)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     pivot = table.pivot_table(index="model", columns="plan", values="step_time")

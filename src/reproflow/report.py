@@ -75,6 +75,14 @@ def wide(frame: pd.DataFrame, index: Sequence[str], metrics: Sequence[str]) -> p
     return table.reindex(columns=[m for m in metrics if m in table.columns]).reset_index()
 
 
+def over_baseline(table: pd.DataFrame, keys: Sequence[str], baseline: pd.Series, column: str) -> pd.Series:
+    """`column` of every row divided by the `baseline` row's with the same `keys` (NaN where none):
+    speed-ups and ratios against a reference configuration."""
+    base = table.loc[baseline, [*keys, column]].rename(columns={column: "_baseline"})
+    matched = table[list(keys)].merge(base, on=list(keys), how="left")
+    return pd.Series(table[column].to_numpy() / matched["_baseline"].to_numpy(), index=table.index)
+
+
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
     """A GitHub-flavoured markdown table (no extra dependency)."""
     def cell(v: object) -> str:

@@ -27,6 +27,7 @@ from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
 from reproflow.families.aceso.search import Options, Result, search
 from reproflow.results import atomic_write
+from reproflow.suite import suite_toml
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -297,36 +298,26 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
     """A suite (TOML) profiling every op per TP size, micro-batch and algo, plus collectives and P2P.
     Every op point runs on max(tps) ranks (one node's GPUs), as world / tp TP groups at once."""
     algos = [0] if model_name == "t5" else [0, 1]
-    common = (f'model = "{model_name}", size = "{size}", seq_len = {seq_len}, warmup = {warmup}, '
-              f"repeats = {repeats}")
-    text = [f'[suite]\ndescription = "Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"\n',
-            '[launch]\nnodes = 1\ntime_limit = "04:00:00"\n']
-    for tp in tps:
-        text.append(f'[[experiment]]\nname = "tp{tp}"\nfamily = "aceso"\n'
-                    f"launch = {{ procs_per_node = {max(tps)} }}\n"
-                    f"params = {{ {common}, tp = {tp} }}\nmatrix = {{ mbs = {mbs}, algo = {algos} }}\n")
-    for tp in [t for t in tps if t > 1]:
-        text.append(f'[[experiment]]\nname = "collectives-{tp}"\nfamily = "aceso"\n'
-                    f"launch = {{ procs_per_node = {tp} }}\n"
-                    f'params = {{ kind = "collectives", {common}, sizes_mb = "{comm_mb}" }}\n')
+    common = {"model": model_name, "size": size, "seq_len": seq_len, "warmup": warmup, "repeats": repeats}
+    exps: list[dict[str, object]] = [
+        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": max(tps)}, "params": common | {"tp": tp},
+         "matrix": {"mbs": mbs, "algo": algos}} for tp in tps]
+    exps += [{"name": f"collectives-{tp}", "family": "aceso", "launch": {"procs_per_node": tp},
+              "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for tp in tps if tp > 1]
     if max(tps) > 1:
-        text.append('[[experiment]]\nname = "p2p"\nfamily = "aceso"\nlaunch = { procs_per_node = 2 }\n'
-                    f'params = {{ kind = "p2p", {common} }}\n')
-    return "\n".join(text)
+        exps.append({"name": "p2p", "family": "aceso", "launch": {"procs_per_node": 2},
+                     "params": {"kind": "p2p", **common}})
+    return suite_toml({"description": f"Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"},
+                      {"nodes": 1, "time_limit": "04:00:00"}, exps)
 
 
 def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,
                 params: dict[str, object]) -> str:
     """A suite training each (experiment, plan, config) on nodes x gpus_per_node ranks."""
-    common = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
-    text = [f'[suite]\ndescription = "Aceso runtime: {name}"\n',
-            f'[launch]\nnodes = {nodes}\ntime_limit = "02:00:00"\n']
-    for exp, plan, config in runs:
-        text.append(f'[[experiment]]\nname = "{exp}"\nfamily = "aceso"\n'
-                    f"launch = {{ procs_per_node = {gpus_per_node} }}\n"
-                    f'params = {{ kind = "train", plan = "{plan}", config = {json.dumps(str(config.resolve()))}, '
-                    f"{common} }}\n")
-    return "\n".join(text)
+    return suite_toml({"description": f"Aceso runtime: {name}"}, {"nodes": nodes, "time_limit": "02:00:00"},
+                      [{"name": exp, "family": "aceso", "launch": {"procs_per_node": gpus_per_node},
+                        "params": {"kind": "train", "plan": plan, "config": str(config.resolve()), **params}}
+                       for exp, plan, config in runs])
 
 
 def _config_fields(config: Path) -> dict:

@@ -29,6 +29,7 @@ from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
 from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.family import Measurement
+from reproflow.memory import SavedBytes
 from reproflow.timing import time_steps
 
 MB = 2**20
@@ -116,24 +117,15 @@ def profile_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
     def forward() -> tuple[torch.Tensor, ...]:
         return op.forward(env, weights, *inputs)
 
-    known = {t.untyped_storage().data_ptr() for t in [*inputs, *weights.values()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in known:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
     cuda = ctx.device.type == "cuda"
     if cuda:  # the reference's measure: growth of allocated and reserved memory around one pass
         torch.cuda.synchronize(ctx.device)
         alloc0, res0 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes([*inputs, *weights.values()]) as saved:
         outputs = forward()
-    old = known | set(saved)
+    old = saved.exclude | set(saved.storages)
     new_out = [o for o in outputs if o.untyped_storage().data_ptr() not in old]
-    activations = sum(saved.values()) + _bytes(new_out)
+    activations = saved.total + _bytes(new_out)
     fwd_reserved = bwd_reserved = 0.0
     if cuda:
         torch.cuda.synchronize(ctx.device)

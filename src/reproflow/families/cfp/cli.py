@@ -15,12 +15,12 @@ batch and mesh are unchanged (--force re-profiles).
 from __future__ import annotations
 
 import argparse
-import json
 
 from reproflow.cli import generated_suite_options, run_generated_suite
 from reproflow.errors import ReproflowError
 from reproflow.families.cfp.models import MODELS
 from reproflow.families.cfp.torch_baselines import KINDS
+from reproflow.suite import suite_toml
 
 PASSES = ("analysis", "profile", "search")
 BASELINES = ("alpa", "data-parallel", "tensor-parallel", *KINDS)
@@ -28,20 +28,14 @@ BASELINES = ("alpa", "data-parallel", "tensor-parallel", *KINDS)
 
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
     """A suite with one experiment per (model, pass), in pass order for each model."""
-    q = json.dumps  # TOML basic strings escape as JSON does
-    common = (f"size = {q(args.size)}, num_layer = {args.num_layer}, batch_size = {args.batch_size}, "
-              f"warmup = {args.warmup}, repeats = {args.repeats}, runs = {args.runs}, "
-              f"memory_limit_gb = {args.memory_limit_gb}, work_dir = {q(args.work_dir)}, "
-              f"force = {str(args.force).lower()}, verbose = {str(args.verbose).lower()}, "
-              f"verify = {str(not args.no_verify).lower()}, baselines = {q(args.baselines)}")
-    text = [f'[suite]\ndescription = "CFP {", ".join(passes)} of {", ".join(models)} on {args.nproc} ranks"\n',
-            '[launch]\nnodes = 1\ntime_limit = "04:00:00"\n']
-    for m in models:
-        for p in passes:
-            text.append(f'[[experiment]]\nname = "{m}-{p}"\nfamily = "cfp"\n'
-                        f"launch = {{ procs_per_node = {args.nproc} }}\n"
-                        f'params = {{ mode = "{p}", model = "{m}", {common} }}\n')
-    return "\n".join(text)
+    common = {"size": args.size, "num_layer": args.num_layer, "batch_size": args.batch_size, "warmup": args.warmup,
+              "repeats": args.repeats, "runs": args.runs, "memory_limit_gb": args.memory_limit_gb,
+              "work_dir": args.work_dir, "force": args.force, "verbose": args.verbose, "verify": not args.no_verify,
+              "baselines": args.baselines}
+    return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
+                      {"nodes": 1, "time_limit": "04:00:00"},
+                      [{"name": f"{m}-{p}", "family": "cfp", "launch": {"procs_per_node": args.nproc},
+                        "params": {"mode": p, "model": m, **common}} for m in models for p in passes])
 
 
 def cmd_cfp(args: argparse.Namespace) -> int:
