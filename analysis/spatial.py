@@ -18,13 +18,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.report import aggregates, newest, over_baseline, save_figure, wide, write_table
 
 SETTING = ["model", "image_size", "batch_size", "enable_evaluation", "precision", "num_filters", "num_layers",
            "split_size", "device"]
 METRICS = ["images_per_s_mean", "images_per_s_median", "images_per_s_steady", "halo_exchanges_per_step"]
 NOTE = ("images_per_s_mean / _median: batch / step time over every step, the first included, as the reference "
-        "prints them; _steady leaves the first step out; speedup = steady rate / layer parallelism's. Step time: "
+        "prints them; _steady leaves the first step out; speedup = steady rate / layer parallelism's. "
+        "halo_exchanges_per_step: forward exchanges that sent messages (the backward mirrors them). Step time: "
         "the slowest rank's, forward + backward + gradient sums + update (training) or forward (inference). "
         "activation MiB: bytes kept for backward by the rank's partition (training), or the largest input + "
         "output of a layer (inference), measured on CPUs; peak allocator bytes on GPUs. tile / unsplit: the "
@@ -64,16 +65,14 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         first = memory.groupby(keys)["value"].max().rename("stage0_activation_MiB") / 2**20
         table = table.merge(first.reset_index(), on=keys, how="left")
     group = list(setting)
-    lp = table[table["config"] == "layer parallelism"].set_index(group)
-    if not lp.empty:  # settings without layer parallelism alone (the correctness checks) have nothing to compare
-        table = table[[tuple(row[k] for k in group) in lp.index for _, row in table.iterrows()]].copy()
-    table["speedup"] = [row.images_per_s_steady / lp["images_per_s_steady"].get(tuple(row[k] for k in group),
-                                                                                 float("nan"))
-                        for _, row in table.iterrows()]
+    is_lp = table["config"] == "layer parallelism"
+    if is_lp.any():  # settings without layer parallelism alone (the correctness checks) have nothing to compare
+        table = table[table[group].merge(table.loc[is_lp, group].drop_duplicates(), how="left",
+                                         indicator=True)["_merge"].eq("both").to_numpy()].copy()
+        is_lp = table["config"] == "layer parallelism"
+    table["speedup"] = over_baseline(table, group, is_lp, "images_per_s_steady")
     if "stage0_activation_MiB" in table.columns:
-        table["tile_over_unsplit"] = [row.stage0_activation_MiB
-                                      / lp["stage0_activation_MiB"].get(tuple(row[k] for k in group), float("nan"))
-                                      for _, row in table.iterrows()]
+        table["tile_over_unsplit"] = over_baseline(table, group, is_lp, "stage0_activation_MiB")
     order = ["layer parallelism", *[f"spatial {s}{d}" for s in ("square", "vertical", "horizontal")
                                     for d in ("", " + halo-D2")]]
     table["_order"] = table["config"].map({c: i for i, c in enumerate(order)})

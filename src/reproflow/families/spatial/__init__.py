@@ -147,55 +147,43 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         out = verify(ctx, comm, s) if params["verify"] else []
         stage = Stage(s, comm, ctx.rank, ctx.device)
         steps = params["steps"] or SYNTHETIC_BATCHES // params["times"]
-        ips, times, exchanges = [], [], []
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
+        stage.activation_bytes = 0
+        times: list[float] = []
+        ctx.barrier()
+        exchanges = 0
         for epoch in range(params["num_epochs"]):
             loss = correct = 0.0
             for step in range(steps):
                 images, labels = synthetic_batch(s, epoch * steps + step)
                 before = stage.space.exchanges
-                ctx.barrier()
-                seconds = stage.step(images, labels)
-                got = ctx.gather_objects((seconds, _loss(stage, labels, s), stage.space.exchanges - before))
-                seconds = max(g[0] for g in got)
-                loss += sum(g[1][0] for g in got)
-                correct += sum(g[1][1] for g in got)
+                # The gather is the step's end on every rank, so the next step starts together.
+                seconds = max(ctx.gather_floats(stage.step(images, labels)))
+                exchanges = stage.space.exchanges - before
+                loss, correct = loss + stage.loss, correct + stage.correct
                 times.append(seconds)
-                exchanges.append(max(g[2] for g in got))
-                ips.append(s.batch_size / seconds)
-                ctx.log(f"Epoch: {epoch} images per sec:{ips[-1]}")
+                ctx.log(f"Epoch: {epoch} images per sec:{s.batch_size / seconds}")
                 out += [Measurement("step_s", seconds, "s", {"epoch": epoch, "step": step}),
-                        Measurement("images_per_s", ips[-1], "images/s", {"epoch": epoch, "step": step})]
+                        Measurement("images_per_s", s.batch_size / seconds, "images/s", {"epoch": epoch, "step": step})]
+            loss, correct = (sum(v) for v in zip(*ctx.gather_objects((loss, correct)), strict=True))
             ctx.log(f"Epoch {epoch} Global loss: {loss / steps} Acc {correct / steps / s.batch_size}")
+        exchanges = max(ctx.gather_objects(exchanges))
     except ValueError as exc:
         raise PointFailed(str(exc)) from None
+    ips = [s.batch_size / t for t in times]
     ctx.log(f"Mean {statistics.mean(ips)} Median {statistics.median(ips)}")
     out += [Measurement("images_per_s_mean", statistics.mean(ips), "images/s"),
             Measurement("images_per_s_median", statistics.median(ips), "images/s"),
-            Measurement("halo_exchanges_per_step", float(exchanges[-1]), "")]
-    if len(ips) > 1:
+            Measurement("halo_exchanges_per_step", float(exchanges), "")]
+    if len(times) > 1:
         out.append(Measurement("images_per_s_steady", s.batch_size / statistics.mean(times[1:]), "images/s"))
-    memory = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else stage.saved.peak)
+    memory = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else stage.activation_bytes
     role = stage.role
     for r, (mem, stage_no, spatial) in enumerate(ctx.gather_objects((memory, role.stage, role.spatial))):
         metric = "peak_memory_bytes" if ctx.device.type == "cuda" else "activation_bytes"
         out.append(Measurement(metric, float(mem), "B", {"stage": stage_no, "spatial": spatial}, rank=r))
     return out
-
-
-def _loss(stage: Stage, labels: torch.Tensor, s: Setup) -> tuple[float, float]:
-    """This rank's share of the step's summed loss and correct predictions (last stage only)."""
-    if not stage.last:
-        return 0.0, 0.0
-    n, per = s.micro, s.micro // s.layout.local_dp
-    loss = correct = 0.0
-    for m, logits in enumerate(stage.logits):
-        start = m * n + stage.role.index * per
-        y = labels[start:start + per].to(logits.device)
-        loss += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").item() / s.batch_size
-        correct += float((logits.argmax(dim=1) == y).sum().item())
-    return loss, correct
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:

@@ -66,23 +66,17 @@ class Layout:
 
     def problems(self, image_size: int, batch_size: int, micro_batches: int) -> list[str]:
         """What is wrong with this layout for the run, each naming the option to change."""
-        found = []
-        if self.split_size < 1:
-            found.append("--split-size must be at least 1")
+        found = []  # ranges and choices of single options are the parameters' own (Param) checks
         if not 0 <= self.spatial_size < self.split_size:
             found.append(f"--spatial-size {self.spatial_size} must be in [0, --split-size {self.split_size}): the "
                          "last partition is layer-parallel, where the tiles are joined for the classifier")
-        if self.slice_method not in SLICES:
-            found.append(f"--slice-method '{self.slice_method}' is not one of {', '.join(SLICES)}")
-        elif self.spatial_size and self.parts < 2:
+        if self.spatial_size and self.parts < 2:
             found.append("--num-spatial-parts must be at least 2 when --spatial-size > 0")
         elif self.spatial_size and self.slice_method == "square" and math.isqrt(self.parts) ** 2 != self.parts:
             found.append(f"--slice-method square needs a perfect-square --num-spatial-parts, not {self.parts}; "
                          "use 4, 9, 16, or --slice-method vertical/horizontal")
         if image_size < 32 or image_size & (image_size - 1):
             found.append(f"--image-size {image_size} must be a power of two, at least 32")
-        if self.local_dp < 1:
-            found.append("--local-DP must be at least 1")
         if micro_batches < 1 or batch_size % micro_batches:
             found.append(f"--batch-size {batch_size} must split into --parts {micro_batches} micro-batches")
         elif (batch_size // micro_batches) % self.local_dp:

@@ -168,12 +168,10 @@ class Cell(nn.Module):
                 src = self.inputs[j]
                 got = self.ops[j].need(space, node, extent)
                 prev = needs[src]
-                needs[src] = got if prev is None else (prev[0].union(got[0]), prev[1].union(got[1]))
-        s1 = self.reduce1.need(space, needs[0] or space.own(inner), inner)
-        s2_extent = (inner[0] * self.reduce2.stride[0], inner[1] * self.reduce2.stride[1])
+                needs[src] = got if prev is None else (got[0].union(prev[0]), got[1].union(prev[1]))
+        s1 = self.reduce1.need(space, needs[0] or space.own(inner), inner)  # at least own: it is the skip output
         s2 = self.reduce2.need(space, needs[1] or space.own(inner), inner)
-        own1, own2 = space.own(inner), space.own(s2_extent)
-        return ((s1[0].union(own1[0]), s1[1].union(own1[1])), (s2[0].union(own2[0]), s2[1].union(own2[1])))
+        return s1, s2
 
     def forward(self, states: State) -> tuple[Patch, Patch]:
         s1, s2 = states if isinstance(states, tuple) else (states, states)

@@ -25,6 +25,7 @@ from reproflow.families.spatial.halo import Grid, Patch, Space, Span
 from reproflow.families.spatial.layers import Fused, Seq
 from reproflow.families.spatial.layout import Layout
 from reproflow.families.spatial.models import amoebanet_d, resnet_v2
+from reproflow.memory import SavedBytes
 
 # fp64 is not the reference's: the checks against the unsplit model run in it, because the gradients of
 # a freshly initialised 110-layer network move by ~10 % when the input moves by 1e-6 in fp32.
@@ -164,28 +165,6 @@ def join(parts: Sequence[torch.Tensor], rows: int, cols: int) -> torch.Tensor:
     return torch.cat([torch.cat(list(parts[r * cols:(r + 1) * cols]), dim=-1) for r in range(rows)], dim=-2)
 
 
-class SavedBytes:
-    """Bytes of activations autograd keeps for backward (parameters excluded), per storage; all are alive
-    together at the end of a step's forwards, so their sum is the step's activation memory."""
-
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
-        self.skip = {p.untyped_storage().data_ptr() for p in params}
-        self.seen: dict[int, int] = {}
-        self.peak = 0
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        """saved_tensors_hooks pack: count the storage once."""
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.skip:
-            self.seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    def close_step(self) -> None:
-        """End of a step's forwards: keep the largest total, forget the storages."""
-        self.peak = max(self.peak, sum(self.seen.values()))
-        self.seen = {}
-
-
 class Stage:
     """This rank's partition and its messages. Construct on every rank together (groups are collective)."""
 
@@ -212,8 +191,9 @@ class Stage:
         if s.train and self.params:
             self.opt = (torch.optim.SGD(self.params, lr=s.learning_rate, momentum=0.9) if s.optimizer == "sgd"
                         else torch.optim.Adam(self.params, lr=s.learning_rate))
-        self.saved = SavedBytes(self.params)
+        self.activation_bytes = 0  # the largest step's (see forward and step)
         self.logits: list[torch.Tensor] = []
+        self.loss = self.correct = 0.0  # the last step's, on the last stage (summed over its samples)
 
     # -- messages ------------------------------------------------------------------------------------
     def _shapes_in(self) -> list[torch.Size]:
@@ -313,7 +293,7 @@ class Stage:
         for layer in self.program:
             y = layer(x)
             if not self.s.train:
-                self.saved.peak = max(self.saved.peak, _nbytes(x) + _nbytes(y))
+                self.activation_bytes = max(self.activation_bytes, _nbytes(x) + _nbytes(y))
             x = y
         return x
 
@@ -322,10 +302,10 @@ class Stage:
         s = self.s
         start = time.perf_counter()
         self.logits = []
+        self.loss = self.correct = 0.0
         kept = []
-        hooks = torch.autograd.graph.saved_tensors_hooks(self.saved.pack, lambda t: t)
         grad_mode = torch.enable_grad() if s.train else torch.no_grad()
-        with grad_mode, hooks:
+        with grad_mode, SavedBytes(self.params) as saved:
             for m in range(s.micro_batches):
                 xb = images[m * s.micro:(m + 1) * s.micro].to(self.device, s.dtype)
                 inp = self.receive(m, xb)
@@ -333,11 +313,14 @@ class Stage:
                 if self.last:
                     yb = self._replica_slice(labels[m * s.micro:(m + 1) * s.micro], self.role.index).to(self.device)
                     self.logits.append(out.detach())
+                    self.correct += float((out.argmax(dim=1) == yb).sum())
                     out = F.cross_entropy(out.float(), yb, reduction="sum") / s.batch_size
+                    self.loss += float(out)
                 else:
                     self.send(m, out)
                 kept.append((inp, out))
-        self.saved.close_step()
+        # Everything saved for backward is alive together at the end of the forwards.
+        self.activation_bytes = max(self.activation_bytes, saved.total)
         if s.train:
             for m in reversed(range(s.micro_batches)):
                 inp, out = kept[m]
