@@ -6,11 +6,13 @@ RESULTS ?= results
 REPORTS ?= reports
 SUITES ?= param-demo resharding spatial-small
 
-.PHONY: help venv demo test lint figures sbatch bench containers clean
+.PHONY: help venv demo test faults lint figures sbatch bench containers clean
 
 help:
 	@echo "make demo     set up .venv, run the suites $(SUITES) and Aceso's small setting here, write tables and figures"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
+	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"
+	@echo "              cancel, 20 concurrent jobs, 1000+ generated bad inputs; prints N faults injected, N survived"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost -> benchmarks/results/*.csv"
@@ -48,6 +50,10 @@ lint: venv
 test: lint
 	$(BIN)/reproflow render --check
 	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest
+
+# The fault-injection suite alone (it is also part of `make test`), with its summary line.
+faults: venv
+	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
 
 figures: venv
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)

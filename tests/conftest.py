@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from reproflow.results import point_file_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,3 +34,47 @@ def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None,
     full_env = dict(os.environ) | (env or {})
     return subprocess.run([sys.executable, "-m", "reproflow.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# The fault-injection tally: every injected fault and every generated bad input is recorded here by
+# the test that made it, whatever its outcome, and summed up at the end of the run.
+FAULTS: list[dict] = []
+BAD_INPUTS: dict[str, int] = {"inputs": 0, "tracebacks": 0, "injections": 0, "failed": 0}
+
+
+def record_fault(name: str, survived: bool, rows_lost: int, hung: bool, seconds: float) -> None:
+    """Note one injected fault: whether the system behaved as promised, rows lost, and whether it hung."""
+    FAULTS.append({"fault": name, "survived": survived, "rows_lost": rows_lost, "hung": hung, "seconds": seconds})
+
+
+WRITTEN = re.compile(r"(\d+) rows in [\d.]+ s -> (\S+\.csv)")
+
+
+def rows_lost(log: str) -> int:
+    """Rows the job said it wrote that are not on disk in a whole file."""
+    lost = 0
+    for count, name in WRITTEN.findall(log):
+        path = Path(name)
+        if not path.exists() or point_file_problem(path):
+            lost += int(count)
+        else:
+            lost += max(0, int(count) - (len(path.read_text().splitlines()) - 1))
+    return lost
+
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not FAULTS and not BAD_INPUTS["inputs"]:
+        return
+    tr = terminalreporter
+    tr.section("fault injection")
+    for f in FAULTS:
+        tr.write_line(f"{f['fault']}: {'survived' if f['survived'] else 'NOT SURVIVED'}, {f['rows_lost']} rows lost, "
+                      f"{'HUNG' if f['hung'] else 'no hang'}, {f['seconds']:.1f} s")
+    if BAD_INPUTS["inputs"]:
+        tr.write_line(f"bad inputs: {BAD_INPUTS['inputs']} generated, {BAD_INPUTS['tracebacks']} tracebacks, "
+                      f"{BAD_INPUTS['injections']} injections")
+    injected = len(FAULTS) + BAD_INPUTS["inputs"]
+    survived = sum(f["survived"] for f in FAULTS) + BAD_INPUTS["inputs"] - BAD_INPUTS["failed"]
+    tr.write_line(f"{injected} faults injected, {survived} survived, {sum(f['rows_lost'] for f in FAULTS)} rows lost, "
+                  f"{sum(f['hung'] for f in FAULTS)} hangs")

@@ -1,14 +1,27 @@
-"""Nothing measured is lost: atomic point files, skip-done reruns, failed and crashed points."""
+"""Nothing measured is lost: atomic point files, skip-done reruns, failed and crashed points, torn files
+quarantined, the health gate, the recorded environment, concurrent appends, the failure taxonomy."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from conftest import reproflow
+from conftest import record_fault, reproflow, rows_lost
 
-from reproflow.results import atomic_write
+from reproflow.report import load_results
+from reproflow.results import (
+    QUARANTINE,
+    REDACTED,
+    append_line,
+    atomic_write,
+    point_file_problem,
+    redact_environment,
+)
+from reproflow.retry import CANCELLED, EXPERIMENT, INFRASTRUCTURE, OK, TIME_LIMIT, classify, fit
 
 pytestmark = pytest.mark.distributed
 
@@ -55,12 +68,15 @@ def test_rerun_skips_done_points_and_force_measures_again(write_suite, tmp_path)
 
 def test_a_failed_point_leaves_the_others_intact(write_suite, tmp_path):
     suite, results = write_suite(SUITE), tmp_path / "results"
+    start = time.monotonic()
     proc = reproflow("run", str(suite), "--results", str(results),
                      env={"REPROFLOW_INJECT_FAULT": "collective=broadcast:raise:1"})
-    assert proc.returncode == 3, proc.stderr
-    assert set(_files(results)) == {"collective=all_reduce", "collective=reduce", "collective=send_recv"}
     failed = list((results / "tiny" / "c").glob("*.failed.json"))
-    assert len(failed) == 1 and "rank 1: injected fault" in json.loads(failed[0].read_text())["error"]
+    survived = proc.returncode == 3 and len(failed) == 1 and set(_files(results)) == {
+        "collective=all_reduce", "collective=reduce", "collective=send_recv"}
+    record_fault("local: a point fails on one rank", survived, rows_lost(proc.stdout), False, time.monotonic() - start)
+    assert survived, proc.stderr
+    assert "rank 1: injected fault" in json.loads(failed[0].read_text())["error"]
     status = reproflow("status", "--results", str(results))
     assert "tiny/c: 3 point(s) measured, 1 failed" in status.stdout
     again = reproflow("run", str(suite), "--results", str(results))
@@ -70,11 +86,131 @@ def test_a_failed_point_leaves_the_others_intact(write_suite, tmp_path):
 
 def test_a_crashed_rank_keeps_finished_points_and_a_rerun_resumes(write_suite, tmp_path):
     suite, results = write_suite(SUITE), tmp_path / "results"
+    start = time.monotonic()
     proc = reproflow("run", str(suite), "--results", str(results),
                      env={"REPROFLOW_INJECT_FAULT": "collective=reduce:exit:1"})
-    assert proc.returncode not in (0, 3)
-    assert set(_files(results)) == {"collective=all_reduce", "collective=broadcast"}
+    survived = proc.returncode not in (0, 3) and set(_files(results)) == {"collective=all_reduce",
+                                                                          "collective=broadcast"}
+    record_fault("local: a rank crashes (exit 17)", survived, rows_lost(proc.stdout), False, time.monotonic() - start)
+    assert survived, proc.stderr
     assert not [p for p in (results / "tiny" / "c").iterdir() if p.name.startswith(".")]
     again = reproflow("run", str(suite), "--results", str(results))
     assert again.returncode == 0 and "2 to run, 2 already done" in again.stdout
     assert len(_files(results)) == 4
+
+
+def test_torn_files_are_quarantined_never_aggregated_and_measured_again(write_suite, tmp_path):
+    suite, results = write_suite(SUITE), tmp_path / "results"
+    assert reproflow("run", str(suite), "--results", str(results)).returncode == 0
+    files = _files(results)
+    whole = files["collective=broadcast"].read_text()
+    lines = whole.splitlines(keepends=True)
+    # Cut mid-line, cut at a line boundary (caught by point_rows), and a file of another program.
+    files["collective=broadcast"].write_text(whole[: len(whole) // 2])
+    files["collective=reduce"].write_text("".join(lines[:-1]))
+    assert point_file_problem(files["collective=all_reduce"]) == ""
+    assert "cut short" in point_file_problem(files["collective=broadcast"])
+    assert "rows where the writer wrote" in point_file_problem(files["collective=reduce"])
+    report = reproflow("report", "--results", str(results), "--out", str(tmp_path / "out"))
+    record_fault("torn result files (cut mid-line, cut at a line end)", report.returncode == 0 and
+                 report.stderr.count("is not a whole result file") == 2, 0, False, 0.0)
+    assert report.returncode == 0, report.stderr
+    assert report.stderr.count("is not a whole result file") == 2
+    frame = load_results(results)
+    assert sorted(frame["collective"].unique()) == ["all_reduce", "send_recv"]
+    left_out = (tmp_path / "out" / "left_out.md").read_text()
+    assert "cut short" in left_out and "rows where the writer wrote" in left_out
+    assert len(list((results / QUARANTINE).rglob("*.csv"))) == 2
+    again = reproflow("run", str(suite), "--results", str(results))
+    assert again.returncode == 0 and "2 to run, 2 already done" in again.stdout
+    assert all(point_file_problem(p) == "" for p in _files(results).values()) and len(_files(results)) == 4
+
+
+def test_a_failed_health_gate_is_recorded_and_its_points_left_out(write_suite, tmp_path):
+    suite, results = write_suite(SUITE), tmp_path / "results"
+    proc = reproflow("run", str(suite), "--results", str(results), "-e", "c",
+                     env={"REPROFLOW_INJECT_FAULT": "health:corrupt:1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "health gate fail: all_reduce of 4 MiB over 2 ranks: rank 0:" in proc.stdout
+    rows = pd.concat(pd.read_csv(p) for p in _files(results).values())
+    assert set(rows["health_gate"]) == {"fail"} and "summed values wrong" in rows["health_detail"].iloc[0]
+    out = tmp_path / "out"
+    report = reproflow("report", "--results", str(results), "--out", str(out))
+    record_fault("health gate: a rank corrupts the all-reduce", "4 point(s) left out: their job failed its health "
+                 "gate" in report.stderr, rows_lost(proc.stdout), False, 0.0)
+    assert "4 point(s) left out: their job failed its health gate" in report.stderr
+    assert "health gate failed" in (out / "left_out.md").read_text()
+    assert load_results(results).empty
+    good = reproflow("run", str(suite), "--results", str(tmp_path / "good"))
+    assert "health gate pass: all_reduce of 4 MiB over 2 ranks" in good.stdout
+    assert set(load_results(tmp_path / "good")["health_gate"]) == {"pass"}
+
+
+def test_the_environment_is_recorded_with_secrets_redacted(write_suite, tmp_path):
+    suite, results = write_suite(SUITE), tmp_path / "results"
+    secrets = {"HF_TOKEN": "hf_abc123", "AWS_SECRET_ACCESS_KEY": "wJalr/XUtnF", "WANDB_API_KEY": "k3y",
+               "DB_URL": "postgres://me:pa55word@db:5432/x", "PLAIN_SETTING": "visible"}
+    proc = reproflow("run", str(suite), "--results", str(results), "--set", "collective=all_reduce", env=secrets)
+    assert proc.returncode == 0, proc.stderr
+    (record,) = (results / "tiny" / "env").glob("*.json")
+    env = json.loads(record.read_text())["environment"]
+    assert env["PLAIN_SETTING"] == "visible" and env["DB_URL"] == f"postgres://me:{REDACTED}@db:5432/x"
+    assert env["HF_TOKEN"] == env["AWS_SECRET_ACCESS_KEY"] == env["WANDB_API_KEY"] == REDACTED
+    everything = "".join(p.read_text(errors="replace") for p in results.rglob("*") if p.is_file())
+    assert not any(v in everything for v in ("hf_abc123", "wJalr/XUtnF", "k3y", "pa55word"))
+
+
+def test_redaction_keeps_ordinary_names():
+    env = redact_environment({"PWD": "/x", "MASTER_PORT": "1", "MONKEY": "m", "SSH_AUTH_SOCK": "s", "KEY": "k",
+                              "GITHUB_TOKEN": "t", "NCCL_IB_HCA": "mlx5", "SLURM_EXPORT_ENV": "NONE,A=1,HF_TOKEN=x"})
+    assert env == {"GITHUB_TOKEN": REDACTED, "KEY": REDACTED, "MASTER_PORT": "1", "MONKEY": "m",
+                   "NCCL_IB_HCA": "mlx5", "PWD": "/x", "SSH_AUTH_SOCK": REDACTED,
+                   "SLURM_EXPORT_ENV": f"NONE,A=1,HF_TOKEN={REDACTED}"}
+
+
+def _append_many(path: str, writer: int) -> None:
+    for i in range(50):
+        append_line(Path(path), json.dumps({"writer": writer, "i": i}))
+
+
+def test_twenty_writers_appending_to_one_file_lose_no_line(tmp_path):
+    target = tmp_path / "jobs.jsonl"
+    with multiprocessing.get_context("spawn").Pool(20) as pool:
+        pool.starmap(_append_many, [(str(target), w) for w in range(20)])
+    lines = [json.loads(line) for line in target.read_text().splitlines()]
+    assert len(lines) == 1000 and len({(d["writer"], d["i"]) for d in lines}) == 1000
+
+
+@pytest.mark.parametrize(("state", "log", "down", "category", "words"), [
+    ("COMPLETED", "", (), OK, "completed"),
+    ("NODE_FAIL", "", ("node2",), INFRASTRUCTURE, "node of the job failed"),
+    ("PREEMPTED", "", (), INFRASTRUCTURE, "preempted"),
+    ("TIMEOUT", "", (), TIME_LIMIT, "time limit"),
+    ("OUT_OF_MEMORY", "", (), EXPERIMENT, "out of memory"),
+    ("CANCELLED", "", (), CANCELLED, "cancelled"),
+    ("CANCELLED", "", ("node2",), INFRASTRUCTURE, "node2 went down"),
+    ("FAILED", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", (), EXPERIMENT, "out of memory"),
+    ("FAILED", "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", (), INFRASTRUCTURE, "NCCL"),
+    ("FAILED", "torch.distributed.DistNetworkError: failed to connect", (), INFRASTRUCTURE, "rendezvous"),
+    ("FAILED", "reproflow: rank 1 on node2: health gate all-reduce failed: x", (), INFRASTRUCTURE,
+     "health gate failed (first: rank 1 on node2)"),
+    ("FAILED", "1: Root Cause (first observed failure):\n1: [0]:\n1:   time : x\n1:   host      : node2\n"
+     "1:   rank      : 1 (local_rank: 0)\n1:   error_file: <N/A>\n1:   traceback : Signal 9 (SIGKILL) received",
+     (), INFRASTRUCTURE,
+     "killed (SIGKILL) (first: rank 1 on node2)"),
+    ("FAILED", "[1/7] collective=reduce: FAILED: rank 1: injected fault", (), EXPERIMENT, "a point failed"),
+    ("FAILED", "reproflow: error: suite file x does not exist", (), EXPERIMENT, "invalid input"),
+    ("FAILED", "ValueError: boom", (), EXPERIMENT, "see its log"),
+])
+def test_failure_taxonomy(state, log, down, category, words):
+    verdict = classify("42", state, log, down)
+    assert verdict.category == category and words in verdict.reason, verdict
+    assert verdict.nodes == (down if category == INFRASTRUCTURE else ())
+
+
+def test_retry_keeps_the_rank_count_on_fewer_nodes():
+    assert fit(2, 1, 5) == (2, 1)
+    assert fit(2, 1, 1) == (1, 2)
+    assert fit(4, 2, 3) == (2, 4)
+    assert fit(3, 1, 2) == (1, 3)
+    assert fit(2, 4, 0) is None

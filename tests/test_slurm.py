@@ -10,72 +10,15 @@ import importlib.util
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
+from slurmtools import SLOW, SMALL, cluster, rows_of, sacct, sbatch, submitted_ids, wait  # noqa: F401
 
-pytestmark = pytest.mark.slurm
-
-SMALL = "end_size=4K iters=2 warmup_iters=1"
-SLOW = "end_size=8M iters=20 warmup_iters=1"
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    reason = os.environ.get("REPROFLOW_SLURM_UNAVAILABLE")
-    if reason:
-        pytest.skip(reason)
-    if shutil.which("sbatch") is None:
-        pytest.skip("Slurm is not installed here; `make test` installs and starts a test cluster")
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
-    if ping.returncode != 0 or "UP" not in ping.stdout:
-        pytest.skip("no Slurm controller is running; `make test` starts one (tests/slurm/start.sh)")
-    yield
-    # A failed test must not leave jobs that hold nodes for the next one.
-    subprocess.run(["scancel", "--user", "root"], capture_output=True)
-
-
-def sbatch(*args: str, cwd: Path = ROOT) -> str:
-    out = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, capture_output=True, text=True, check=True)
-    return out.stdout.strip().split(";")[0]
-
-
-def sacct(job: str) -> dict[str, dict[str, str]]:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,Start,End,NodeList,Reason"],
-                         capture_output=True, text=True, check=True).stdout
-    rows = {}
-    for line in out.splitlines():
-        job_id, state, start, end, nodes, reason = line.split("|")
-        rows[job_id] = {"state": state.split()[0], "start": start, "end": end, "nodes": nodes, "reason": reason}
-    return rows
-
-
-def wait(job: str, states: set[str] = FINAL, timeout: float = 180, count: int = 1) -> dict[str, dict[str, str]]:
-    """sacct rows of `job` once `count` of them reached one of `states`."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        rows = sacct(job)
-        if len(rows) >= count and sum(r["state"] in states | FINAL for r in rows.values()) >= count:
-            return rows
-        time.sleep(1)
-    raise AssertionError(f"job {job} did not reach {states} in {timeout} s: {sacct(job)}")
-
-
-def rows_of(results: Path) -> pd.DataFrame:
-    files = sorted(results.rglob("*.csv"))
-    assert files, f"no result files under {results}"
-    return pd.concat([pd.read_csv(f, dtype={"rank": str, "job_id": str}) for f in files])
-
-
-def submitted_ids(stdout: str) -> list[str]:
-    return next(line for line in stdout.splitlines() if line.startswith("job ids:")).split(":", 1)[1].strip().split(",")
-
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("cluster")]
 
 def test_committed_scripts_pass_sbatch_test_only():
     for script in sorted((ROOT / "sbatch").glob("*.sbatch")):
@@ -99,6 +42,35 @@ def test_sbatch_param_comms_on_two_nodes(tmp_path):
     assert set(per_rank_hosts) == {0, 1}
     assert rows["collective"].nunique() == 7
     assert "COMMS-RES-all_reduce-float32" in log
+
+
+def test_jobs_record_their_environment_without_the_submitters_variables(tmp_path):
+    """--export=NONE keeps the submitting shell out; what the job had is recorded per host, secrets redacted."""
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,PROCS_PER_NODE=1,RESULTS={results},SET={SMALL} collective=all_reduce,API_TOKEN=s3cr3t-value"
+    job = subprocess.run(["sbatch", "--parsable", "-N", "2", f"--export={env}", "-o", str(tmp_path / "%j.out"),
+                          "sbatch/param-comms.sbatch"], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, LEAK_MARKER="from-the-login-shell")).stdout.strip()
+    assert wait(job)[job]["state"] == "COMPLETED", (tmp_path / f"{job}.out").read_text()[-2000:]
+    records = {json.loads(p.read_text())["host"]: json.loads(p.read_text())
+               for p in (results / "param-comms" / "env").glob(f"{job}-*.json")}
+    assert set(records) == {"node1", "node2"}
+    for record in records.values():
+        env_seen = record["environment"]
+        assert "LEAK_MARKER" not in env_seen and env_seen["API_TOKEN"] == "<redacted>"
+        assert env_seen["SLURM_JOB_ID"] == job and env_seen["REPROFLOW_IMAGE"] == ""
+    assert not [p for p in results.rglob("*") if p.is_file() and "s3cr3t-value" in p.read_text(errors="replace")]
+    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "sub"),
+                     "--wait",
+                     "--set", "collective=all_reduce", *[a for kv in SMALL.split() for a in ("--set", kv)],
+                     env={"LEAK_MARKER": "from-the-login-shell"})
+    assert proc.returncode == 0 and "-> ok: completed" in proc.stdout, proc.stdout + proc.stderr
+    (record,) = (tmp_path / "sub" / "param-comms" / "env").glob("*.json")
+    assert "LEAK_MARKER" not in json.loads(record.read_text())["environment"]
+    # 8 ranks on a 2-core node can never start: the supervisor says so and cancels instead of waiting forever.
+    stuck = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "8", "--results", str(tmp_path / "sub"),
+                      "--wait", timeout=120)
+    assert stuck.returncode == 1 and "UNSCHEDULABLE -> experiment: Slurm can never start it" in stuck.stdout
 
 
 def test_sbatch_two_ranks_per_node(tmp_path):

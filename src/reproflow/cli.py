@@ -89,10 +89,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its {world} ranks on "
                   "this machine (use `reproflow submit` or sbatch for real nodes)")
         code = executor.run(suite, exp)
-        if code:
+        if code < 0:  # a rank killed by a signal: exit as a shell reports it (128 + signal)
+            print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
+            code = 128 - code
+        elif code:
             print(f"reproflow: experiment {exp.name} ended with exit code {code}"
                   + (" (some points failed; see *.failed.json)" if code == 3 else ""), file=sys.stderr)
-            worst = worst or code
+        worst = worst or code
     if not (args.dry_run or args.explain):
         print(f"reproflow: results of suite {suite.name} are in {Path(args.results) / suite.name}")
     return worst
@@ -166,9 +169,26 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit a suite's experiments to Slurm through submitit."""
-    submit(args)
-    return 0
+    """Submit a suite's experiments to Slurm through submitit; with --wait or --retries, supervise them."""
+    if not (args.wait or args.retries) or args.dry_run:
+        submit(args)
+        return 0
+    from reproflow import retry
+    from reproflow.submit import SubmititExecutor
+
+    suite = _suite(args.suite, args.set)
+    executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
+                                args.image, args.mounts, args.force, tuple(args.set), (), args.array,
+                                args.max_parallel)
+    verdicts = []
+    for exp in suite.select(args.experiment):
+        attempts = executor.supervise(suite, exp, args.retries)
+        verdicts += attempts[-1].verdicts
+        retried = len(attempts) - 1
+        outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
+        tagged = f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)" if retried else ""
+        print(f"reproflow: {suite.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
+    return 0 if all(v.category == retry.OK for v in verdicts) else 1
 
 
 def submit(args: argparse.Namespace) -> list[str]:
@@ -267,6 +287,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults that say something (not None, False or an empty list)."""
 
@@ -321,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-parallel", type=int, default=0, help="with --array: at most this many tasks at once")
     p.add_argument("--after", action="append", default=[], metavar="JOBID",
                    help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the jobs and classify how each ended: infrastructure (node failure, preemption, "
+                        "communicator or health-gate failure), experiment (exception, out of memory, invalid "
+                        "result), time limit or cancelled; exit 1 unless all completed")
+    p.add_argument("--retries", type=_count, default=0,
+                   help="with --wait implied: resubmit infrastructure failures up to this many times, without the "
+                        "nodes that failed (same rank count; rows get attempt and retry_of). Experiment failures "
+                        "are never retried")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
@@ -351,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except ReproflowError as exc:
+    except (ReproflowError, ParamError) as exc:
         print(f"reproflow: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -86,7 +86,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
             fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
             files.append(fh)
             procs.append(subprocess.Popen(list(cmd), env=env_r, stdout=fh, stderr=subprocess.STDOUT))
-        code = _wait(procs, time.monotonic() + limit_s)
+        code, first, running = _wait(procs, time.monotonic() + limit_s)
     except BaseException:
         _stop(procs)
         raise
@@ -94,16 +94,37 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
         for fh in files:
             fh.close()
     if code not in (0, 3):
-        for rank in range(1, world):
-            path = logs / f"rank{rank}.log"
-            text = path.read_text(errors="replace") if path.exists() else ""
-            # Under mpirun one process stands for all ranks: show the logs of the ranks that raised.
-            crashed = ("Traceback" in text or "reproflow: error" in text) if mpirun else \
-                procs[rank].returncode not in (0, None, -signal.SIGTERM)
-            if crashed:
-                print(f"--- rank {rank} failed; last lines of {path}:", *text.splitlines()[-15:], sep="\n",
-                      file=sys.stderr)
+        _explain_failure(procs, first, running, logs, world, mpirun)
     return code
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _explain_failure(procs: list[subprocess.Popen], first: int | None, running: list[int], logs: Path, world: int,
+                     mpirun: str) -> None:
+    """Name the rank that failed first (and its host), the ranks still running then, and show their logs."""
+    host = socket.gethostname()
+    if first is not None and not mpirun:
+        still = f"rank(s) {running} were still running (waiting, or hung) and were stopped" if running else \
+            "no other rank was running"
+        print(f"reproflow: rank {first} on {host} (pid {procs[first].pid}) ended first, with "
+              f"{_signal_name(procs[first].returncode)}; {still}", file=sys.stderr)
+    for rank in range(1, world):
+        path = logs / f"rank{rank}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        # Under mpirun one process stands for all ranks: show the logs of the ranks that raised.
+        crashed = ("Traceback" in text or "reproflow: error" in text) if mpirun else \
+            procs[rank].returncode not in (0, None, -signal.SIGTERM)
+        if crashed:
+            print(f"--- rank {rank} failed; last lines of {path}:", *text.splitlines()[-15:], sep="\n",
+                  file=sys.stderr)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -118,21 +139,26 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float) -> int:
+def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, int | None, list[int]]:
+    """(exit code, index of the first process that failed or None, indices still running after a second's
+    grace) once all are done or stopped."""
     # When one rank fails the others would wait for it until the collective timeout: stop them.
     while True:
         codes = [p.poll() for p in procs]
-        bad = [c for c in codes if c not in (None, 0, 3)]
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0, 3)]
         if bad:
             time.sleep(1.0)
+            running = [i for i, p in enumerate(procs) if p.poll() is None]
             _stop(procs)
-            return bad[0]
+            return int(codes[bad[0]] or 1), bad[0], running
         if all(c is not None for c in codes):
-            return 3 if 3 in codes else 0
+            return (3 if 3 in codes else 0), None, []
         if time.monotonic() > deadline:
-            print("reproflow: time limit reached; stopping the ranks.", file=sys.stderr)
+            running = [i for i, c in enumerate(codes) if c is None]
+            print(f"reproflow: time limit reached with rank(s) {running} still running; stopping them.",
+                  file=sys.stderr)
             _stop(procs)
-            return 124
+            return 124, None, running
         time.sleep(0.05)
 
 

@@ -6,13 +6,14 @@ rewrites them and a test fails when a committed script differs from what this re
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from reproflow.errors import SuiteError
+from reproflow.errors import ReproflowError, SuiteError
 from reproflow.suite import Suite, format_slurm_time, slurm_seconds
 
 TEMPLATE = "suite.sbatch.j2"
@@ -46,11 +47,16 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["comment"] = comment
     launch = suite.experiments[0].launch
     total_s = sum(slurm_seconds(e.launch.time_limit) for e in suite.experiments)
+    ref = _suite_ref(suite.path, root)
     return env.get_template(TEMPLATE).render(
         suite=suite,
-        suite_file=_suite_ref(suite.path, root),
+        suite_ref=ref,
+        # One shell word: $REPROFLOW_DIR expands, the rest of the path is quoted whatever it holds.
+        suite_arg=f'"$REPROFLOW_DIR"/{shlex.quote(ref[len(_IN_CHECKOUT):])}' if ref.startswith(_IN_CHECKOUT)
+        else shlex.quote(ref),
         nodes=max(e.launch.nodes for e in suite.experiments),
         gpus_per_node=max(e.launch.gpus_per_node for e in suite.experiments),
         time_limit=format_slurm_time(total_s),
@@ -63,10 +69,28 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
     )
 
 
+_IN_CHECKOUT = "$REPROFLOW_DIR/"
+# Line breaks and other control characters would end a comment line and start a command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
+
+
+def comment(text: object) -> str:
+    """Free text (descriptions, paths) made safe for one `#` comment line of a shell script."""
+    return _CONTROL.sub(" ", str(text))
+
+
+def shell_value(option: str, value: str) -> str:
+    """`value` if it can sit on one line of a job script (once quoted), else an error naming the option."""
+    if _CONTROL.search(value):
+        raise ReproflowError(f"{option} {value!r} holds a line break or another control character, which would "
+                             "split the job script's line. Give it on one line.")
+    return value
+
+
 def _suite_ref(path: Path, root: Path) -> str:
     """The suite file as the job sees it: under $REPROFLOW_DIR when it is part of the checkout."""
     try:
-        return "$REPROFLOW_DIR/" + path.resolve().relative_to(root.resolve()).as_posix()
+        return _IN_CHECKOUT + path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return path.resolve().as_posix()
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -17,25 +19,56 @@ import pandas as pd
 from reproflow.errors import ReproflowError
 from reproflow.family import AGGREGATE, families
 from reproflow.params import canonical
-from reproflow.results import PROVENANCE_COLUMNS, SCHEMA_VERSION, result_files
+from reproflow.results import GATE_FAIL, PROVENANCE_COLUMNS, point_file_problem, quarantine, result_files
+
+
+@dataclass
+class Loaded:
+    """What a results folder holds: the rows to aggregate, and what was kept out of them and why."""
+
+    frame: pd.DataFrame
+    # Points measured by jobs whose health gate failed: one row per point, with the gate's detail.
+    gate_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Torn files moved to <results>/quarantine: (where it is now, why).
+    quarantined: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def read_results(results: Path) -> Loaded:
+    """Every whole result file under `results`: torn ones are quarantined, points whose job failed its
+    health gate are set aside; a file of an unknown schema version is an error."""
+    frames, quarantined = [], []
+    for path in result_files(results):
+        head = path.open().readline()
+        if not head.startswith("schema_version,"):
+            raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
+                                 f"CSVs (profiles, logs, tables) out of the results folder {results}.")
+        problem = point_file_problem(path)
+        if problem.startswith("result schema"):
+            raise ReproflowError(f"{path} has {problem}. Re-run its suite with --force or use a matching reproflow.")
+        if problem:
+            moved = quarantine(results, path, problem)
+            print(f"reproflow: {path} is not a whole result file ({problem}); moved to {moved}, not aggregated. "
+                  "Run its suite again to measure the point.", file=sys.stderr)
+            quarantined.append((moved, problem))
+            continue
+        frames.append(pd.read_csv(path, dtype={"rank": str, "job_id": str}))
+    if not frames:
+        return Loaded(pd.DataFrame(), quarantined=quarantined)
+    frame = with_defaults(pd.concat(frames, ignore_index=True))
+    if "health_gate" not in frame.columns:
+        return Loaded(frame, quarantined=quarantined)
+    bad = frame["health_gate"] == GATE_FAIL
+    gate_failed = frame.loc[bad, ["suite", "experiment", "point", "job_id", "nodelist", "health_detail"]]
+    gate_failed = gate_failed.drop_duplicates(["suite", "experiment", "point", "job_id"])
+    if len(gate_failed):
+        print(f"reproflow: {len(gate_failed)} point(s) left out: their job failed its health gate "
+              f"(jobs {', '.join(sorted(set(gate_failed['job_id'])))})", file=sys.stderr)
+    return Loaded(frame[~bad].reset_index(drop=True), gate_failed.reset_index(drop=True), quarantined)
 
 
 def load_results(results: Path) -> pd.DataFrame:
-    """All rows under `results`, one DataFrame; a file of another schema version is an error."""
-    frames = []
-    for path in result_files(results):
-        frame = pd.read_csv(path, dtype={"rank": str, "job_id": str})
-        if "schema_version" not in frame.columns:
-            raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
-                                 f"CSVs (profiles, logs, tables) out of the results folder {results}.")
-        versions = set(frame["schema_version"].unique())
-        if versions != {SCHEMA_VERSION}:
-            raise ReproflowError(f"{path} has result schema {sorted(versions)}, this reproflow reads "
-                                 f"{SCHEMA_VERSION}. Re-run its suite with --force or use a matching reproflow.")
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame()
-    return with_defaults(pd.concat(frames, ignore_index=True))
+    """The rows to aggregate under `results` (see read_results)."""
+    return read_results(results).frame
 
 
 def with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
@@ -168,10 +201,18 @@ def load_analysis(root: Path, family: str) -> ModuleType | None:
 def build_reports(results: Path, out_dir: Path, root: Path) -> list[Path]:
     """Tables and figures for every family that has results; returns the files written."""
     os.environ.setdefault("MPLBACKEND", "Agg")
-    frame = load_results(results)
-    if frame.empty:
-        raise ReproflowError(f"no results under {results}. Run a suite first, e.g. `reproflow run param-demo`.")
+    loaded = read_results(results)
+    frame = loaded.frame
     written: list[Path] = []
+    if len(loaded.gate_failed) or loaded.quarantined:
+        kept_out = pd.concat([loaded.gate_failed.assign(reason="health gate failed"),
+                              pd.DataFrame({"file": [str(p) for p, _ in loaded.quarantined],
+                                            "reason": [why for _, why in loaded.quarantined]})], ignore_index=True)
+        written += write_table(kept_out, out_dir, "left_out", "Points left out of every table and figure")
+    if frame.empty:
+        left = f" ({len(kept_out)} point(s) left out: {out_dir / 'left_out.md'})" if written else ""
+        raise ReproflowError(f"no results to aggregate under {results}{left}. Run a suite first, e.g. "
+                             "`reproflow run param-demo`.")
     for family, rows in frame.groupby("family"):
         module = load_analysis(root, str(family))
         if module is None:

@@ -1,18 +1,23 @@
 """Result rows: one long-format CSV schema for every family, written atomically, one file a point.
 
-Layout: `<results>/<suite>/<experiment>/<point-key>.csv`. A point whose file exists is done and
-is skipped on reruns; a failed point leaves `<point-key>.failed.json` with the error instead.
+Layout: `<results>/<suite>/<experiment>/<point-key>.csv`. A point whose file exists and is whole is
+done and is skipped on reruns; a failed point leaves `<point-key>.failed.json` with the error
+instead. A file that is not whole (cut short by a full disk, a copy, an editor) is moved to
+`<results>/quarantine/` with the reason, so it is never aggregated and its point runs again.
+Each job also leaves `<results>/<suite>/env/<job>-<host>.json`: its environment, secrets redacted.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as _dt
+import fcntl
 import hashlib
 import io
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +30,12 @@ import reproflow
 from reproflow.family import AGGREGATE, Measurement
 from reproflow.params import canonical
 
-SCHEMA_VERSION = 1
+# 2 added attempt, retry_of, health_gate, health_detail and point_rows; files of 1 are still read.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
+QUARANTINE = "quarantine"
+# Values of the health_gate column (reproflow.health).
+GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
 
 HEAD_COLUMNS = ("schema_version", "suite", "experiment", "family", "point")
 MEASURE_COLUMNS = ("metric", "value", "unit", "repeat", "rank")
@@ -42,6 +52,11 @@ PROVENANCE_COLUMNS = (
     "git_commit",
     "image",
     "image_sha256",
+    "attempt",
+    "retry_of",
+    "health_gate",
+    "health_detail",
+    "point_rows",
     "timestamp",
 )
 RESERVED = frozenset(HEAD_COLUMNS + MEASURE_COLUMNS + PROVENANCE_COLUMNS)
@@ -62,9 +77,15 @@ class Provenance:
     git_commit: str
     image: str
     image_sha256: str
+    # 1 for a first submission; a retry of an infrastructure failure counts up and names the job it retries.
+    attempt: int = 1
+    retry_of: str = ""
+    # The all-reduce check made on the allocation before any point: pass, fail, or off.
+    health_gate: str = "off"
+    health_detail: str = ""
 
     def columns(self) -> dict[str, Any]:
-        """Provenance as row columns (timestamp is added at write time)."""
+        """Provenance as row columns (point_rows and timestamp are added at write time)."""
         return asdict(self) | {"reproflow_version": reproflow.__version__}
 
 
@@ -163,7 +184,9 @@ def make_rows(
 ) -> list[dict[str, Any]]:
     """Rows in the shared schema from (repeat, measurement) pairs."""
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    prov = provenance.columns() | {"timestamp": stamp}
+    measurements = list(measurements)
+    # Every row carries the file's row count, so a file cut at a line boundary is still seen as torn.
+    prov = provenance.columns() | {"point_rows": len(measurements), "timestamp": stamp}
     base = {"schema_version": SCHEMA_VERSION, **head}
     fixed = {k: canonical(v) for k, v in params.items()}
     rows = []
@@ -209,15 +232,109 @@ def write_failure(csv_path: Path, point_label: str, error: str, job_id: str) -> 
     atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n")
 
 
+def _outside_quarantine(results: Path, paths: Iterable[Path]) -> list[Path]:
+    return sorted(p for p in paths if not p.name.startswith(".") and p.relative_to(results).parts[0] != QUARANTINE)
+
+
 def result_files(results: Path) -> list[Path]:
-    """Every point CSV under a results folder."""
+    """Every point CSV under a results folder (not the quarantined ones)."""
     if not results.is_dir():
         return []
-    return sorted(p for p in results.rglob("*.csv") if not p.name.startswith("."))
+    return _outside_quarantine(results, results.rglob("*.csv"))
 
 
 def failure_files(results: Path) -> list[Path]:
     """Every failure record under a results folder."""
     if not results.is_dir():
         return []
-    return sorted(results.rglob("*.failed.json"))
+    return _outside_quarantine(results, results.rglob("*.failed.json"))
+
+
+def point_file_problem(path: Path) -> str:
+    """Why a point CSV is not a whole result file ('' when it is): read before it is trusted or aggregated."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"unreadable: {exc}"
+    if not text.endswith("\n"):
+        return "the last line is cut short (no final newline)"
+    try:
+        lines = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        return f"not CSV: {exc}"
+    if not lines or tuple(lines[0][: len(HEAD_COLUMNS)]) != HEAD_COLUMNS:
+        return "no reproflow header (schema_version, suite, experiment, family, point)"
+    header, rows = lines[0], lines[1:]
+    if not rows:
+        return "a header and no rows"
+    for i, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            return f"line {i} has {len(row)} fields, the header {len(header)}"
+    fields = [dict(zip(header, row, strict=True)) for row in rows]
+    versions = {f["schema_version"] for f in fields}
+    if not versions <= {str(v) for v in READABLE_SCHEMAS}:
+        return f"result schema {sorted(versions)}; this reproflow reads {list(READABLE_SCHEMAS)}"
+    if "point_rows" in header and {f["point_rows"] for f in fields} != {str(len(rows))}:
+        return f"{len(rows)} rows where the writer wrote {fields[0]['point_rows']}"
+    for i, f in enumerate(fields, start=2):
+        try:
+            float(f["value"])
+        except (KeyError, ValueError):
+            return f"line {i}: value {f.get('value')!r} is not a number"
+    return ""
+
+
+def quarantine(results: Path, path: Path, problem: str) -> Path:
+    """Move a torn point file to `<results>/quarantine/` (same relative path) with a note of why."""
+    target = results / QUARANTINE / path.relative_to(results)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)
+    atomic_write(target.with_suffix(".why.json"), json.dumps({
+        "file": str(path), "problem": problem,
+        "quarantined": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}, indent=1) + "\n")
+    return target
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line under an exclusive lock, so concurrent jobs writing one file lose no line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.write(line.rstrip("\n") + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# Names whose values are not written down: tokens, passwords, keys of cloud and tracking services.
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|COOKIE|SESSION|SIGNATURE|"
+                          r"(^|_)(API_?)?KEY($|_)|(^|_)AUTH($|_)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@/\s]+@")
+REDACTED = "<redacted>"
+
+
+# NAME=value inside a value: Slurm's SLURM_EXPORT_ENV repeats what `sbatch --export=...,API_TOKEN=x` set.
+_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=([^,\s]*)")
+
+
+def _redact_value(value: str) -> str:
+    value = _URL_PASSWORD.sub(rf"\1{REDACTED}@", value)
+    return _ASSIGNMENT.sub(lambda m: f"{m[1]}={REDACTED}" if _SECRET_NAME.search(m[1]) else m[0], value)
+
+
+def redact_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with <redacted> for the values of secret-looking names, for such NAME=value pairs inside other
+    values, and for passwords inside URLs."""
+    return {name: REDACTED if _SECRET_NAME.search(name) else _redact_value(value)
+            for name, value in sorted(env.items())}
+
+
+def write_environment(results: Path, suite: str, job_id: str, host: str, ranks: Sequence[int]) -> Path:
+    """Record the environment this job runs with (secrets redacted) next to its results."""
+    path = results / suite / "env" / f"{job_id}-{host}.json"
+    record = {"job_id": job_id, "host": host, "ranks": list(ranks),
+              "environment": redact_environment(os.environ)}
+    atomic_write(path, json.dumps(record, indent=1) + "\n")
+    return path

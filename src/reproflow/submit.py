@@ -10,15 +10,18 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reproflow import retry
 from reproflow.errors import ReproflowError
 from reproflow.local import worker_args
-from reproflow.results import atomic_write
-from reproflow.suite import Experiment, Suite, slurm_seconds
+from reproflow.render import shell_value
+from reproflow.results import append_line
+from reproflow.suite import PARTITION_RE, Experiment, Suite, slurm_seconds
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -65,6 +68,10 @@ class SubmititExecutor:
     array: bool = False
     max_parallel: int = 0
     python: str = ""
+    # Set on retries: which attempt this is, the job it retries, and the nodes to keep out.
+    attempt: int = 1
+    retry_of: str = ""
+    exclude: tuple[str, ...] = ()
 
     def folder(self, suite: Suite) -> Path:
         """Where submitit keeps pickles and logs of this suite's jobs."""
@@ -73,11 +80,24 @@ class SubmititExecutor:
     def parameters(self, suite: Suite, exp: Experiment) -> dict[str, Any]:
         """submitit SlurmExecutor parameters for one experiment."""
         launch = exp.launch
-        srun_args: list[str] = []
-        setup = [f"export REPROFLOW_IMAGE={self.image}"] if self.image else []
+        partition = self.partition or launch.partition
+        if partition and not PARTITION_RE.fullmatch(partition):
+            raise ReproflowError(f"--partition {partition!r} is not a Slurm partition name: use letters, digits, "
+                                 "'_', '.', '-' (several separated by commas).")
+        # --export=NONE keeps the submitting shell's variables (tokens, AMI settings) out of the job;
+        # srun inside must then ask for the job's environment explicitly.
+        srun_args: list[str] = ["--export=ALL"]
+        setup = [f"export REPROFLOW_ATTEMPT={self.attempt}"]
+        if os.environ.get("REPROFLOW_INJECT_FAULT"):  # the test hook crosses --export=NONE on purpose
+            setup.append(f"export REPROFLOW_INJECT_FAULT={shlex.quote(os.environ['REPROFLOW_INJECT_FAULT'])}")
+        if self.retry_of:
+            setup.append(f"export REPROFLOW_RETRY_OF={shlex.quote(self.retry_of)}")
         if self.image:
-            mounts = self.container_mounts or f"{self.results.resolve()}:{self.results.resolve()}"
-            srun_args += [f"--container-image={self.image}", f"--container-mounts={mounts}"]
+            image = shell_value("--image", self.image)
+            results = self.results.resolve()
+            mounts = shell_value("--mounts", self.container_mounts) or f"{results}:{results}"
+            setup.append(f"export REPROFLOW_IMAGE={shlex.quote(image)}")
+            srun_args += [f"--container-image={image}", f"--container-mounts={mounts}"]
         params: dict[str, Any] = {
             "job_name": f"reproflow-{suite.name}-{exp.name}",
             "nodes": self.nodes or launch.nodes,
@@ -85,11 +105,14 @@ class SubmititExecutor:
             "time": max(1, slurm_seconds(launch.time_limit) // 60),
             "setup": setup,
             "srun_args": srun_args,
+            "additional_parameters": {"export": "NONE"},
         }
+        if self.exclude:
+            params["exclude"] = ",".join(self.exclude)
         if launch.gpus_per_node:
             params["gpus_per_node"] = launch.gpus_per_node
-        if self.partition or launch.partition:
-            params["partition"] = self.partition or launch.partition
+        if partition:
+            params["partition"] = partition
         if launch.exclusive:
             params["exclusive"] = True
         if self.after:
@@ -130,14 +153,58 @@ class SubmititExecutor:
             jobs = [executor.submit(run_rank, argv)]
         ids = [str(job.job_id) for job in jobs]
         for job_id in ids:
-            record_job(self.results, suite.name, exp.name, job_id, "submitit")
+            record_job(self.results, suite.name, exp.name, job_id, "submitit", attempt=self.attempt,
+                       retry_of=self.retry_of)
         return ids
 
+    def supervise(self, suite: Suite, exp: Experiment, retries: int, poll_s: float = 2.0) -> list[retry.Attempt]:
+        """Submit, wait, classify each finished job; resubmit infrastructure failures (at most `retries`
+        times) without the nodes that failed. Experiment failures, time limits and cancellations end it."""
+        nodes, procs = self.nodes or exp.launch.nodes, self.procs or exp.launch.procs_per_node
+        current = replace(self, nodes=nodes, procs=procs)
+        attempts: list[retry.Attempt] = []
+        limit = slurm_seconds(exp.launch.time_limit) + 300.0
+        while True:
+            ids = current.submit(suite, exp)
+            attempt = retry.Attempt(current.attempt, ids, current.nodes or nodes, current.procs or procs,
+                                    current.exclude)
+            attempts.append(attempt)
+            retry.say(f"reproflow: {suite.name} / {exp.name} attempt {attempt.number}: job(s) {', '.join(ids)} "
+                      f"({attempt.nodes} node(s) x {attempt.procs} rank(s)"
+                      + (f", excluding {','.join(current.exclude)})" if current.exclude else ")"))
+            states = retry.wait_for(ids, retry.say, poll_s, limit)
+            attempt.verdicts = retry.verdicts(states, self.folder(suite))
+            for verdict in attempt.verdicts:
+                retry.say(f"reproflow: {verdict.line()}")
+            failed = [v for v in attempt.verdicts if v.category != retry.OK]
+            infra = [v for v in failed if v.category == retry.INFRASTRUCTURE]
+            if not failed:
+                return attempts
+            if not infra or len(infra) < len(failed):
+                kinds = sorted({v.category for v in failed if v.category != retry.INFRASTRUCTURE})
+                retry.say(f"reproflow: not retried: {', '.join(kinds) or 'infrastructure'} failures are not "
+                          "retried (finished points are kept; fix the cause and submit again to resume)")
+                return attempts
+            if attempt.number > retries:
+                retry.say(f"reproflow: infrastructure failure after {retries} retr{'y' if retries == 1 else 'ies'}; "
+                          "giving up (finished points are kept)")
+                return attempts
+            exclude = tuple(sorted(set(current.exclude) | {n for v in infra for n in v.nodes}))
+            states_now = retry.node_states(current.partition or exp.launch.partition)
+            free = [n for n, st in states_now.items() if retry.usable(st) and n not in exclude]
+            shape = retry.fit(nodes, procs, len(free))
+            if shape is None:
+                retry.say(f"reproflow: cannot retry: no usable node left outside {','.join(exclude) or 'none'}")
+                return attempts
+            if shape != (nodes, procs):
+                retry.say(f"reproflow: only {len(free)} usable node(s) left: the retry runs the same "
+                          f"{nodes * procs} ranks as {shape[0]} node(s) x {shape[1]} (was {nodes} x {procs})")
+            current = replace(current, nodes=shape[0], procs=shape[1], attempt=attempt.number + 1,
+                              retry_of=infra[0].job_id, exclude=exclude, array=False)
 
-def record_job(results: Path, suite: str, experiment: str, job_id: str, via: str) -> None:
+
+def record_job(results: Path, suite: str, experiment: str, job_id: str, via: str, **extra: object) -> None:
     """Append a submitted job to `<results>/<suite>/jobs.jsonl` (read by `reproflow status`)."""
-    path = results / suite / "jobs.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    lines.append(json.dumps({"job_id": job_id, "suite": suite, "experiment": experiment, "via": via,
-                             "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}))
-    atomic_write(path, "\n".join(lines) + "\n")
+    append_line(results / suite / "jobs.jsonl", json.dumps({
+        "job_id": job_id, "suite": suite, "experiment": experiment, "via": via, **extra,
+        "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}))

@@ -36,8 +36,10 @@ except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
     import tomli as tomllib
 
 LAUNCHERS = ("torchrun", "mpi")
-_TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Used with fullmatch: `$` would let a trailing newline through into a rendered #SBATCH line.
+_TIME_RE = re.compile(r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 
 
 def slurm_seconds(limit: str) -> int:
@@ -72,6 +74,7 @@ class Launch:
     partition: str = ""
     exclusive: bool = True
     launcher: str = "torchrun"
+    health_gate: bool = True
 
     @property
     def world_size(self) -> int:
@@ -97,6 +100,8 @@ LAUNCH_FIELDS: dict[str, Param] = {
         Param("launcher", "str", "torchrun", "how ranks start: torchrun (one per node, it starts the ranks), or "
               "mpi (one MPI rank per process: mpirun here, srun --mpi on Slurm, mpirun_rsh with MVAPICH)",
               choices=LAUNCHERS),
+        Param("health_gate", "bool", True, "check the allocation with a short all-reduce before measuring; "
+              "points of jobs whose check fails are left out of tables and figures"),
     )
 }
 
@@ -198,9 +203,12 @@ def parse_launch(path: Path, where: str, table: Mapping[str, Any], base: Launch)
             values[key] = LAUNCH_FIELDS[key].coerce(raw)
         except ParamError as exc:
             raise SuiteError(path, where + key, exc.problem, exc.allowed) from None
-    if "time_limit" in values and not _TIME_RE.match(values["time_limit"]):
+    if "time_limit" in values and not _TIME_RE.fullmatch(values["time_limit"]):
         raise SuiteError(path, where + "time_limit", f"{values['time_limit']!r} is not a Slurm time.",
                          "[D-]HH:MM:SS, e.g. '00:30:00' or '1-00:00:00'")
+    if values.get("partition") and not PARTITION_RE.fullmatch(values["partition"]):
+        raise SuiteError(path, where + "partition", f"{values['partition']!r} is not a Slurm partition name.",
+                         "letters, digits, '_', '.', '-'; several separated by commas")
     return replace(base, **values)
 
 
@@ -289,7 +297,9 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
     if not path.is_file():
         raise ReproflowError(f"suite file {path} does not exist. `reproflow list` shows the suites.")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SuiteError(path, "(encoding)", f"is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, "(syntax)", f"is not valid TOML: {exc}.") from None
     _check_keys(path, "", data, _TOP_KEYS)
@@ -299,8 +309,12 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
         if not isinstance(value, str):
             raise SuiteError(path, f"suite.{key}", f"must be a string, not {value!r}.")
     name = meta.get("name", path.stem)
-    if not _NAME_RE.match(name):
-        raise SuiteError(path, "suite.name", f"{name!r} cannot name a folder.", "letters, digits, '_', '.', '-'")
+    if not _NAME_RE.fullmatch(name):
+        raise SuiteError(path, "suite.name", f"{name!r} cannot name a folder or a Slurm job.",
+                         "up to 128 letters, digits, '_', '.', '-', starting with a letter or digit")
+    if meta.get("container") and not _NAME_RE.fullmatch(meta["container"]):
+        raise SuiteError(path, "suite.container", f"{meta['container']!r} is not an image name.",
+                         "the name of a containers/<name>.Dockerfile")
     base = parse_launch(path, "launch.", _table(path, "launch", data.get("launch", {})), Launch())
     raw_exps = data.get("experiment")
     if not isinstance(raw_exps, list) or not raw_exps:
@@ -315,7 +329,7 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
             if not isinstance(exp.get(key), str):
                 raise SuiteError(path, where + key, f"is required and must be a string, got {exp.get(key)!r}.")
         ename = exp["name"]
-        if not _NAME_RE.match(ename) or ename in seen:
+        if not _NAME_RE.fullmatch(ename) or ename in seen:
             raise SuiteError(path, where + "name", f"{ename!r} is a duplicate or cannot name a folder.",
                              "unique names of letters, digits, '_', '.', '-'")
         seen.add(ename)
@@ -324,6 +338,8 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
         except ReproflowError as exc:
             raise SuiteError(path, where + "family", str(exc)) from None
         launch = parse_launch(path, where + "launch.", _table(path, where + "launch", exp.get("launch", {})), base)
+        for section in ("params", "matrix", "zip"):
+            _table(path, where + section, exp.get(section, {}))
         exp = _apply_overrides(exp, overrides, fam)
         points = []
         for given, swept in _expand(path, where, fam, exp):

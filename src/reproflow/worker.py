@@ -6,16 +6,24 @@ Each rank joins the process group, runs the experiment's points in order, and ra
 point's rows atomically as soon as the point is finished, so a job that dies later loses nothing
 already measured. Points whose results exist are skipped unless --force.
 
-Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<raise|exit>[:<rank>]" makes
-points whose label contains <text> fail on that rank (all ranks when omitted); `raise` fails the
-point and goes on, `exit` kills the rank as a crash would.
+Before the first point the ranks pass the health gate (reproflow.health) unless the suite turns it
+off; rank 0 of each host records the job's environment (secrets redacted) beside the results.
+
+Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<mode>[:<rank>]" acts on the
+points whose label contains <text>, on that rank (all ranks when omitted). Modes: `raise` fails
+the point and goes on; `exit` ends the rank as a crash would; `kill` sends the rank SIGKILL 0.2 s
+into the point, in the middle of its collectives; `hang` stops the rank before the point's first
+collective, as a stuck GPU would. `health:corrupt[:<rank>]` makes the rank add wrong values
+in the health gate.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -27,7 +35,9 @@ import torch.distributed as dist
 from reproflow.context import RunContext
 from reproflow.errors import ParamError, PointFailed, ReproflowError
 from reproflow.family import Family, Measurement, get_family
+from reproflow.health import Gate, health_gate
 from reproflow.results import (
+    GATE_OFF,
     Provenance,
     atomic_write,
     failure_path,
@@ -36,8 +46,11 @@ from reproflow.results import (
     job_identity,
     machine_name,
     make_rows,
+    point_file_problem,
     point_path,
+    quarantine,
     rows_to_csv,
+    write_environment,
     write_failure,
 )
 from reproflow.suite import Experiment, Point, load_suite, parse_overrides
@@ -63,7 +76,7 @@ def _device_name(ctx: RunContext) -> str:
     return machine_name()
 
 
-def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path) -> Provenance:
+def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path, gate: Gate) -> Provenance:
     job_id, image = job_identity()
     nccl = ""
     if ctx.backend == "nccl":
@@ -80,7 +93,51 @@ def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path) -> Provena
         git_commit=git_commit(str(root)),
         image=image,
         image_sha256=file_sha256(image) if ctx.rank == 0 else "",
+        attempt=int(os.environ.get("REPROFLOW_ATTEMPT") or 1),
+        retry_of=os.environ.get("REPROFLOW_RETRY_OF", ""),
+        health_gate=gate.status,
+        health_detail=gate.detail,
     )
+
+
+def _done(results: Path, path: Path, ctx: RunContext) -> bool:
+    """Whether a point's file holds its whole result; a torn file is quarantined and measured again."""
+    if not path.exists():
+        return False
+    problem = point_file_problem(path)
+    if not problem:
+        return True
+    moved = quarantine(results, path, problem)
+    ctx.log(f"reproflow: {path} is not a whole result file ({problem}); moved to {moved}, measuring it again")
+    return False
+
+
+def _gate(ctx: RunContext, enabled: bool) -> Gate:
+    if not enabled:
+        return Gate(GATE_OFF, "")
+    try:
+        gate = health_gate(ctx, corrupt=_injected_fault("health", ctx.rank) == "corrupt")
+    except RuntimeError as exc:
+        # A rank that cannot finish one all-reduce cannot measure anything: say where, then end the job.
+        print(f"reproflow: rank {ctx.rank} on {ctx.hostname}: health gate all-reduce failed: "
+              f"{str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        raise
+    ctx.log(f"reproflow: health gate {gate.status}: {gate.detail}")
+    return gate
+
+
+def _inject_during_point(mode: str, rank: int, label: str) -> None:
+    """Faults that strike a running point: a crash, a SIGKILL mid-collective, a hang."""
+    if mode == "exit":
+        print(f"rank {rank}: injected crash at {label}", file=sys.stderr, flush=True)
+        os._exit(17)
+    if mode == "kill":
+        print(f"rank {rank}: injected SIGKILL 0.2 s into {label}", file=sys.stderr, flush=True)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    if mode == "hang":
+        print(f"rank {rank}: injected hang at {label}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
 
 
 def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
@@ -102,13 +159,16 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
     """Run the points of `exp` (only point index `only` when given) on this rank; return how many failed."""
     fam = get_family(exp.family)
     hosts = ctx.hosts()
-    prov = _provenance(ctx, hosts, root)
+    if ctx.local_rank == 0:
+        write_environment(results, suite_name, job_identity()[0], ctx.hostname,
+                          [r for r, h in enumerate(hosts) if h == ctx.hostname])
+    prov = _provenance(ctx, hosts, root, _gate(ctx, exp.launch.health_gate))
     repeats = exp.launch.repeats
     keys = [p.key(ctx.world_size, ctx.backend, ctx.device.type, repeats) for p in exp.points]
     paths = [point_path(results, suite_name, exp.name, k) for k in keys]
-    # Rank 0 alone decides what is done, so ranks cannot disagree on a shared filesystem.
+    # Rank 0 alone decides what is done (and quarantines torn files), so ranks cannot disagree.
     chosen = [only is None or i == only for i in range(len(paths))]
-    todo = [c and (force or not p.exists()) for c, p in zip(chosen, paths, strict=True)]
+    todo = [c and (force or ctx.rank != 0 or not _done(results, p, ctx)) for c, p in zip(chosen, paths, strict=True)]
     box: list[object] = [todo]
     dist.broadcast_object_list(box, src=0)
     todo = box[0]  # type: ignore[assignment]
@@ -132,20 +192,26 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
                 write_failure(path, point.label, message, prov.job_id)
             ctx.log(f"{tag}: FAILED before running: {message}")
             continue
-        if _injected_fault(point.label, ctx.rank) == "exit":
-            print(f"rank {ctx.rank}: injected crash at {point.label}", file=sys.stderr, flush=True)
-            os._exit(17)
+        _inject_during_point(_injected_fault(point.label, ctx.rank), ctx.rank, point.label)
         start = time.perf_counter()
         measured: list[tuple[int, Measurement]] = []
         try:
             for repeat in range(repeats):
                 measured.extend((repeat, m) for m in fam.run(ctx, point.params))
-        except PointFailed as exc:
+        except (PointFailed, ParamError) as exc:
+            # ParamError here comes from the point's input files (a config, a profile), which every
+            # rank reads alike, so every rank fails the point at the same place.
             failed += 1
             if ctx.rank == 0:
                 write_failure(path, point.label, str(exc), prov.job_id)
             ctx.log(f"{tag}: FAILED: {exc}")
             continue
+        except RuntimeError as exc:
+            # Typically a collective whose peer died or hung (gloo raises RuntimeError, NCCL DistBackendError):
+            # this rank cannot go on. Say where it stood; the launcher names the rank that went first.
+            print(f"reproflow: rank {ctx.rank} on {ctx.hostname}: {tag} failed after "
+                  f"{time.perf_counter() - start:.1f} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+            raise
         if ctx.rank == 0:
             head = {"suite": suite_name, "experiment": exp.name, "family": fam.name, "point": point.label}
             atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)))

@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow import documents
+from reproflow.documents import Count, Index
+from reproflow.errors import ParamError
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
 from reproflow.families.aceso.models import (
     GPT,
@@ -56,9 +59,40 @@ def write_json(config: Config, path: Path) -> None:
     atomic_write(path, json.dumps(to_json(config), indent=4) + "\n")
 
 
+CONFIG_SHAPE = {"model_name": str, "model_size": str, "num_layers?": Count, "global_batch_size": Count,
+                "micro_batch_size": Count, "num_gpus": [Count], "num_ops_in_each_stage": [Count],
+                "model_parallel_size_of_each_op": [[Count]], "data_parallel_size_of_each_op": [[Count]],
+                "algo_of_each_op": [[Index]], "recompute_ops": [[Index]]}
+MAX_LAYERS = 4096
+PER_OP = ("model_parallel_size_of_each_op", "data_parallel_size_of_each_op", "algo_of_each_op", "recompute_ops")
+
+
+def read_config(path: Path) -> dict:
+    """A config JSON's fields, checked: types, one entry per stage, one per op of each stage."""
+    what = "a config JSON in Aceso's format (from `reproflow aceso search`)"
+    d = documents.read(path, what, CONFIG_SHAPE)
+    counts = d["num_ops_in_each_stage"]
+    if d.get("num_layers", 1) > MAX_LAYERS:
+        raise ParamError(f"{path}: 'num_layers' is {d['num_layers']}, more than any model here ({MAX_LAYERS}).", what)
+    if not counts:
+        raise ParamError(f"{path}: 'num_ops_in_each_stage' is empty.", what)
+    for key in ("num_gpus", *PER_OP):
+        if len(d[key]) != len(counts):
+            raise ParamError(f"{path}: {key!r} has {len(d[key])} stages, 'num_ops_in_each_stage' {len(counts)}.",
+                             what)
+    for key in PER_OP:
+        for s, (ops, n) in enumerate(zip(d[key], counts, strict=True)):
+            if len(ops) != n:
+                raise ParamError(f"{path}: {key}[{s}] has {len(ops)} entries; the stage has {n} ops.", what)
+    return d
+
+
 def read_json(path: Path, model: Model, model_ops: list[str]) -> Config:
     """A config JSON written by Aceso or reproflow, on the full op list of `model`."""
-    d = json.loads(Path(path).read_text())
+    d = read_config(path)
+    if sum(d["num_ops_in_each_stage"]) != len(model_ops):
+        raise ParamError(f"{path}: num_ops_in_each_stage sums to {sum(d['num_ops_in_each_stage'])}; "
+                         f"{model.name} has {len(model_ops)} ops.", "one op count per stage summing to the model's")
     flat = lambda key: [x for stage in d[key] for x in stage]  # noqa: E731
     return config_from_counts(model, d["global_batch_size"], d["micro_batch_size"], model_ops,
                               d["num_ops_in_each_stage"], flat("model_parallel_size_of_each_op"),

@@ -48,7 +48,7 @@ from reproflow.errors import ParamError
 from reproflow.families.aceso import mcore, resnet_ops, transformer_ops
 from reproflow.families.aceso.costmodel import Config
 from reproflow.families.aceso.models import RESNET, is_layer_start, model
-from reproflow.families.aceso.plans import read_json
+from reproflow.families.aceso.plans import read_config, read_json
 from reproflow.families.aceso.tp import Act, Env, Group, OpDef, gather, split, weight_seed
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
@@ -108,16 +108,7 @@ def resolve_config(path: Path, plan: str) -> Path:
 
 def load_config(path: Path, seq_len: int) -> tuple[Config, list[StagePlan]]:
     """The config JSON and its stages with built ops; errors name the field."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ParamError(f"'config' = {str(path)!r} cannot be read as JSON: {exc}.",
-                         "the path of a config JSON from `reproflow aceso search` or `megatron`") from None
-    for key in ("model_name", "model_size", "global_batch_size", "micro_batch_size", "num_ops_in_each_stage",
-                "model_parallel_size_of_each_op", "data_parallel_size_of_each_op", "algo_of_each_op",
-                "recompute_ops", "num_gpus"):
-        if key not in d:
-            raise ParamError(f"config {path}: the field {key!r} is missing.", "a config JSON in Aceso's format")
+    d = read_config(path)
     name = d["model_name"]
     num_layers = None if name == "resnet" else d.get("num_layers")
     if d["model_size"] == "scale-layer":

@@ -28,7 +28,9 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
+from reproflow import documents
 from reproflow.context import RunContext
+from reproflow.documents import Count, Index, MapOf
 from reproflow.errors import ParamError, PointFailed
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.graph import Analysis, R
@@ -162,7 +164,7 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         key = a.blocks[lo].layer
         path = prof / f"segment_{k}.json"
         sig = signature(a, lo, hi)
-        if path.exists() and json.loads(path.read_text()).get("signature") == sig and not params["force"]:
+        if not params["force"] and _profiled(path, sig):
             ctx.log(f"segment {k} ({key}): profiled already, {path}")
             continue
         seg = segment_step(model, key, s)
@@ -304,22 +306,54 @@ def baseline(a: Analysis, name: str) -> list[int]:
     return [choice[b.index] for b in a.blocks]
 
 
+def _profiled(path: Path, sig: str) -> bool:
+    """Whether `path` holds a readable profile of the segment with signature `sig`."""
+    try:
+        return json.loads(path.read_text()).get("signature") == sig
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+SEGMENT_SHAPE = {"segment": Index, "layer": str, "signature": str, "space": [Count], "seconds": float,
+                 "entries": [{"combo": [Index], "time_s": float, "memory_bytes": float, "in": int, "out": int}]}
+
+
+def _segment_profile(path: Path, sig: str, space: list[int], again: str) -> dict:
+    """A segment's profile, checked: of this segment (signature), one strategy index per block in range."""
+    d = documents.read(path, again, SEGMENT_SHAPE)
+    if d["signature"] != sig or d["space"] != space:
+        raise ParamError(f"{path} profiles another segment than this model's (signature or search space differ).",
+                         again)
+    for i, entry in enumerate(d["entries"]):
+        if len(entry["combo"]) != len(space) or any(c >= n for c, n in zip(entry["combo"], space, strict=True)):
+            raise ParamError(f"{path}: entries[{i}].combo {entry['combo']} does not pick one of {space} strategies "
+                             "per block.", again)
+    if not d["entries"]:
+        raise ParamError(f"{path} has no entries.", again)
+    return d
+
+
 def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     s = Setup.of(params, ctx.world_size)
     _, cap = global_step(s)
     a = cap.analysis
     prof = s.dir / "profile"
     profiles = {}
+    again = "run the profile pass again (reproflow cfp profile with the same options and --force)"
     for k in a.unique_segments():
         path = prof / f"segment_{k}.json"
         lo, hi = a.segments[k]
-        if not path.exists() or json.loads(path.read_text()).get("signature") != signature(a, lo, hi):
+        if not path.exists():
             raise ParamError(f"no profile of segment {k} for this model and mesh in {prof}.",
                              "run the profile pass first (reproflow cfp profile with the same options)")
-        profiles[k] = json.loads(path.read_text())
-    boundary = json.loads((prof / "boundary.json").read_text())
+        profiles[k] = _segment_profile(path, signature(a, lo, hi), [len(b.strategies) for b in a.blocks[lo:hi]],
+                                       again)
+    boundary = documents.read(prof / "boundary.json", again, MapOf(float))
     limit = params["memory_limit_gb"] * 2**30 if params["memory_limit_gb"] > 0 else float("inf")
-    found = dynamic_program(a, profiles, boundary, limit)
+    try:
+        found = dynamic_program(a, profiles, boundary, limit)
+    except KeyError as exc:
+        raise ParamError(f"{prof / 'boundary.json'} has no time for the boundary {exc}.", again) from None
     profile_s = sum(p["seconds"] for p in profiles.values())
     ctx.log(f"searched ParallelBlock Strategies solution: {found.choice}")
     flops = a.flops()

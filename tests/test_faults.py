@@ -1,0 +1,232 @@
+"""Fault injection: a rank killed mid-collective (here and under Slurm), a rank that hangs, a node set
+down during a 2-node job, a job past its time limit, and 20 jobs writing one results folder at once.
+
+Each test injects its fault, then checks the promises: the job ends within its bound (no hang),
+the failure is classified and named (rank and host), every row a job reported written is on disk
+and whole (no row lost), and a rerun or retry measures what is missing. Each records its outcome
+for the summary line printed at the end of the run ("N faults injected, N survived, 0 rows lost,
+0 hangs"); the generated bad inputs of test_inputs.py count in it too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT, record_fault, reproflow, rows_lost
+from slurmtools import cluster, sbatch, submitted_ids, wait  # noqa: F401 - cluster: the Slurm tests' fixture
+
+from reproflow.render import render_sbatch
+from reproflow.results import point_file_problem
+from reproflow.retry import CANCELLED, INFRASTRUCTURE, TIME_LIMIT, classify, job_log
+from reproflow.suite import load_suite
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+SLURM = pytest.mark.usefixtures("cluster")
+
+POINTS = """
+[launch]
+backend = "gloo"
+device = "cpu"
+timeout_s = {timeout}
+time_limit = "{limit}"
+exclusive = false
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = {{ nodes = {nodes}, procs_per_node = {procs} }}
+params = {{ begin_size = "64K", end_size = "64K", warmup_iters = 1, iters = {iters} }}
+matrix = {{ collective = ["broadcast", "all_reduce", "reduce"] }}
+"""
+
+
+def suite_file(tmp_path: Path, *, nodes: int = 1, procs: int = 2, iters: int = 3000, timeout: int = 30,
+               limit: str = "00:05:00", name: str = "faults") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(POINTS.format(nodes=nodes, procs=procs, iters=iters, timeout=timeout, limit=limit))
+    return path
+
+
+def points(results: Path, suite: str = "faults") -> dict[str, Path]:
+    return {p.name.split("-w")[0]: p for p in (results / suite / "c").glob("*.csv")}
+
+
+def test_local_rank_killed_mid_collective(tmp_path):
+    suite, results = suite_file(tmp_path), tmp_path / "results"
+    start = time.monotonic()
+    proc = reproflow("run", str(suite), "--results", str(results),
+                     env={"REPROFLOW_INJECT_FAULT": "collective=all_reduce:kill:1"})
+    seconds = time.monotonic() - start
+    named = re.search(r"rank 1 on \S+ \(pid \d+\) ended first, with signal 9 \(SIGKILL\)", proc.stderr)
+    lost = rows_lost(proc.stdout)
+    again = reproflow("run", str(suite), "--results", str(results))
+    survived = bool(named) and proc.returncode == 128 + 9 and set(points(results)) == {
+        "collective=broadcast", "collective=all_reduce", "collective=reduce"} and "2 to run, 1 already done" in \
+        again.stdout
+    record_fault("local: rank killed mid-collective", survived, lost, seconds > 60, seconds)
+    assert named, proc.stderr
+    assert survived and lost == 0 and seconds < 60, (proc.returncode, again.stdout)
+
+
+def test_local_rank_hung_fails_the_point_within_the_timeout(tmp_path):
+    suite, results = suite_file(tmp_path, timeout=10), tmp_path / "results"
+    start = time.monotonic()
+    proc = reproflow("run", str(suite), "--results", str(results),
+                     env={"REPROFLOW_INJECT_FAULT": "collective=all_reduce:hang:1"})
+    seconds = time.monotonic() - start
+    survived = proc.returncode == 1 and "rank(s) [1] were still running (waiting, or hung)" in proc.stderr and \
+        re.search(r"rank 0 on \S+: \[2/3\] collective=all_reduce failed after 1\d\.\d s", proc.stderr) is not None
+    lost = rows_lost(proc.stdout)
+    record_fault("local: rank hung in a collective (10 s timeout)", survived, lost, seconds > 45, seconds)
+    assert survived and lost == 0 and seconds < 45, proc.stderr
+    assert set(points(results)) == {"collective=broadcast"}
+
+
+@pytest.mark.slurm
+@SLURM
+def test_slurm_rank_killed_mid_collective_on_two_nodes(tmp_path):
+    suite = suite_file(tmp_path, nodes=2, procs=1)
+    script = tmp_path / "faults.sbatch"
+    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,RESULTS={results},REPROFLOW_INJECT_FAULT=collective=all_reduce:kill:1"
+    start = time.monotonic()
+    job = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%j.out"), str(script))
+    state = wait(job, timeout=120)[job]["state"]
+    seconds = time.monotonic() - start
+    log = (tmp_path / f"{job}.out").read_text()
+    verdict = classify(job, state, log)
+    lost = rows_lost(log)
+    survived = state == "FAILED" and verdict.category == INFRASTRUCTURE and \
+        re.search(r"first: rank 1 on node[12]", verdict.reason) is not None \
+        and set(points(results)) == {"collective=broadcast"}
+    record_fault("slurm: rank killed mid-collective, 2 nodes", survived, lost, seconds > 100, seconds)
+    assert survived and lost == 0, (state, verdict, log[-3000:])
+
+
+@pytest.mark.slurm
+@SLURM
+def test_slurm_node_down_during_a_two_node_job_is_retried_elsewhere_and_tagged(tmp_path):
+    suite = suite_file(tmp_path, nodes=2, procs=1, iters=6000)
+    results = tmp_path / "results"
+    start = time.monotonic()
+    supervisor = subprocess.Popen([sys.executable, "-m", "reproflow.cli", "submit", str(suite), "--results",
+                                   str(results), "--retries", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not points(results):
+            time.sleep(0.2)
+        assert points(results), "the first point was never written"
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=down", "reason=reproflow-fault-test"],
+                       check=True)
+        out, _ = supervisor.communicate(timeout=400)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True)
+    seconds = time.monotonic() - start
+    jobs = [json.loads(line) for line in (results / "faults" / "jobs.jsonl").read_text().splitlines()]
+    first, second = (j["job_id"] for j in jobs)
+    rows = pd.concat(pd.read_csv(p, dtype={"job_id": str, "retry_of": str}) for p in points(results).values())
+    retried = rows[rows["attempt"] == 2]
+    lost = rows_lost(job_log(results / "faults" / "submitit", first))
+    survived = (supervisor.returncode == 0 and f"job {first}: NODE_FAIL -> infrastructure" in out
+                and "nodes blamed: node2" in out and "as 1 node(s) x 2" in out and len(points(results)) == 3
+                and len(retried) > 0 and set(retried["retry_of"]) == {first} and set(retried["job_id"]) == {second}
+                and set(retried["nodelist"]) == {"node1"} and set(rows[rows["attempt"] == 1]["job_id"]) == {first})
+    record_fault("slurm: node set down during a 2-node job, retried on the other node", survived, lost,
+                 seconds > 400, seconds)
+    assert survived and lost == 0, out
+
+
+@pytest.mark.slurm
+@SLURM
+def test_slurm_job_past_its_time_limit_keeps_its_points(tmp_path):
+    suite = suite_file(tmp_path, nodes=1, procs=2, timeout=600, limit="00:01:00")
+    script = tmp_path / "faults.sbatch"
+    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    results = tmp_path / "results"
+    env = f"NONE,IMAGE=,RESULTS={results},REPROFLOW_INJECT_FAULT=collective=all_reduce:hang:1"
+    start = time.monotonic()
+    job = sbatch("-N", "1", f"--export={env}", "-o", str(tmp_path / "%j.out"), str(script))
+    state = wait(job, timeout=240)[job]["state"]
+    seconds = time.monotonic() - start
+    log = (tmp_path / f"{job}.out").read_text()
+    verdict = classify(job, state, log)
+    lost = rows_lost(log)
+    survived = state == "TIMEOUT" and verdict.category == TIME_LIMIT and set(points(results)) == {
+        "collective=broadcast"}
+    record_fault("slurm: job past its 1-minute time limit (a hung rank)", survived, lost, seconds > 200, seconds)
+    assert survived and lost == 0, (state, log[-2000:])
+
+
+@pytest.mark.slurm
+@SLURM
+def test_slurm_cancelled_job_keeps_its_points_and_is_not_retried(tmp_path):
+    suite = suite_file(tmp_path, nodes=1, procs=2, iters=6000)
+    script = tmp_path / "faults.sbatch"
+    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    results = tmp_path / "results"
+    start = time.monotonic()
+    job = sbatch("-N", "1", f"--export=NONE,IMAGE=,RESULTS={results}", "-o", str(tmp_path / "%j.out"), str(script))
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not points(results):
+        time.sleep(0.2)
+    subprocess.run(["scancel", job], check=True)
+    state = wait(job)[job]["state"]
+    seconds = time.monotonic() - start
+    log = (tmp_path / f"{job}.out").read_text()
+    verdict = classify(job, state, log)
+    lost = rows_lost(log)
+    again = sbatch("-N", "1", f"--export=NONE,IMAGE=,RESULTS={results}", "-o", str(tmp_path / "%j.out"), str(script))
+    resumed = wait(again, timeout=180)[again]["state"]
+    survived = state == "CANCELLED" and verdict.category == CANCELLED and resumed == "COMPLETED" and \
+        len(points(results)) == 3 and "already done" in (tmp_path / f"{again}.out").read_text()
+    record_fault("slurm: job cancelled mid-run, then rerun", survived, lost, seconds > 150, seconds)
+    assert survived and lost == 0, (state, verdict)
+
+
+TWENTY = """
+[launch]
+backend = "gloo"
+device = "cpu"
+exclusive = false
+time_limit = "00:05:00"
+[[experiment]]
+name = "c"
+family = "param_comms"
+params = { collective = "all_reduce", begin_size = "1K", end_size = "4K", warmup_iters = 1 }
+matrix = { iters = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21] }
+"""
+
+
+@pytest.mark.slurm
+@SLURM
+def test_slurm_twenty_concurrent_jobs_into_one_results_folder_lose_no_row(tmp_path):
+    suite = tmp_path / "twenty.toml"
+    suite.write_text(TWENTY)
+    results = tmp_path / "results"
+    start = time.monotonic()
+    proc = reproflow("submit", str(suite), "--results", str(results), "--array")
+    ids = submitted_ids(proc.stdout)
+    tasks = wait(ids[0].split("_")[0], timeout=400, count=20)
+    seconds = time.monotonic() - start
+    files = sorted((results / "twenty" / "c").glob("*.csv"))
+    log = "\n".join(job_log(results / "twenty" / "submitit", i) for i in ids)
+    lost = rows_lost(log)
+    spans = sorted((pd.Timestamp(t["start"]), pd.Timestamp(t["end"])) for t in tasks.values())
+    overlapping = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    recorded = (results / "twenty" / "jobs.jsonl").read_text().splitlines()
+    survived = (len(ids) == 20 and all(t["state"] == "COMPLETED" for t in tasks.values()) and len(files) == 20
+                and not any(point_file_problem(f) for f in files) and len(recorded) == 20
+                and len(list((results / "twenty" / "env").glob("*.json"))) == 20)
+    record_fault(f"slurm: 20 concurrent jobs (up to {overlapping} at once) into one results folder", survived, lost,
+                 seconds > 400, seconds)
+    assert survived and lost == 0 and overlapping >= 2, (tasks, len(files))

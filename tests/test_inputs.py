@@ -1,0 +1,353 @@
+"""Bad input: generated hostile suite files, CLI values, Aceso configs and CFP profiles give one clear
+error (never a traceback), run nothing, and inject nothing into the job scripts they render.
+
+Every generated input is counted in the fault-injection summary. Rendered scripts are run for real
+in bash, with `srun` and `scontrol` replaced by shell functions that record their arguments: a
+value that escaped its quoting would run `touch <marker>`; a value that kept it arrives at srun
+byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import BAD_INPUTS, ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reproflow import cli
+from reproflow.errors import ParamError, ReproflowError
+from reproflow.families.aceso.models import model
+from reproflow.families.aceso.plans import config_from_counts, write_json
+from reproflow.families.aceso.runtime import load_config, model_ops
+from reproflow.families.cfp.passes import _segment_profile
+from reproflow.render import render_sbatch
+from reproflow.submit import SubmititExecutor
+from reproflow.suite import LAUNCH_FIELDS, load_suite
+
+MARK = Path(tempfile.gettempdir()) / f"reproflow-injected-{os.getpid()}"
+PAYLOADS = [f"$(touch {MARK})", f"`touch {MARK}`", f"'; touch {MARK}; '", f'"; touch {MARK}; "',
+            f"\ntouch {MARK}\n", f"x; touch {MARK}", f"x && touch {MARK} #", f"\r\ntouch {MARK}",
+            f"${{IFS}}touch${{IFS}}{MARK}", f"|touch {MARK}", f"\u2028touch {MARK}", f"a\\\ntouch {MARK}",
+            f"$'\\ntouch {MARK}'", f"*; touch {MARK}"]
+SETTINGS = settings(deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+hostile = st.one_of(st.sampled_from(PAYLOADS), st.text(max_size=24),
+                    st.builds(lambda a, p, b: a + p + b, st.text(max_size=4), st.sampled_from(PAYLOADS),
+                              st.text(max_size=4)))
+scalar = st.one_of(st.booleans(), st.integers(-2**70, 2**70), st.floats(), hostile)
+value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=6), inner, max_size=3), max_leaves=5)
+
+
+def _count(kind: str = "") -> None:
+    BAD_INPUTS["inputs"] += 1
+    if kind:
+        BAD_INPUTS[kind] += 1
+        BAD_INPUTS["failed"] += 1
+
+
+@contextlib.contextmanager
+def no_traceback(*allowed: type[BaseException]):
+    """Count one generated input; any exception but the `allowed` clear errors counts as a traceback."""
+    try:
+        yield
+    except allowed:
+        _count()
+    except BaseException:
+        _count("tracebacks")
+        raise
+    else:
+        _count()
+
+
+# ---- suite files -> rendered sbatch scripts, run in bash ------------------------------------------------
+
+STUBS = """srun() { printf '%s\\0' "$@" >> "$ARGV_OUT"; printf 'END\\0' >> "$ARGV_OUT"; }
+scontrol() { echo node1; }
+"""
+
+
+def run_script(text: str, where: Path) -> list[list[str]]:
+    """Run a job script in bash with srun/scontrol recorded instead of run; every srun call's arguments."""
+    script, stubs, argv = where / "job.sbatch", where / "stubs.sh", where / "argv"
+    script.write_text(text)
+    stubs.write_text(STUBS)
+    argv.unlink(missing_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(stubs), "ARGV_OUT": str(argv), "HOME": str(where),
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_SUBMIT_DIR": str(where), "IMAGE": ""}
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    calls: list[list[str]] = [[]]
+    for item in (argv.read_bytes().decode(errors="replace").split("\0")[:-1] if argv.exists() else []):
+        if item == "END":
+            calls.append([])
+        else:
+            calls[-1].append(item)
+    return calls[:-1]
+
+
+def _injected() -> bool:
+    if MARK.exists():
+        MARK.unlink()
+        return True
+    return False
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == -float("inf") else repr(v))
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    assert isinstance(v, dict)
+    return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+
+
+def toml_doc(doc: dict) -> str:
+    lines = [f"{json.dumps(k)} = {toml_value(v)}" for k, v in doc.items()
+             if not isinstance(v, dict) and not (k == "experiment" and isinstance(v, list))]
+    for key, table in doc.items():
+        if isinstance(table, dict):
+            lines += [f"[{json.dumps(key)}]", *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in table.items())]
+    for exp in doc.get("experiment", []) if isinstance(doc.get("experiment"), list) else []:
+        lines.append("[[experiment]]")
+        lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in (exp.items() if isinstance(exp, dict) else [])]
+    return "\n".join(lines) + "\n"
+
+
+def base_suite() -> dict:
+    return {"suite": {"name": "fuzz", "description": "generated"},
+            "launch": {"backend": "gloo", "device": "cpu", "time_limit": "00:05:00"},
+            "experiment": [{"name": "c", "family": "param_comms", "params": {"begin_size": "1K", "end_size": "2K"},
+                            "matrix": {"collective": ["all_reduce"]}}]}
+
+
+FIELDS = [("suite", "name"), ("suite", "description"), ("suite", "hardware"), ("suite", "expected"),
+          ("suite", "container"), *[("launch", f) for f in LAUNCH_FIELDS], ("experiment", 0, "name"),
+          ("experiment", 0, "family"), ("experiment", 0, "description"), ("experiment", 0, "params", "iters"),
+          ("experiment", 0, "params", "dtype"), ("experiment", 0, "matrix", "collective"),
+          ("experiment", 0, "launch", "partition"), ("experiment", 0, "launch", "procs_per_node"),
+          ("experiment", 0, "zip"), ("suite",), ("launch",), ("experiment",), ("bogus",)]
+
+
+@st.composite
+def suites(draw) -> tuple[str, str]:
+    """(directory name, suite text): a valid suite with 1-3 fields replaced by hostile values, or raw junk."""
+    dirname = draw(st.one_of(st.just("plain"), hostile).filter(
+        lambda s: s not in ("", ".", "..") and "/" not in s and "\0" not in s and len(s.encode("utf-8",
+                                                                                             "replace")) < 100))
+    if draw(st.integers(0, 9)) == 0:
+        return dirname, draw(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(
+            lambda b: b.decode("latin-1"))))
+    doc = base_suite()
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(FIELDS))
+        node: object = doc
+        for key in path[:-1]:
+            node = node[key] if isinstance(node, dict | list) and ((isinstance(node, dict) and key in node) or
+                                                                   (isinstance(node, list) and len(node) > key)) \
+                else None
+        if isinstance(node, dict):
+            node[path[-1]] = draw(value)
+    return dirname, toml_doc(doc)
+
+
+@settings(SETTINGS, max_examples=400)
+@given(case=suites())
+def test_generated_suites_load_or_name_the_field_and_never_inject(case, tmp_path):
+    dirname, text = case
+    if dirname.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") != dirname:
+        dirname = "surrogate"
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    where = folder / dirname
+    where.mkdir()
+    path = where / "fuzz.toml"
+    path.write_bytes(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+    try:
+        suite = load_suite(path)
+        script = render_sbatch(suite, ROOT)
+    except ReproflowError as exc:
+        message = str(exc)
+        assert "field '" in message or "does not exist" in message, message
+        _count()
+        return
+    except BaseException:
+        _count("tracebacks")
+        raise
+    calls = run_script(script, folder)
+    injected = _injected()
+    _count("injections" if injected else "")
+    assert not injected, script
+    suites_seen = [c[c.index("--suite") + 1] for c in calls if "--suite" in c]
+    assert suites_seen and set(suites_seen) == {str(path.resolve())}, calls
+
+
+# ---- CLI values ------------------------------------------------------------------------------------------
+
+arg = hostile.filter(lambda s: "\0" not in s and not s.startswith("-"))
+options = st.lists(st.one_of(*(st.tuples(st.just(o), arg) for o in (
+    "--set", "--procs", "-e", "--results", "--partition", "--image", "--mounts", "--nodes", "--retries",
+    "--max-parallel", "--after"))), max_size=3)
+
+
+@settings(SETTINGS, max_examples=300)
+@given(command=st.sampled_from(["run", "submit", "list", "status", "report"]),
+       suite=st.one_of(st.sampled_from(["param-demo", "resharding", "spatial-small"]), arg), opts=options)
+def test_generated_cli_values_give_one_clear_error(command, suite, opts, tmp_path):
+    argv = [command]
+    if command in ("run", "submit", "list"):
+        argv.append(suite)
+    for name, val in opts:
+        if command in ("run", "submit") or name == "--results":
+            argv += [name, val]
+    if command in ("run", "submit"):
+        argv.append("--dry-run")
+    if command in ("status", "report") and "--results" not in argv:
+        argv += ["--results", str(tmp_path / "none")]
+    if command == "report":
+        argv += ["--out", str(tmp_path / "out")]
+    err = io.StringIO()
+    with no_traceback(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse: usage and the option at fault
+            code = exc.code
+    assert code in (0, 2), (argv, err.getvalue())
+    assert "Traceback" not in err.getvalue()
+    if code == 2:
+        assert err.getvalue().strip(), argv
+
+
+def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_path):
+    suite = write_suite("""
+        [launch]
+        backend = "gloo"
+        [[experiment]]
+        name = "good"
+        family = "param_comms"
+        [[experiment]]
+        name = "bad"
+        family = "param_comms"
+        params = { iters = "many" }
+        """)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["run", str(suite), "--results", str(tmp_path / "r")])
+    assert code == 2 and "field 'experiment[1].params'" in err.getvalue() and "'iters': 'many'" in err.getvalue()
+    assert not (tmp_path / "r").exists()
+
+
+# ---- submitit's job script -------------------------------------------------------------------------------
+
+@settings(SETTINGS, max_examples=100)
+@given(image=hostile, mounts=hostile, partition=hostile)
+def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, partition, tmp_path):
+    suite = load_suite(ROOT / "workflows" / "param-demo.toml")
+    executor = SubmititExecutor(tmp_path / "results", ROOT, image="/" + image, container_mounts=mounts,
+                                partition=partition or None, retry_of=image)
+    try:
+        text = executor.dry_run(suite, suite.experiments[0])
+    except ReproflowError as exc:
+        assert "--image" in str(exc) or "--mounts" in str(exc) or "--partition" in str(exc)
+        _count()
+        return
+    except BaseException:
+        _count("tracebacks")
+        raise
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    (folder / "stubs.sh").write_text(STUBS + 'srun() { printf "%s\\0" "$REPROFLOW_IMAGE" "$@" >> "$ARGV_OUT"; '
+                                             'printf "END\\0" >> "$ARGV_OUT"; }\n')
+    script = folder / "job.sh"
+    script.write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(folder / "stubs.sh"), "ARGV_OUT": str(folder / "argv")}
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    injected = _injected()
+    _count("injections" if injected else "")
+    assert not injected, text
+    recorded = (folder / "argv").read_bytes().decode(errors="replace").split("\0")
+    assert recorded[0] == "/" + image and f"--container-image=/{image}" in recorded, recorded
+
+
+# ---- Aceso configs and CFP profiles -------------------------------------------------------------------------
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def good_config(tmp_path_factory) -> dict:
+    m = model("gpt", "tiny")
+    n = 55
+    ops = [o.name for o in model_ops(m.name, m.size, m.num_layers, 4, [0] * n, SEQ)]
+    path = tmp_path_factory.mktemp("aceso") / "good.json"
+    write_json(config_from_counts(m, 8, 4, ops, [30, 25], [2] * n, [1] * n, [0] * n, [0] * n), path)
+    load_config(path, SEQ)
+    return json.loads(path.read_text())
+
+
+@st.composite
+def mutated(draw, base: dict) -> str:
+    doc = json.loads(json.dumps(base))
+    how = draw(st.integers(0, 4))
+    if how == 0:
+        return json.dumps(doc)[: draw(st.integers(0, len(json.dumps(doc)) - 1))]  # torn
+    keys = sorted(doc)
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(keys))
+        if how == 1:
+            doc.pop(key, None)
+        elif how == 2 or not isinstance(doc.get(key), list) or not doc[key]:
+            doc[key] = draw(value)
+        else:
+            outer = doc[key]
+            i = draw(st.integers(0, len(outer) - 1))
+            if isinstance(outer[i], list) and outer[i] and draw(st.booleans()):
+                outer[i][draw(st.integers(0, len(outer[i]) - 1))] = draw(value)
+            else:
+                outer[i] = draw(value)
+    return json.dumps(doc)
+
+
+@settings(SETTINGS, max_examples=200)
+@given(data=st.data())
+def test_generated_aceso_configs_load_or_name_the_field(data, good_config, tmp_path):
+    text = data.draw(mutated(good_config))
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "config.json"
+    path.write_text(text)
+    with no_traceback(ParamError):
+        load_config(path, SEQ)
+
+
+SEGMENT = {"segment": 0, "layer": "layers.0.0", "signature": "abc", "space": [2, 3], "seconds": 1.5,
+           "entries": [{"combo": [1, 2], "time_s": 0.1, "memory_bytes": 10.0, "in": 0, "out": -1}]}
+
+
+@settings(SETTINGS, max_examples=150)
+@given(data=st.data())
+def test_generated_cfp_profiles_load_or_name_the_field(data, tmp_path):
+    text = data.draw(mutated(SEGMENT))
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "segment_0.json"
+    path.write_text(text)
+    with no_traceback(ParamError):
+        _segment_profile(path, "abc", [2, 3], "profile again")
+
+
+def test_at_least_a_thousand_bad_inputs_without_a_traceback_or_an_injection():
+    """Runs after the property tests of this module (pytest keeps file order)."""
+    if BAD_INPUTS["inputs"] == 0:
+        pytest.skip("the property tests above did not run (selected alone)")
+    assert BAD_INPUTS["inputs"] >= 1000, BAD_INPUTS
+    assert BAD_INPUTS["tracebacks"] == BAD_INPUTS["injections"] == 0, BAD_INPUTS
