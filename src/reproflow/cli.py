@@ -243,6 +243,7 @@ def run_generated_suite(text: str, name: str, args: argparse.Namespace) -> list[
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print measured and failed points, and the Slurm state of submitted jobs."""
+    from reproflow import retry
     from reproflow.status import experiment_status, sacct_jobs, submitted_jobs
 
     results = Path(args.results)
@@ -261,6 +262,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{'JOBID':<12} {'STATE':<14} {'NAME':<44} {'NODES':<14} {'START':<19} END")
     for job in jobs:
         print(f"{job.job_id:<12} {job.state:<14} {job.name:<44} {job.nodelist:<14} {job.start:<19} {job.end}")
+    # Why each unfinished job ended: the failure taxonomy, from its state, its submitit logs, its nodes' events.
+    folders = {str(j["job_id"]): results / str(j["suite"]) / "submitit" for j in recorded}
+    for job in jobs:
+        if job.state in retry.FINAL_STATES - {"COMPLETED"}:
+            folder = folders.get(job.job_id) or folders.get(job.job_id.split("_")[0])
+            log = retry.job_log(folder, job.job_id) if folder else ""
+            print("  " + retry.classify(job.job_id, job.state, log, retry.failed_nodes(job)).line())
     return 0
 
 
