@@ -53,6 +53,19 @@ def suite_file(tmp_path: Path, *, nodes: int = 1, procs: int = 2, iters: int = 3
     return path
 
 
+def sbatch_with_fault(suite: Path, fault: str, nodes: int, limit_s: float) -> tuple[str, str, str, float]:
+    """Render `suite`'s script beside it, submit it with REPROFLOW_INJECT_FAULT=`fault` (results in
+    <folder>/results), wait; (job id, final state, job log, seconds until final)."""
+    script = suite.with_suffix(".sbatch")
+    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    env = f"NONE,IMAGE=,RESULTS={suite.parent / 'results'},REPROFLOW_INJECT_FAULT={fault}"
+    start = time.monotonic()
+    # -D: the job's working directory, where the script's --output=%x_%j.out goes (and `reproflow status` looks).
+    job = sbatch("-N", str(nodes), f"--export={env}", "-D", str(suite.parent), str(script))
+    state = wait(job, timeout=limit_s)[job]["state"]
+    return job, state, (suite.parent / f"reproflow-{suite.stem}_{job}.out").read_text(), time.monotonic() - start
+
+
 def points(results: Path, suite: str = "faults") -> dict[str, Path]:
     return {p.name.split("-w")[0]: p for p in (results / suite / "c").glob("*.csv")}
 
@@ -91,16 +104,9 @@ def test_local_rank_hung_fails_the_point_within_the_timeout(tmp_path):
 @pytest.mark.slurm
 @SLURM
 def test_slurm_rank_killed_mid_collective_on_two_nodes(tmp_path):
-    suite = suite_file(tmp_path, nodes=2, procs=1)
-    script = tmp_path / "faults.sbatch"
-    script.write_text(render_sbatch(load_suite(suite), ROOT))
     results = tmp_path / "results"
-    env = f"NONE,IMAGE=,RESULTS={results},REPROFLOW_INJECT_FAULT=collective=all_reduce:kill:1"
-    start = time.monotonic()
-    job = sbatch("-N", "2", f"--export={env}", "-o", str(tmp_path / "%j.out"), str(script))
-    state = wait(job, timeout=120)[job]["state"]
-    seconds = time.monotonic() - start
-    log = (tmp_path / f"{job}.out").read_text()
+    job, state, log, seconds = sbatch_with_fault(suite_file(tmp_path, nodes=2, procs=1), "collective=all_reduce:kill:1",
+                                                 2, 120)
     verdict = classify(job, state, log)
     lost = rows_lost(log)
     survived = state == "FAILED" and verdict.category == INFRASTRUCTURE and \
@@ -108,6 +114,8 @@ def test_slurm_rank_killed_mid_collective_on_two_nodes(tmp_path):
         and set(points(results)) == {"collective=broadcast"}
     record_fault("slurm: rank killed mid-collective, 2 nodes", survived, lost, seconds > 100, seconds)
     assert survived and lost == 0, (state, verdict, log[-3000:])
+    status = reproflow("status", "--results", str(results)).stdout
+    assert re.search(rf"job {job}: FAILED -> infrastructure: .* \(first: rank 1 on node[12]\)", status), status
 
 
 @pytest.mark.slurm
@@ -149,16 +157,9 @@ def test_slurm_node_down_during_a_two_node_job_is_retried_elsewhere_and_tagged(t
 @pytest.mark.slurm
 @SLURM
 def test_slurm_job_past_its_time_limit_keeps_its_points(tmp_path):
-    suite = suite_file(tmp_path, nodes=1, procs=2, timeout=600, limit="00:01:00")
-    script = tmp_path / "faults.sbatch"
-    script.write_text(render_sbatch(load_suite(suite), ROOT))
     results = tmp_path / "results"
-    env = f"NONE,IMAGE=,RESULTS={results},REPROFLOW_INJECT_FAULT=collective=all_reduce:hang:1"
-    start = time.monotonic()
-    job = sbatch("-N", "1", f"--export={env}", "-o", str(tmp_path / "%j.out"), str(script))
-    state = wait(job, timeout=240)[job]["state"]
-    seconds = time.monotonic() - start
-    log = (tmp_path / f"{job}.out").read_text()
+    job, state, log, seconds = sbatch_with_fault(suite_file(tmp_path, nodes=1, procs=2, timeout=600, limit="00:01:00"),
+                                                 "collective=all_reduce:hang:1", 1, 240)
     verdict = classify(job, state, log)
     lost = rows_lost(log)
     survived = state == "TIMEOUT" and verdict.category == TIME_LIMIT and set(points(results)) == {

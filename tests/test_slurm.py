@@ -352,13 +352,18 @@ def test_spatial_mpi_ranks_start_through_srun_on_two_nodes(tmp_path, write_suite
     script = tmp_path / "spatial.sbatch"
     script.write_text(render_sbatch(load_suite(write_suite(SPATIAL, "spatial-two-nodes")), ROOT))
     results = tmp_path / "results"
-    # MPICH's ofi netmod: with UCX, a 4-rank start through Slurm's pmi2 once failed with "mpi/pmi2: value not
-    # properly terminated" (garbage in the PMI request) and a UCX address assertion; UCX worker addresses are
-    # long values for PMI2's key-value store, ofi's are short. The clusters' images use Open MPI over pmix.
-    job = sbatch("-N", "2", f"--export=NONE,IMAGE=,RESULTS={results},SRUN_MPI=pmi2,MPIR_CVAR_CH4_NETMOD=ofi", "-o",
-                 str(tmp_path / "%x_%j.out"), str(script))
-    state = wait(job, timeout=300)[job]
-    log = (tmp_path / f"reproflow-spatial-two-nodes_{job}.out").read_text()
+    for attempt in range(2):
+        job = sbatch("-N", "2", f"--export=NONE,IMAGE=,RESULTS={results},SRUN_MPI=pmi2", "-o",
+                     str(tmp_path / "%x_%j.out"), str(script))
+        state = wait(job, timeout=300)[job]
+        log = (tmp_path / f"reproflow-spatial-two-nodes_{job}.out").read_text()
+        # The MPICH wheel's pmi2 client over Slurm's pmi2 plugin now and then sends a garbled request at
+        # start-up ("mpi/pmi2: invalid client request", then a UCX address assertion; 1 of about 8 runs),
+        # before any reproflow code talks to MPI. That start, and only that, is tried once more.
+        if attempt == 0 and "mpi/pmi2: invalid client request" in log:
+            print(f"job {job}: MPICH's pmi2 start-up failed (invalid client request); submitting again", flush=True)
+            continue
+        break
     assert state["state"] == "COMPLETED", log[-3000:]
     assert "MPI rank(s) per node through srun" in log
     rows = rows_of(results)

@@ -2,9 +2,9 @@
 
 A shape is a type (`str`, `int`, `float`, `bool`), `Count` (an int >= 1), `Index` (an int >= 0),
 a one-element list (a list of that shape), a dict of field shapes (keys ending in '?' may be
-absent) or `MapOf(shape)` (any keys, values of one shape). `check` raises ParamError naming the
-first field that does not fit, so a hand-edited or truncated file gets one clear sentence
-instead of a traceback deep in the code that uses it.
+absent), `MapOf(shape)` (any keys, values of one shape) or `Either(*shapes)`. `check` raises
+ParamError naming the first field that does not fit, so a hand-edited or truncated file gets one
+clear sentence instead of a traceback deep in the code that uses it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ class Count:
 
 class Index:
     """Shape of a whole number >= 0."""
+
+
+class Either:
+    """Shape of a value that has one of several shapes (Aceso's num_layers: a count, or ResNet's per-block list)."""
+
+    def __init__(self, *shapes: Any) -> None:
+        self.shapes = shapes
 
 
 class MapOf:
@@ -49,6 +56,15 @@ def _fits(value: Any, shape: type) -> bool:
 
 def check(doc: Any, shape: Any, where: str = "") -> None:
     """Raise ParamError for the first part of `doc` that does not have `shape`."""
+    if isinstance(shape, Either):
+        problems = []
+        for option in shape.shapes:
+            try:
+                check(doc, option, where)
+                return
+            except ParamError as exc:
+                problems.append(exc.problem)
+        raise ParamError(" Or: ".join(problems))
     if isinstance(shape, MapOf):
         if not isinstance(doc, dict):
             raise ParamError(f"{where or 'the document'} must be a JSON object, not {type(doc).__name__}.")

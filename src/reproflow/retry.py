@@ -119,15 +119,21 @@ def job_state(job_id: str) -> SlurmJob:
     return SlurmJob(job_id, "", "UNKNOWN", "", "", "")
 
 
-def failed_nodes(job: SlurmJob) -> list[str]:
-    """The job's nodes that went down, drained or failed while it ran, from the cluster's event log
-    (sacctmgr), or that are unusable now. A node an administrator set down may be back by the time
-    the job is classified (ReturnToService), so its current state alone would hide it."""
+def failed_nodes(job: SlurmJob, log: str = "", settle_s: float = 20.0) -> list[str]:
+    """The job's nodes that went down, drained or failed while it ran: from the cluster's event log
+    (sacctmgr), srun's "Node failure on <node>" lines in the job's log, and the nodes unusable now.
+
+    A node an administrator set down may be back by the time the job is classified (ReturnToService),
+    so its current state alone would hide it; and slurmctld hands the event to slurmdbd a little
+    after the job's state, so a NODE_FAIL job whose event is not there yet is asked again for
+    up to `settle_s` seconds.
+    """
     nodes = hostnames(job.nodelist)
     if not nodes:
         return []
-    bad = set()
-    if job.start and job.start != "Unknown":
+    bad = {n for n in re.findall(r"[Nn]ode failure on (\S+?)[\s,.:]", log) if n in nodes}
+    deadline = time.monotonic() + (settle_s if job.state in ("NODE_FAIL", "BOOT_FAIL") else 0.0)
+    while job.start and job.start != "Unknown":
         cmd = ["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(nodes)}", f"start={job.start}",
                "format=NodeName,TimeStart,State"]
         for line in _lines(cmd):
@@ -135,6 +141,9 @@ def failed_nodes(job: SlurmJob) -> list[str]:
             if name in nodes and (not job.end or job.end == "Unknown" or start <= job.end) and \
                     re.search(r"DOWN|DRAIN|FAIL", state):
                 bad.add(name)
+        if bad or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     now = node_states()
     bad.update(n for n in nodes if n in now and not usable(now[n]))
     return sorted(bad)
@@ -234,9 +243,24 @@ def job_log(folder: Path, job_id: str) -> str:
     return "\n".join(texts)
 
 
+def batch_log(job: SlurmJob) -> str:
+    """The output of a job submitted with a rendered sbatch script: `<name>_<id>.out` (the scripts'
+    --output) in the job's working directory, as sacct records it; '' when it is not there."""
+    lines = _lines(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "WorkDir"])
+    path = Path(lines[0].strip() if lines else ".") / f"{job.name}_{job.job_id}.out"
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def verdicts(jobs: dict[str, SlurmJob], folder: Path) -> list[Verdict]:
     """A verdict per finished job: its state, its logs, and its nodes that failed while it ran."""
-    return [classify(job_id, job.state, job_log(folder, job_id), failed_nodes(job)) for job_id, job in jobs.items()]
+    out = []
+    for job_id, job in jobs.items():
+        log = job_log(folder, job_id)
+        out.append(classify(job_id, job.state, log, failed_nodes(job, log)))
+    return out
 
 
 def say(text: str) -> None:

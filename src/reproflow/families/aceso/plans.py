@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow import documents
-from reproflow.documents import Count, Index
+from reproflow.documents import Count, Either, Index
 from reproflow.errors import ParamError
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
 from reproflow.families.aceso.models import (
@@ -59,7 +59,7 @@ def write_json(config: Config, path: Path) -> None:
     atomic_write(path, json.dumps(to_json(config), indent=4) + "\n")
 
 
-CONFIG_SHAPE = {"model_name": str, "model_size": str, "num_layers?": Count, "global_batch_size": Count,
+CONFIG_SHAPE = {"model_name": str, "model_size": str, "num_layers?": Either(Count, [Count]), "global_batch_size": Count,
                 "micro_batch_size": Count, "num_gpus": [Count], "num_ops_in_each_stage": [Count],
                 "model_parallel_size_of_each_op": [[Count]], "data_parallel_size_of_each_op": [[Count]],
                 "algo_of_each_op": [[Index]], "recompute_ops": [[Index]]}
@@ -72,7 +72,8 @@ def read_config(path: Path) -> dict:
     what = "a config JSON in Aceso's format (from `reproflow aceso search`)"
     d = documents.read(path, what, CONFIG_SHAPE)
     counts = d["num_ops_in_each_stage"]
-    if d.get("num_layers", 1) > MAX_LAYERS:
+    layers = d.get("num_layers", 1)
+    if (sum(layers) if isinstance(layers, list) else layers) > MAX_LAYERS:
         raise ParamError(f"{path}: 'num_layers' is {d['num_layers']}, more than any model here ({MAX_LAYERS}).", what)
     if not counts:
         raise ParamError(f"{path}: 'num_ops_in_each_stage' is empty.", what)
