@@ -53,11 +53,17 @@ def suite_file(tmp_path: Path, *, nodes: int = 1, procs: int = 2, iters: int = 3
     return path
 
 
+def rendered(suite: Path) -> Path:
+    """The suite's sbatch script, rendered beside it."""
+    script = suite.with_suffix(".sbatch")
+    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    return script
+
+
 def sbatch_with_fault(suite: Path, fault: str, nodes: int, limit_s: float) -> tuple[str, str, str, float]:
     """Render `suite`'s script beside it, submit it with REPROFLOW_INJECT_FAULT=`fault` (results in
     <folder>/results), wait; (job id, final state, job log, seconds until final)."""
-    script = suite.with_suffix(".sbatch")
-    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    script = rendered(suite)
     env = f"NONE,IMAGE=,RESULTS={suite.parent / 'results'},REPROFLOW_INJECT_FAULT={fault}"
     start = time.monotonic()
     # -D: the job's working directory, where the script's --output=%x_%j.out goes (and `reproflow status` looks).
@@ -171,9 +177,7 @@ def test_slurm_job_past_its_time_limit_keeps_its_points(tmp_path):
 @pytest.mark.slurm
 @SLURM
 def test_slurm_cancelled_job_keeps_its_points_and_is_not_retried(tmp_path):
-    suite = suite_file(tmp_path, nodes=1, procs=2, iters=6000)
-    script = tmp_path / "faults.sbatch"
-    script.write_text(render_sbatch(load_suite(suite), ROOT))
+    script = rendered(suite_file(tmp_path, nodes=1, procs=2, iters=6000))
     results = tmp_path / "results"
     start = time.monotonic()
     job = sbatch("-N", "1", f"--export=NONE,IMAGE=,RESULTS={results}", "-o", str(tmp_path / "%j.out"), str(script))

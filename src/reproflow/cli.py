@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reproflow import __version__
 from reproflow.errors import ParamError, ReproflowError
@@ -18,6 +19,9 @@ from reproflow.params import canonical
 from reproflow.paths import project_root
 from reproflow.results import atomic_write
 from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
+
+if TYPE_CHECKING:  # submitit loads only for the commands that submit
+    from reproflow.submit import SubmititExecutor
 
 EPILOG = """examples:
   reproflow list                         families, suites and their points
@@ -174,12 +178,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         submit(args)
         return 0
     from reproflow import retry
-    from reproflow.submit import SubmititExecutor
 
     suite = _suite(args.suite, args.set)
-    executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
-                                args.image, args.mounts, args.force, tuple(args.set), (), args.array,
-                                args.max_parallel)
+    executor = _submitit_executor(args)
     verdicts = []
     for exp in suite.select(args.experiment):
         attempts = executor.supervise(suite, exp, args.retries)
@@ -191,15 +192,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if all(v.category == retry.OK for v in verdicts) else 1
 
 
-def submit(args: argparse.Namespace) -> list[str]:
-    """`reproflow submit` with its options parsed into `args`; returns the Slurm job ids (none with --dry-run)."""
+def _submitit_executor(args: argparse.Namespace) -> SubmititExecutor:
+    """The executor `reproflow submit`'s options describe (run once, or supervised with --wait / --retries)."""
     from reproflow.submit import SubmititExecutor
 
-    suite = _suite(args.suite, args.set)
     after = tuple(j for item in args.after for j in item.split(",") if j)
-    executor = SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition,
-                                args.image, args.mounts, args.force, tuple(args.set), after, args.array,
-                                args.max_parallel)
+    return SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition, args.image,
+                            args.mounts, args.force, tuple(args.set), after, args.array, args.max_parallel)
+
+
+def submit(args: argparse.Namespace) -> list[str]:
+    """`reproflow submit` with its options parsed into `args`; returns the Slurm job ids (none with --dry-run)."""
+    suite = _suite(args.suite, args.set)
+    executor = _submitit_executor(args)
     all_ids: list[str] = []
     for exp in suite.select(args.experiment):
         if args.dry_run:

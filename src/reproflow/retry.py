@@ -15,14 +15,13 @@ Every finished job is classified from its Slurm state and its logs:
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reproflow.status import SlurmJob
+from reproflow.status import SlurmJob, run_lines
 
 OK, INFRASTRUCTURE, EXPERIMENT, TIME_LIMIT, CANCELLED = "ok", "infrastructure", "experiment", "time_limit", "cancelled"
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -103,16 +102,9 @@ def _culprit(log: str) -> str:
     return ""
 
 
-def _lines(cmd: list[str]) -> list[str]:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
 def job_state(job_id: str) -> SlurmJob:
     """A job as sacct reports it; state UNKNOWN before sacct knows it."""
-    for line in _lines(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State,Start,End,NodeList"]):
+    for line in run_lines(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State,Start,End,NodeList"]):
         fields = line.split("|")
         if len(fields) == 6 and fields[0] == job_id:
             return SlurmJob(job_id, fields[1], fields[2].split()[0] if fields[2] else "UNKNOWN", *fields[3:])
@@ -136,7 +128,7 @@ def failed_nodes(job: SlurmJob, log: str = "", settle_s: float = 20.0) -> list[s
     while job.start and job.start != "Unknown":
         cmd = ["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(nodes)}", f"start={job.start}",
                "format=NodeName,TimeStart,State"]
-        for line in _lines(cmd):
+        for line in run_lines(cmd):
             name, start, state = ([*line.split("|"), "", ""])[:3]
             if name in nodes and (not job.end or job.end == "Unknown" or start <= job.end) and \
                     re.search(r"DOWN|DRAIN|FAIL", state):
@@ -153,7 +145,7 @@ def hostnames(nodelist: str) -> list[str]:
     """`node[1-2]` -> ['node1', 'node2'] (scontrol's expansion)."""
     if not nodelist or nodelist in ("None assigned", "(null)"):
         return []
-    return _lines(["scontrol", "show", "hostnames", nodelist])
+    return run_lines(["scontrol", "show", "hostnames", nodelist])
 
 
 _UP = {"idle", "mixed", "allocated", "completing", "alloc", "mix", "comp", "planned"}
@@ -163,7 +155,7 @@ def node_states(partition: str = "") -> dict[str, str]:
     """Every node of the partition (all nodes when '') and its state, e.g. {'node1': 'idle', 'node2': 'down'}."""
     cmd = ["sinfo", "-h", "-N", "-o", "%N %T"] + (["-p", partition] if partition else [])
     states = {}
-    for line in _lines(cmd):
+    for line in run_lines(cmd):
         name, _, state = line.partition(" ")
         states[name] = state.strip().rstrip("*~#!%$@^-").lower()
     return states
@@ -212,9 +204,9 @@ def wait_for(job_ids: list[str], say: Callable[[str], None], poll_s: float = 2.0
         for job_id in job_ids:
             job = job_state(job_id)
             if job.state == "PENDING":
-                reason = "".join(_lines(["squeue", "-h", "-j", job_id, "-o", "%r"])).strip()
+                reason = "".join(run_lines(["squeue", "-h", "-j", job_id, "-o", "%r"])).strip()
                 if reason in NEVER_STARTS:
-                    _lines(["scancel", job_id])
+                    run_lines(["scancel", job_id])
                     say(f"job {job_id}: pending for a reason waiting cannot cure ({reason}); cancelled it")
                     job = replace(job, state="UNSCHEDULABLE")
             if job_id not in seen or seen[job_id].state != job.state:
@@ -246,7 +238,7 @@ def job_log(folder: Path, job_id: str) -> str:
 def batch_log(job: SlurmJob) -> str:
     """The output of a job submitted with a rendered sbatch script: `<name>_<id>.out` (the scripts'
     --output) in the job's working directory, as sacct records it; '' when it is not there."""
-    lines = _lines(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "WorkDir"])
+    lines = run_lines(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "WorkDir"])
     path = Path(lines[0].strip() if lines else ".") / f"{job.name}_{job.job_id}.out"
     try:
         return path.read_text(errors="replace")

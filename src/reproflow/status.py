@@ -54,7 +54,7 @@ def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None
                 # "CANCELLED by 0" -> "CANCELLED"
                 found[job_id] = SlurmJob(job_id, name, state.split()[0] if state else "UNKNOWN", start, end, nodes)
     # Held jobs never become eligible, so sacct lists them only by id: ask squeue for live jobs.
-    live = _run_lines(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%S|%e|%N"])
+    live = run_lines(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%S|%e|%N"])
     for fields in (line.split("|") for line in live):
         if len(fields) == 6 and fields[0] not in found and fields[1].startswith("reproflow-"):
             start, end = (v if v not in ("N/A", "Unknown") else "" for v in fields[3:5])
@@ -62,7 +62,8 @@ def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None
     return sorted(found.values(), key=lambda j: [int(x) if x.isdigit() else 0 for x in j.job_id.split("_")])
 
 
-def _run_lines(cmd: list[str]) -> list[str]:
+def run_lines(cmd: list[str]) -> list[str]:
+    """A Slurm command's output lines; [] when the command is missing, fails or takes over 30 s."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
