@@ -1,15 +1,29 @@
-# reproflow: `make demo` runs the small local suites; `make test` runs the tests.
+# reproflow: `make demo` reproduces every family's small suites here; `make test` runs the tests.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 RESULTS ?= results
 REPORTS ?= reports
-SUITES ?= param-demo resharding spatial-small
+LOGS ?= logs
+# A folder of the papers' published results (e.g. Aceso's results/ref CSVs under aceso/reference-results/),
+# drawn beside the reproduced figures; empty: the claims table still cites the papers' numbers.
+REFERENCE ?=
+EXECUTOR ?= local
+REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULTS) --reports $(REPORTS) \
+	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE))
+# One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
+FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
+	spatial-throughput
 
-.PHONY: help venv demo test faults lint figures sbatch bench containers clean
+.PHONY: help venv demo reproduce archive test faults lint figures sbatch bench containers clean $(FIGURES)
 
 help:
-	@echo "make demo     set up .venv, run the suites $(SUITES) and Aceso's small setting here, write tables and figures"
+	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
+	@echo "              the report page and the claims; then print where everything is"
+	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm: on Slurm), then $(REPORTS)/report.html"
+	@echo "              (self-contained) and report.md with every table, figure and claim; about 25 minutes on 2 cores"
+	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"
+	@echo "make archive  reproflow-archive.tar.gz: suites, sbatch scripts, results, logs, report"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
 	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"
 	@echo "              cancel, 20 concurrent jobs, 1000+ generated bad inputs; prints N faults injected, N survived"
@@ -26,22 +40,30 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-demo: venv
-	for suite in $(SUITES); do $(BIN)/reproflow run $$suite --results $(RESULTS) || exit 1; done
-	$(BIN)/reproflow aceso reproduce small --log-path aceso-logs --results $(RESULTS) --out $(REPORTS)/aceso
-	$(BIN)/reproflow cfp all --model gpt,moe,llama --work_dir cfp-logs --results $(RESULTS)
-	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)
+# The main job: the whole small reproduction here, then where everything is.
+demo: reproduce
 	@echo
+	@echo "report page (self-contained HTML) and twin: $(REPORTS)/report.html, $(REPORTS)/report.md; claims: $(REPORTS)/claims.md"
 	@echo "results (CSV, one file per point): $(RESULTS)/<suite>/<experiment>/"
 	@echo "tables (CSV + markdown):           $(REPORTS)/param_comms_table.md, $(REPORTS)/param_compute_gemm.md,"
 	@echo "                                   $(REPORTS)/resharding_1_to_m.md, $(REPORTS)/resharding_n_to_m_speedup.md"
 	@echo "figures (PNG + PDF):               $(REPORTS)/param_comms_busbw_<collective>.png, $(REPORTS)/param_compute_gemm_tflops.png,"
 	@echo "                                   $(REPORTS)/resharding_1_to_m.png, $(REPORTS)/resharding_n_to_m.png"
 	@echo "Aceso (profile -> search -> train): $(REPORTS)/aceso/e2e_thpt_small_<model>.csv, fig7_e2e_small.png,"
-	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: aceso-logs/"
+	@echo "                                   fig8_search_cost_small.png, fig9_perf_model_small.png; logs: $(LOGS)/aceso/"
 	@echo "CFP (analysis -> profile -> search): $(REPORTS)/cfp_analysis.md, cfp_search.md, cfp_step_time.png;"
-	@echo "                                   ParallelBlocks, strategy maps and profiles: cfp-logs/"
+	@echo "                                   ParallelBlocks, strategy maps and profiles: $(LOGS)/cfp/"
 	@echo "spatial parallelism (MPI):         $(REPORTS)/spatial_throughput.md, spatial_check.md, spatial_images_per_s.png"
+	@echo "step logs:                         $(LOGS)/reproduce/<step>.log"
+
+reproduce: venv
+	$(REPRODUCE)
+
+$(FIGURES): venv
+	$(REPRODUCE) --only $@
+
+archive: venv
+	$(BIN)/reproflow archive --results $(RESULTS) --reports $(REPORTS) --logs $(LOGS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -49,6 +71,7 @@ lint: venv
 # Starts a real 2-node Slurm cluster (tests/slurm/start.sh), runs every test, stops the cluster.
 test: lint
 	$(BIN)/reproflow render --check
+	bash tests/chromium.sh
 	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest
 
 # The fault-injection suite alone (it is also part of `make test`), with its summary line.
@@ -69,4 +92,4 @@ containers:
 	bash containers/build.sh
 
 clean:
-	rm -rf $(RESULTS) $(REPORTS) aceso-logs cfp-logs benchmarks/results
+	rm -rf $(RESULTS) $(REPORTS) $(LOGS) benchmarks/results reproflow-archive.tar.gz

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.claims import Claim, not_measured
 from reproflow.family import AGGREGATE
 from reproflow.report import aggregates, newest, save_figure, wide, write_table
 
@@ -312,3 +313,56 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         table = wide(aggregates(newest(rest)), ["suite", "experiment", "point"], sorted(rest["metric"].unique()))
         written += write_table(table, out_dir, "aceso_summary", "aceso: profiles")
     return written
+
+
+# The artifact's small setting (its README's expected results): Aceso / Megatron-LM samples/s and the
+# time prediction's error, per model.
+PAPER_SPEEDUP = "GPT-1.3B 1.24x, T5-770M 1.52x, Wide-ResNet-1B 1.20x (8.68/6.98, 15.14/9.94, 41.52/34.59 samples/s)"
+PAPER_ERROR = "GPT-1.3B 0.4%, T5-770M 0.5%, Wide-ResNet-1B 5.3% (the artifact's small setting)"
+
+
+def _small_tables(reports: Path, stem: str) -> dict[str, pd.DataFrame]:
+    """`<reports>/aceso/<stem>_small_<model>.csv` per model, as written by the result scripts."""
+    found = {}
+    for model in MODELS:
+        path = reports / "aceso" / f"{stem}_small_{model}.csv"
+        if path.is_file():
+            found[model] = pd.read_csv(path, index_col=0)
+    return found
+
+
+def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
+    """Aceso's config is faster than the Megatron-LM plan; its predicted iteration time is within 10 %."""
+    run_it = "make fig7 (reproflow aceso reproduce small --out <reports>/aceso)"
+    out = []
+    statement = "Aceso's config trains faster than the Megatron-LM plan (same runtime, same devices)"
+    ratio = "smallest, over models, Aceso samples/s / Megatron-LM plan samples/s"
+    speedups = {}
+    for model, table in _small_tables(reports, "e2e_thpt").items():
+        for size in table.columns:
+            megatron, aceso = float(table.loc["megatron", size]), float(table.loc["aceso", size])
+            if megatron > 0 and aceso > 0:
+                speedups[f"{model} {size}"] = aceso / megatron
+    if speedups:
+        worst = min(speedups, key=speedups.__getitem__)
+        out.append(Claim("aceso", statement, ratio, speedups[worst], at_least=1.0, paper=PAPER_SPEEDUP,
+                         target="fig7", detail=", ".join(f"{k} {v:.2f}x" for k, v in speedups.items())))
+    else:
+        out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it}", paper=PAPER_SPEEDUP,
+                                target="fig7"))
+    statement = "Aceso's predicted iteration time is within 10 % of the measured one"
+    ratio = "largest, over models, |predicted / measured iteration time - 1|"
+    errors = {}
+    for model, table in _small_tables(reports, "perf_model_time").items():
+        for size in table.columns:
+            actual, predict = float(table.loc["actual", size]), float(table.loc["predict", size])
+            if actual > 0:
+                errors[f"{model} {size}"] = abs(predict / actual - 1)
+    if errors:
+        worst = max(errors, key=errors.__getitem__)
+        out.append(Claim("aceso", statement, ratio, errors[worst], at_most=0.10, paper=PAPER_ERROR, target="fig9",
+                         detail=", ".join(f"{k} {v:.1%}" for k, v in errors.items())))
+    else:
+        out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it.replace('fig7', 'fig9')}",
+                                paper=PAPER_ERROR, target="fig9"))
+    return out

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.claims import Claim, not_measured
 from reproflow.report import aggregates, newest, over_baseline, save_figure, wide, write_table
 
 KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "backend", "device"]
@@ -60,3 +61,26 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
                  f"{table['backend'].iloc[0]}/{table['device'].iloc[0]}")
     written += save_figure(fig, out_dir, "cfp_step_time")
     return written
+
+
+def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
+    """CFP's searched plan is at least as fast as the Alpa-style per-contraction plan, model by model."""
+    statement = "CFP's plan is at least as fast as the Alpa-style plan"
+    ratio = "smallest, over models, Alpa-style step time / CFP step time"
+    paper = "up to 1.51x (GPT), 1.31x (LLaMA), 3.43x (MoE) over Alpa (arXiv 2504.00598)"
+    rows = aggregates(newest(frame)) if len(frame) else frame
+    steps = rows[(rows["mode"] == "search") & (rows["metric"] == "step_time")] if len(rows) else rows
+    if steps.empty:
+        return [not_measured("cfp", statement, ratio, "no search rows: make cfp-search", paper=paper,
+                             target="cfp-search")]
+    keys = [k for k in KEYS if k in steps.columns]
+    table = steps.pivot_table(index=keys, columns="plan", values="value", aggfunc="median")
+    if not {"cfp", "alpa"} <= set(table.columns):
+        return [not_measured("cfp", statement, ratio, "the search ran without the alpa baseline", paper=paper,
+                             target="cfp-search")]
+    ratios = (table["alpa"] / table["cfp"]).dropna()
+    models = ratios.groupby(level="model").min()
+    worst = models.idxmin()
+    return [Claim("cfp", statement, ratio, float(models[worst]), at_least=1.0, paper=paper, target="cfp-search",
+                  detail=", ".join(f"{m} {v:.2f}x" for m, v in models.items())
+                  + f"; {int(steps['world_size'].iloc[0])} ranks {steps['backend'].iloc[0]}/{steps['device'].iloc[0]}")]

@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.claims import Claim, not_measured
+from reproflow.families.param_comms import bus_factor
 from reproflow.report import (
     aggregates,
     compare_implementations,
@@ -91,3 +93,50 @@ def compare(table: pd.DataFrame, out_dir: Path) -> list[Path]:
         _finish_busbw_axes(ax, sub["size_bytes"], f"{collective}: reproflow vs {', '.join(others)} (same job)")
         written += save_figure(fig, out_dir, f"param_comms_compare_{collective}")
     return written
+
+
+FAMILY = "param_comms"
+RUN_IT = "make comms (reproflow run param-demo -e comms)"
+
+
+def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
+    """busBW = algBW x the nccl-tests factor in every row; busBW rises with message size to a plateau."""
+    shape = "nccl-tests: busBW rises with size and flattens at the link bandwidth"
+    statements = [("busBW / algBW equals the nccl-tests factor of each collective (2(n-1)/n, (n-1)/n or 1)",
+                   "largest |(busBW/algBW) / factor - 1| over every row",
+                   "0 by definition (nccl-tests doc/PERFORMANCE.md)"),
+                  ("busBW grows with message size", "smallest, over collectives, busBW at the largest size / at "
+                   "the smallest", shape),
+                  ("busBW levels off to a plateau at large messages", "smallest, over collectives, busBW at the "
+                   "largest size / the collective's peak busBW", shape)]
+    rows = aggregates(newest(frame)) if len(frame) else frame
+    if rows.empty:
+        return [not_measured(FAMILY, s, r, f"no param comms rows: {RUN_IT}", paper=p, target="comms")
+                for s, r, p in statements]
+    table = wide(rows, ["collective", *SETTING, "size_bytes"], ["algbw", "busbw"]).dropna()
+    table = table[table["algbw"] > 0]
+    factor = [bus_factor(c, int(n)) for c, n in zip(table["collective"], table["world_size"], strict=True)]
+    deviation = ((table["busbw"] / table["algbw"]) / factor - 1).abs()
+    ranks = ", ".join(sorted({str(int(n)) for n in table["world_size"]}))
+    statement, ratio, paper = statements[0]
+    out = [Claim(FAMILY, statement, ratio, float(deviation.max()), at_most=1e-6, target="comms", paper=paper,
+                 detail=f"{len(table)} rows, {table['collective'].nunique()} collectives, {ranks} ranks")]
+    rises, plateaus = {}, {}
+    for (collective, *_), sub in table[table["implementation"] == "reproflow"].groupby(["collective", *SETTING]):
+        sub = sub.sort_values("size_bytes")
+        if len(sub) < 3:
+            continue
+        rises[collective] = min(rises.get(collective, float("inf")), sub["busbw"].iloc[-1] / sub["busbw"].iloc[0])
+        plateaus[collective] = min(plateaus.get(collective, float("inf")),
+                                   sub["busbw"].iloc[-1] / sub["busbw"].max())
+    if not rises:
+        return [*out, *(not_measured(FAMILY, s, r, f"no size sweep of 3 or more sizes: {RUN_IT}", paper=p,
+                                     target="comms") for s, r, p in statements[1:])]
+    sizes = f"{_size_label(table['size_bytes'].min())}-{_size_label(table['size_bytes'].max())}"
+    for (statement, ratio, paper), values, bound in ((statements[1], rises, 2.0), (statements[2], plateaus, 0.7)):
+        worst = min(values, key=values.__getitem__)
+        below = [c for c, v in values.items() if v < bound]
+        out.append(Claim(FAMILY, statement, ratio, values[worst], at_least=bound, target="comms", paper=paper,
+                         detail=f"{sizes}; lowest: {worst}" + (f"; below {bound:g}: {', '.join(below)}" if below
+                                                               else f"; all {len(values)} collectives")))
+    return out

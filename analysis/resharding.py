@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.claims import Claim, not_measured
 from reproflow.families.resharding import FAMILY
 from reproflow.families.resharding.plan import LOADBALANCE, problem
 from reproflow.params import resolve
@@ -166,3 +167,25 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         figure = _one_to_m_figure if str(exp) == "1-to-m" else _n_to_m_figure
         written += figure(sub, out_dir, f"resharding_{tag}")
     return written
+
+
+def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
+    """Broadcast-based resharding is faster than send/recv when one sender feeds many receivers."""
+    statement = "broadcast resharding is faster than send/recv for one-to-many (1-to-m, 2 or more receivers)"
+    ratio = "median over 1-to-m cases of send_recv time / the fastest broadcast configuration's time"
+    paper = "up to 10x faster than existing systems (arXiv 2211.05322 abstract); per-case numbers not published"
+    rows = frame[frame["experiment"] == "1-to-m"] if len(frame) else frame
+    if rows.empty:
+        return [not_measured(FAMILY.name, statement, ratio, "no 1-to-m rows: make resharding-1-to-m",
+                             paper=paper, target="resharding-1-to-m")]
+    table = _table(rows)
+    table = table[(table["receivers"] >= 2) & (table["resharding_mode"] == "broadcast")]
+    best = table.groupby(["case", *SETTING])["speedup_vs_send_recv"].max().dropna()
+    if best.empty:
+        return [not_measured(FAMILY.name, statement, ratio, "no 1-to-m case with 2+ receivers run in both modes",
+                             paper=paper, target="resharding-1-to-m")]
+    slower = sorted({str(case) for (case, *_), v in best.items() if v < 1})
+    return [Claim(FAMILY.name, statement, ratio, float(best.median()), at_least=1.0, paper=paper,
+                  target="resharding-1-to-m",
+                  detail=f"{len(best)} case(s), speed-ups {best.min():.2f}-{best.max():.2f}"
+                         + (f"; send_recv faster in {', '.join(slower)}" if slower else ""))]

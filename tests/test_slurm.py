@@ -370,3 +370,21 @@ def test_spatial_mpi_ranks_start_through_srun_on_two_nodes(tmp_path, write_suite
     assert set(rows["nodelist"]) == {"node1,node2"} and set(rows["world_size"]) == {4}
     checks = rows[rows["metric"].isin(["logits_max_rel_err", "grads_max_rel_err"])]["value"]
     assert len(checks) == 2 and checks.max() < 1e-8
+
+
+def test_reproduce_submits_waits_for_the_jobs_and_reports(tmp_path):
+    from test_reproduce import tiny_plan
+
+    folders = ["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+               "--logs", str(tmp_path / "logs")]
+    proc = reproflow("reproduce", "--plan", str(tiny_plan(tmp_path)), "--only", "comms", "--executor", "slurm",
+                     *folders, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "reproflow submit " in proc.stdout and "waiting for Slurm job(s)" in proc.stdout
+    (job,) = submitted_ids((tmp_path / "logs" / "reproduce" / "comms.log").read_text())
+    assert f"job {job}: COMPLETED" in proc.stdout and sacct(job)[job]["state"] == "COMPLETED"
+    assert "2 points measured" in proc.stdout
+    assert set(rows_of(tmp_path / "results" / "tiny-comms")["job_id"]) == {job}
+    claims = pd.read_csv(tmp_path / "reports" / "claims.csv")
+    assert claims.loc[claims["family"] == "param_comms", "status"].tolist()[0] == "holds"
+    assert (tmp_path / "reports" / "report.html").is_file()

@@ -293,11 +293,65 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Build tables and figures from every result under --results."""
     from reproflow.report import build_reports
 
-    written = build_reports(Path(args.results), Path(args.out), project_root())
+    written = build_reports(Path(args.results), Path(args.out), project_root(), args.family)
     for path in written:
         print(path)
     print(f"reproflow: {len(written)} files in {args.out}")
+    page = Path(args.out) / "report.html"
+    if not args.family:
+        print(f"reproflow: report page {page} (self-contained) and {page.with_suffix('.md')}")
     return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Run the reproduction plan's targets (all, or --only), then the report; or only estimate it."""
+    from reproflow import reproduce as rp
+
+    plan = rp.load_plan(Path(args.plan) if args.plan else project_root() / rp.PLAN)
+    reference = Path(args.reference) if args.reference else None
+    if reference is not None and not reference.is_dir():
+        raise ReproflowError(f"--reference {reference} is not a folder. Give the folder holding the papers' "
+                             "published results (e.g. aceso/reference-results/), or leave --reference out.")
+    folders = rp.Folders(Path(args.results), Path(args.reports), Path(args.logs), reference)
+    only = [t for item in args.only for t in item.split(",") if t]
+    targets, steps = plan.select(only)
+    if args.estimate or args.dry_run:
+        for target in targets:
+            print(f"{target.name}: {target.title} (steps: {', '.join(target.steps)})")
+        print()
+        rows = rp.estimate(steps, folders, args.executor)
+        print(rp.format_estimate(rows, args.executor))
+        if args.dry_run:
+            for step in steps:
+                argv = folders.argv(step.command, step.reference)
+                if args.executor == rp.SLURM:
+                    argv = rp.slurm_argv(argv, args.image, args.mounts)
+                print(f"reproflow {' '.join(argv)}")
+            print(f"reproflow report --results {folders.results} --out {folders.reports}")
+        return 0
+    return rp.reproduce(plan, only, folders, args.executor, args.image, args.mounts)
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    """Write one .tar.gz of suites, scripts, results, logs and the report."""
+    from reproflow.archive import write_archive
+
+    path, files = write_archive(Path(args.out), project_root(), Path(args.results), Path(args.reports),
+                                Path(args.logs))
+    print(f"reproflow: {path} ({files} files, {path.stat().st_size / 2**20:.1f} MiB): workflows/, sbatch/, "
+          f"results/, logs/, reports/ and MANIFEST.json (sizes and SHA-256 of every file)")
+    return 0
+
+
+def _targets_help() -> str:
+    """The plan's targets, for `reproflow reproduce --help`."""
+    from reproflow import reproduce as rp
+
+    try:
+        plan = rp.load_plan(project_root() / rp.PLAN)
+    except ReproflowError as exc:
+        return f"(targets unavailable: {exc})"
+    return "\n".join(f"  {t.name:<20} {t.title}" for t in plan.targets.values())
 
 
 def _count(text: str) -> int:
@@ -387,10 +441,52 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables and figures from the results", formatter_class=fmt,
                        description="Aggregate every CSV under --results into tables (CSV + markdown) and "
-                                   "figures (PNG + PDF) with the analysis/ module of each family.")
+                                   "figures (PNG + PDF) with the analysis/ module of each family, check the "
+                                   "papers' claims (claims.csv) and write the report page: report.html, "
+                                   "self-contained, and its markdown twin report.md.")
     p.add_argument("--results", default="results", help="results folder")
     p.add_argument("--out", default="reports", help="where tables and figures go")
+    p.add_argument("--family", action="append", default=[],
+                   help="only this family's tables and figures, no page (repeatable)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("reproduce", help="every family's small suites, then the report page with the claims",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run the targets of workflows/reproduce/targets.toml (every paper figure and "
+                                   "table at the scale of this machine) here, or submit them to Slurm; points "
+                                   "already measured are skipped. Shows points done / total, the current "
+                                   "point, elapsed and estimated time; ends with a summary, the report page "
+                                   "(report.html, report.md) and the claims: holds / does not hold / not "
+                                   "measured.\n\ntargets (make <target> runs one):\n" + _targets_help())
+    p.add_argument("--plan", default="", help="a plan file of your own (default: workflows/reproduce/targets.toml)")
+    p.add_argument("--only", action="append", default=[], metavar="TARGET",
+                   help="only these targets (comma-separated or repeated); default: all")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: here (default); slurm: submit every step, wait for the jobs, then draw here")
+    p.add_argument("--estimate", action="store_true",
+                   help="print each step's points, minutes and node-hours (expected, from earlier runs here or "
+                        "the plan's 2-core estimates), run and submit nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the estimate and the commands, run nothing")
+    p.add_argument("--results", default="results", help="results folder (default: %(default)s)")
+    p.add_argument("--reports", default="reports", help="tables, figures and the report page (default: %(default)s)")
+    p.add_argument("--logs", default="logs", help="step logs, Aceso's and CFP's work folders (default: %(default)s)")
+    p.add_argument("--reference", default="",
+                   help="folder of the papers' published results (aceso/reference-results/...), drawn beside "
+                        "the reproduced figures")
+    p.add_argument("--image", default="", help="with --executor slurm: Enroot squash file for Pyxis")
+    p.add_argument("--mounts", default="", help="with --executor slurm: Pyxis --container-mounts")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("archive", help="one .tar.gz of suites, scripts, results, logs and the report",
+                       formatter_class=fmt,
+                       description="Pack workflows/, sbatch/, --results, --logs and --reports into one compressed "
+                                   "archive with a MANIFEST.json (size and SHA-256 of every file, commit), to share "
+                                   "a reproduction or attach it to a paper's artifact.")
+    p.add_argument("--out", default="reproflow-archive.tar.gz", help="archive file")
+    p.add_argument("--results", default="results", help="results folder")
+    p.add_argument("--reports", default="reports", help="report folder")
+    p.add_argument("--logs", default="logs", help="logs folder")
+    p.set_defaults(func=cmd_archive)
     return parser
 
 

@@ -123,7 +123,7 @@ def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
             return ""
         if isinstance(v, float):
             return format(v, floatfmt)
-        return str(v)
+        return str(v).replace("|", "\\|")  # a bar inside a cell would end it
 
     head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
@@ -198,9 +198,16 @@ def load_analysis(root: Path, family: str) -> ModuleType | None:
     return module
 
 
-def build_reports(results: Path, out_dir: Path, root: Path) -> list[Path]:
-    """Tables and figures for every family that has results; returns the files written."""
+def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] = ()) -> list[Path]:
+    """Tables and figures for every family that has results (or only the families in `only`), then,
+    for all families, the claims checked and the report page (report.html, report.md); returns the
+    files written."""
+    from reproflow.page import Section, hardware_table, write_page
+
     os.environ.setdefault("MPLBACKEND", "Agg")
+    unknown = sorted(set(only) - set(families()))
+    if unknown:
+        raise ReproflowError(f"--family {', '.join(unknown)}: no such family. Known: {', '.join(sorted(families()))}.")
     loaded = read_results(results)
     frame = loaded.frame
     written: list[Path] = []
@@ -209,17 +216,34 @@ def build_reports(results: Path, out_dir: Path, root: Path) -> list[Path]:
                               pd.DataFrame({"file": [str(p) for p, _ in loaded.quarantined],
                                             "reason": [why for _, why in loaded.quarantined]})], ignore_index=True)
         written += write_table(kept_out, out_dir, "left_out", "Points left out of every table and figure")
+    left_out = [p for p in written if p.suffix == ".csv"]
     if frame.empty:
         left = f" ({len(kept_out)} point(s) left out: {out_dir / 'left_out.md'})" if written else ""
         raise ReproflowError(f"no results to aggregate under {results}{left}. Run a suite first, e.g. "
                              "`reproflow run param-demo`.")
-    for family, rows in frame.groupby("family"):
-        module = load_analysis(root, str(family))
-        if module is None:
-            table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
-            written += write_table(table, out_dir, f"{family}_summary", f"{family}: all metrics")
+    sections = []
+    for name, fam in families().items():
+        if only and name not in only:
             continue
-        written += module.build(rows.dropna(axis=1, how="all"), out_dir)
+        rows = frame[frame["family"] == name].dropna(axis=1, how="all")
+        module = load_analysis(root, name)
+        files: list[Path] = []
+        if len(rows) and module is None:
+            table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
+            files = write_table(table, out_dir, f"{name}_summary", f"{name}: all metrics")
+        elif len(rows):
+            files = module.build(rows, out_dir)
+        # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too.
+        files += sorted(p for p in (out_dir / name).glob("*") if p.suffix in (".csv", ".png"))
+        claims = module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+        written += files
+        sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
+    if only:
+        return written
     provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
-    written += write_table(provenance.drop(columns=["timestamp"]), out_dir, "jobs", "Jobs behind these results")
+    provenance = provenance.drop(columns=["timestamp"])
+    written += write_table(provenance, out_dir, "jobs", "Jobs behind these results")
+    claims = pd.DataFrame([c.record() for s in sections for c in s.claims])
+    written += write_table(claims, out_dir, "claims", "The papers' claims, checked on these results")
+    written += write_page(out_dir, sections, hardware_table(results), provenance, left_out)
     return written

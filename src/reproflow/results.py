@@ -331,10 +331,36 @@ def redact_environment(env: Mapping[str, str]) -> dict[str, str]:
             for name, value in sorted(env.items())}
 
 
+def _proc_field(path: str, name: str) -> str:
+    """The first `name: value` of a /proc file ('' where there is none, e.g. off Linux)."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def hardware() -> dict[str, object]:
+    """What this host measures on: CPU model and cores, memory, the GPUs torch sees, OS and Python."""
+    import sys
+
+    torch = sys.modules.get("torch")  # already loaded by the job; the report reads the record without it
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch is not None and torch.cuda.is_available() else [])
+    memory_kib = _proc_field("/proc/meminfo", "MemTotal").split(" ")[0]
+    return {"cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+            "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+            "memory_gib": round(int(memory_kib) / 2**20, 1) if memory_kib.isdigit() else None,
+            "gpus": gpus, "os": platform.platform(), "python": platform.python_version()}
+
+
 def write_environment(results: Path, suite: str, job_id: str, host: str, ranks: Sequence[int]) -> Path:
-    """Record the environment this job runs with (secrets redacted) next to its results."""
+    """Record the hardware and the environment this job runs with (secrets redacted) next to its results."""
     path = results / suite / "env" / f"{job_id}-{host}.json"
-    record = {"job_id": job_id, "host": host, "ranks": list(ranks),
+    record = {"job_id": job_id, "host": host, "ranks": list(ranks), "hardware": hardware(),
               "environment": redact_environment(os.environ)}
     atomic_write(path, json.dumps(record, indent=1) + "\n")
     return path

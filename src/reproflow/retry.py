@@ -192,8 +192,9 @@ class Attempt:
 
 
 def wait_for(job_ids: list[str], say: Callable[[str], None], poll_s: float = 2.0,
-             limit_s: float | None = None) -> dict[str, SlurmJob]:
-    """Poll sacct until every job is in a final state; prints each state change.
+             limit_s: float | None = None, tick: Callable[[], None] | None = None) -> dict[str, SlurmJob]:
+    """Poll sacct until every job is in a final state; prints each state change and calls `tick`
+    (a progress display) at every poll.
 
     `limit_s` bounds the wait once a job runs (its time limit plus a margin); a job still running
     past it is returned as it is rather than waited for forever.
@@ -215,6 +216,8 @@ def wait_for(job_ids: list[str], say: Callable[[str], None], poll_s: float = 2.0
             seen[job_id] = job
             if job.state == "RUNNING" and started is None:
                 started = time.monotonic()
+        if tick is not None:
+            tick()
         if all(j.state in FINAL_STATES for j in seen.values()):
             return seen
         if limit_s is not None and started is not None and time.monotonic() - started > limit_s:

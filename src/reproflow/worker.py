@@ -192,6 +192,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
                 write_failure(path, point.label, message, prov.job_id)
             ctx.log(f"{tag}: FAILED before running: {message}")
             continue
+        ctx.log(f"{tag}: running")
         _inject_during_point(_injected_fault(point.label, ctx.rank), ctx.rank, point.label)
         start = time.perf_counter()
         measured: list[tuple[int, Measurement]] = []

@@ -455,6 +455,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             from_results=args.results if args.submit else None,
             after=[prof.submitted] if prof.submitted else [])
         cmd_search(search_args)
+        if args.until == "search":
+            continue
         after = [getattr(search_args, "submitted", "")] if args.submit else []
         for plan, impls in (("aceso", ["reproflow"]), ("megatron", ["reproflow", *mcore_impl])):
             cmd_train(argparse.Namespace(**shared, config=[where], plan=[plan], num_nodes=nodes,
@@ -463,7 +465,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.submit or args.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return 0
-    for name in ("e2e", "search-cost", "perf-model-acc"):
+    for name in ("search-cost",) if args.until == "search" else ("e2e", "search-cost", "perf-model-acc"):
         cmd_results(argparse.Namespace(script=name, setting="small", log_path=root, out=args.out or root / "results",
                                        published=args.published))
     return 0
@@ -557,6 +559,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--time-budget-total", type=float, default=None, help="search seconds per depth (default: "
                    "200, as the reference; 5 for tiny)")
     p.add_argument("--train-iters", type=int, default=5)
+    p.add_argument("--until", choices=("search", "train"), default="train",
+                   help="search: profile and search only (figure 8, search cost); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of profiles, configs, CSVs")
     p.add_argument("--published", type=Path, default=None, help="the artifact's results/ref/ CSVs, drawn beside")
     p.add_argument("--out", type=Path, default=None, help="tables and figures (default: <log-path>/results)")

@@ -1,0 +1,475 @@
+"""`reproflow reproduce`: every family's small suites, one command, here or on Slurm, then the report.
+
+The plan is data (`workflows/reproduce/targets.toml`): steps are reproflow command lines, targets are
+the papers' figures and tables with the steps that measure them. Each step runs as a child process
+whose output goes to `<logs>/reproduce/<step>.log`; its progress lines (the workers' `[i/n] point`
+lines) drive one live display: points done / total, the current point, elapsed time and an estimate
+of the time left, from this machine's earlier runs or the plan's estimates. Steps skip what is
+measured already, so a rerun runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from reproflow.errors import ReproflowError
+from reproflow.results import atomic_write, result_files
+from reproflow.suite import Suite, find_suite, load_suite
+
+PLAN = Path("workflows") / "reproduce" / "targets.toml"
+LOCAL, SLURM = "local", "slurm"
+# The workers' own progress lines (reproflow.worker).
+_HEADER = re.compile(r"suite \S+ / experiment \S+ \(\w+\): (\d+) of \d+ points, (\d+) to run, (\d+) already done")
+_POINT = re.compile(r"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|\d+ rows in [\d.]+ s)")
+_JOB_IDS = re.compile(r"^job ids: ([\d_,]+)$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One reproflow command line that measures something."""
+
+    name: str
+    command: str
+    minutes: float
+    points: int = 0
+    reference: str = ""
+    covered_by: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One paper figure or table: the steps that measure it and the commands that draw it."""
+
+    name: str
+    family: str
+    title: str
+    steps: tuple[str, ...]
+    draw: tuple[str, ...] = ()
+    reference: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every step and target of the reproduction."""
+
+    steps: dict[str, Step]
+    targets: dict[str, Target]
+
+    def select(self, only: Sequence[str]) -> tuple[list[Target], list[Step]]:
+        """The targets named in `only` (all when empty) and the steps they need, in plan order; a step
+        covered by another selected step (Aceso's search by its full run) is left out."""
+        unknown = [t for t in only if t not in self.targets]
+        if unknown:
+            raise ReproflowError(f"--only {', '.join(unknown)}: no such target. Targets: {', '.join(self.targets)}.")
+        targets = [t for name, t in self.targets.items() if not only or name in only]
+        wanted = {s for t in targets for s in t.steps}
+        steps = [s for name, s in self.steps.items() if name in wanted and s.covered_by not in wanted]
+        return targets, steps
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and check the plan; errors name the entry and the field."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ReproflowError(f"cannot read the reproduction plan {path}: {exc}") from None
+    steps: dict[str, Step] = {}
+    for i, raw in enumerate(data.get("step", [])):
+        try:
+            step = Step(**raw)
+        except TypeError as exc:
+            raise ReproflowError(f"{path}: step {i + 1} ({raw.get('name', '?')}): {exc}; fields are name, command, "
+                                 "minutes, points, reference, covered_by.") from None
+        steps[step.name] = step
+    targets: dict[str, Target] = {}
+    for i, raw in enumerate(data.get("target", [])):
+        try:
+            target = Target(**{**raw, "steps": tuple(raw.get("steps", ())), "draw": tuple(raw.get("draw", ()))})
+        except TypeError as exc:
+            raise ReproflowError(f"{path}: target {i + 1} ({raw.get('name', '?')}): {exc}; fields are name, "
+                                 "family, title, steps, draw, reference.") from None
+        missing = [s for s in target.steps if s not in steps]
+        if missing:
+            raise ReproflowError(f"{path}: target {target.name}: steps {', '.join(missing)} are not defined "
+                                 "([[step]] name = ...).")
+        targets[target.name] = target
+    for step in steps.values():
+        if step.covered_by and step.covered_by not in steps:
+            raise ReproflowError(f"{path}: step {step.name}: covered_by = {step.covered_by!r} names no step.")
+    return Plan(steps, targets)
+
+
+@dataclass(frozen=True)
+class Folders:
+    """Where a reproduction reads and writes; `reference` holds the papers' published results (optional)."""
+
+    results: Path
+    reports: Path
+    logs: Path
+    reference: Path | None = None
+
+    def argv(self, command: str, reference: str) -> list[str]:
+        """A plan command line as arguments, folders filled in; `reference` appended when there is one."""
+        line = command + (f" {reference}" if reference and self.reference else "")
+        return [a.format(results=self.results, reports=self.reports, logs=self.logs, reference=self.reference)
+                for a in shlex.split(line)]
+
+    @property
+    def timings(self) -> Path:
+        return self.logs / "reproduce" / "timings.json"
+
+
+def slurm_argv(argv: list[str], image: str, mounts: str) -> list[str]:
+    """The same step submitted to Slurm: `run` becomes `submit`; the families' commands get --submit."""
+    extra = [*(["--image", image] if image else []), *(["--mounts", mounts] if mounts else [])]
+    if argv[0] == "run":
+        return ["submit", *argv[1:], *extra]
+    return [*argv, "--submit", *extra]
+
+
+def suite_points(argv: list[str], results: Path) -> tuple[int, int] | None:
+    """(points, already measured) of a `run SUITE -e ...` step, or None for other commands."""
+    if argv[0] != "run":
+        return None
+    suite = _suite(argv[1])
+    chosen = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    total = done = 0
+    for exp in suite.select(chosen):
+        total += len(exp.points)
+        folder = results / suite.name / exp.name
+        done += min(len(exp.points), len(result_files(folder))) if folder.is_dir() else 0
+    return total, done
+
+
+def _suite(name: str) -> Suite:
+    from reproflow.paths import project_root
+
+    return load_suite(find_suite(name, project_root() / "workflows"))
+
+
+def read_timings(path: Path) -> dict[str, dict[str, float]]:
+    """Measured minutes and points of earlier complete runs of each step on this machine."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclass
+class Estimate:
+    """What one step will cost: points, minutes and node-hours."""
+
+    step: Step
+    nodes: int
+    points: int
+    measured: int | None
+    minutes: float
+    source: str
+
+    @property
+    def node_hours(self) -> float:
+        return self.nodes * self.minutes / 60
+
+
+def estimate(steps: list[Step], folders: Folders, executor: str = LOCAL) -> list[Estimate]:
+    """Per step: nodes (1, this machine, when local), points (and how many are measured already),
+    expected minutes and node-hours. Minutes come from this machine's earlier complete runs, else the
+    plan's estimate; steps whose points are all measured cost nothing."""
+    timings = read_timings(folders.timings)
+    out = []
+    for step in steps:
+        argv = folders.argv(step.command, step.reference)
+        known = suite_points(argv, folders.results)
+        points, measured = known if known else (step.points, None)
+        nodes = max(e.launch.nodes for e in _suite(argv[1]).experiments) if known and executor == SLURM else 1
+        past = timings.get(step.name)
+        minutes, source = (past["minutes"], "measured here") if past else (step.minutes, "plan (2 cores)")
+        if measured is not None and points:
+            minutes *= (points - measured) / points
+        out.append(Estimate(step, nodes, points, measured, minutes, source))
+    return out
+
+
+def format_estimate(rows: list[Estimate], executor: str) -> str:
+    """The estimate as a table, with totals."""
+    unit = "node-hours" if executor == SLURM else "hours here"
+    lines = [f"{'step':<20} {'nodes':>5} {'points':>7} {'measured':>8} {'minutes':>8} {unit:>11}  source"]
+    for r in rows:
+        measured = "?" if r.measured is None else str(r.measured)
+        lines.append(f"{r.step.name:<20} {r.nodes:>5} {r.points:>7} {measured:>8} {r.minutes:>8.1f} "
+                     f"{r.node_hours:>11.3f}  {r.source}")
+    lines.append(f"{'total':<20} {'':>5} {sum(r.points for r in rows):>7} {'':>8} {sum(r.minutes for r in rows):>8.1f} "
+                 f"{sum(r.node_hours for r in rows):>11.3f}")
+    if executor == SLURM:
+        lines.append("node-hours = the nodes a step's suite asks for x its expected minutes (runs on the cluster's "
+                     "hardware may differ from the 2-core estimate until they have run there once)")
+    return "\n".join(lines)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+@dataclass
+class StepResult:
+    """How one step went."""
+
+    step: Step
+    code: int = 0
+    seconds: float = 0.0
+    measured: int = 0
+    skipped: int = 0
+    failed: int = 0
+    job_ids: list[str] = field(default_factory=list)
+    log: Path | None = None
+
+
+class Progress:
+    """The live display: one rewritten line on a terminal, a line per finished point elsewhere."""
+
+    def __init__(self, plan: list[Estimate], out: Callable[[str], None] = print, tty: bool | None = None) -> None:
+        self.plan, self.out = plan, out
+        self.tty = sys.stdout.isatty() if tty is None else tty
+        self.start = time.monotonic()
+        self.index, self.done, self.current = 0, 0, ""
+        self.step_start, self.step_done = self.start, 0
+        self.totals = [e.points - (e.measured or 0) for e in plan]
+
+    def begin(self, index: int) -> None:
+        self.index, self.step_start, self.step_done, self.current = index, time.monotonic(), 0, ""
+
+    def measured(self, count: int) -> None:
+        """Points written so far by the current step's Slurm jobs (counted on the shared results folder)."""
+        if count > self.step_done:
+            self.done += count - self.step_done
+            self.step_done = count
+            self.current = f"{count} point(s) written by its jobs"
+            self.show(force=True)
+
+    def point(self, label: str, finished: bool) -> None:
+        self.current = label
+        if finished:
+            self.done += 1
+            self.step_done += 1
+            if self.step_done > self.totals[self.index]:  # a generated suite announced more than the plan said
+                self.totals[self.index] = self.step_done
+        self.show(force=finished)
+
+    def left(self) -> float:
+        """Seconds left: the steps not started, and the current one scaled by its points done."""
+        rest = sum(e.minutes * 60 for e in self.plan[self.index + 1:])
+        expected = self.plan[self.index].minutes * 60
+        spent = time.monotonic() - self.step_start
+        total = self.totals[self.index]
+        fraction = self.step_done / total if total else min(1.0, spent / expected) if expected else 1.0
+        current = expected * (1 - fraction) if fraction < 1 else 0.0
+        if 0 < fraction < 1:  # the pace measured in this step beats the estimate
+            current = spent / fraction * (1 - fraction)
+        return rest + current
+
+    def line(self) -> str:
+        step = self.plan[self.index].step.name
+        return (f"[{_clock(time.monotonic() - self.start)} elapsed, ~{_clock(self.left())} left] "
+                f"{self.done}/{sum(self.totals)} points | step {self.index + 1}/{len(self.plan)} {step}: "
+                f"{self.current or 'starting'}")
+
+    def show(self, force: bool = False) -> None:
+        if self.tty:
+            sys.stdout.write("\r\033[K" + self.line()[:200])
+            sys.stdout.flush()
+        elif force:
+            self.out(self.line())
+
+    def say(self, text: str) -> None:
+        """A message on its own line (the live line, if any, is redrawn after it)."""
+        if self.tty:
+            sys.stdout.write("\r\033[K")
+        self.out(text)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int, list[str], dict[str, int]]:
+    """Run `reproflow ARGV` as a child process, its output into `log`; returns (exit code, Slurm job ids
+    it printed, counts of measured / skipped / failed points)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    counts = {"measured": 0, "skipped": 0, "failed": 0}
+    job_ids: list[str] = []
+    lines: queue.Queue[str | None] = queue.Queue()
+    with log.open("w") as sink:
+        sink.write(f"$ reproflow {shlex.join(argv)}\n")
+        sink.flush()
+        child = subprocess.Popen([sys.executable, "-m", "reproflow.cli", *argv], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=_child_env(), bufsize=1)
+        assert child.stdout is not None
+
+        def pump() -> None:
+            for text in child.stdout:  # type: ignore[union-attr]
+                lines.put(text)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            while True:
+                try:
+                    text = lines.get(timeout=1.0)
+                except queue.Empty:
+                    if progress:
+                        progress.show()
+                    continue
+                if text is None:
+                    break
+                sink.write(text)
+                sink.flush()
+                _track(text.rstrip("\n"), counts, job_ids, progress)
+        except KeyboardInterrupt:
+            child.terminate()
+            child.wait()
+            raise
+        return child.wait(), job_ids, counts
+
+
+def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Progress | None) -> None:
+    """Update the counts and the display from one output line of a step."""
+    found = _JOB_IDS.match(text)
+    if found:
+        job_ids += [j for j in found[1].split(",") if j]
+        return
+    point = _POINT.match(text)
+    if not point:
+        return
+    label, what = point[3], point[4]
+    kind = ("skipped" if what.startswith("done earlier") else "failed" if what == "FAILED"
+            else "measured" if what != "running" else "")
+    if kind:
+        counts[kind] += 1
+    if progress:
+        progress.point(f"[{point[1]}/{point[2]}] {label}" + ("" if what == "running" else f" ({what})"),
+                       finished=kind in ("measured", "failed"))
+
+
+def record_timing(folders: Folders, result: StepResult) -> None:
+    """Keep a step's duration for later estimates when it measured every point itself."""
+    if result.code or result.failed or result.skipped or not result.measured:
+        return
+    timings = read_timings(folders.timings)
+    timings[result.step.name] = {"minutes": round(result.seconds / 60, 2), "points": result.measured}
+    folders.timings.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(folders.timings, json.dumps(timings, indent=1, sort_keys=True) + "\n")
+
+
+def wait_for_jobs(job_ids: list[str], progress: Progress, results: Path, before: int) -> list[str]:
+    """Wait for submitted jobs, counting the result files they write into the progress display;
+    returns a line per job that did not complete."""
+    from reproflow import retry
+
+    if not job_ids:
+        return []
+    jobs = retry.wait_for(job_ids, progress.say, poll_s=5.0,
+                          tick=lambda: progress.measured(len(result_files(results)) - before))
+    return [f"job {j}: {job.state}" for j, job in jobs.items() if job.state != "COMPLETED"]
+
+
+def summary(results: list[StepResult], seconds: float) -> str:
+    """The end-of-run table: each step's outcome, points and time."""
+    lines = [f"{'step':<20} {'outcome':<8} {'measured':>8} {'skipped':>7} {'failed':>6} {'time':>9}  log"]
+    for r in results:
+        outcome = "ok" if r.code == 0 and not r.failed else "FAILED"
+        lines.append(f"{r.step.name:<20} {outcome:<8} {r.measured:>8} {r.skipped:>7} {r.failed:>6} "
+                     f"{_clock(r.seconds):>9}  {r.log}")
+    lines.append(f"{len(results)} step(s) in {_clock(seconds)}: {sum(r.measured for r in results)} points "
+                 f"measured, {sum(r.skipped for r in results)} measured before, {sum(r.failed for r in results)} "
+                 "failed")
+    return "\n".join(lines)
+
+
+def tail(path: Path, n: int = 15) -> str:
+    """The last `n` lines of a log."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str = LOCAL, image: str = "",
+              mounts: str = "", out: Callable[[str], None] = print) -> int:
+    """Run the selected targets' steps (skipping measured points), draw, and build the report page;
+    returns 0 when every step succeeded."""
+    from reproflow.paths import project_root
+    from reproflow.report import build_reports
+
+    targets, steps = plan.select(only)
+    rows = estimate(steps, folders, executor)
+    progress = Progress(rows, out)
+    out(f"reproflow reproduce: {len(targets)} target(s), {len(steps)} step(s), {executor}; about "
+        f"{sum(r.minutes for r in rows):.1f} min expected; step logs in {folders.logs / 'reproduce'}")
+    done: list[StepResult] = []
+    for i, row in enumerate(rows):
+        step = row.step
+        argv = folders.argv(step.command, step.reference)
+        if executor == SLURM:
+            argv = slurm_argv(argv, image, mounts)
+        progress.begin(i)
+        log = folders.logs / "reproduce" / f"{step.name}.log"
+        progress.say(f"-- step {i + 1}/{len(rows)} {step.name}: reproflow {shlex.join(argv)}")
+        start, before = time.monotonic(), len(result_files(folders.results))
+        code, job_ids, counts = run_step(argv, log, progress)
+        result = StepResult(step, code, 0.0, counts["measured"], counts["skipped"], counts["failed"], job_ids, log)
+        if executor == SLURM and code == 0:
+            progress.say(f"   waiting for Slurm job(s) {', '.join(job_ids)}")
+            unfinished = wait_for_jobs(job_ids, progress, folders.results, before)
+            result.measured = len(result_files(folders.results)) - before
+            if unfinished:
+                result.code = 1
+                progress.say("   " + "; ".join(unfinished) + " (reproflow status explains why)")
+        result.seconds = time.monotonic() - start
+        done.append(result)
+        if result.code or result.failed:
+            progress.say(f"   step {step.name} FAILED (exit {result.code}, {result.failed} failed point(s)); last "
+                         f"lines of {log}:\n{tail(log)}")
+        elif executor == LOCAL:
+            record_timing(folders, result)
+    draws = list(dict.fromkeys((d, t.reference) for t in targets for d in t.draw))
+    for command, reference in draws:
+        argv = folders.argv(command, reference)
+        log = folders.logs / "reproduce" / f"draw-{argv[0]}-{argv[1]}.log"
+        code, _, _ = run_step(argv, log, None)
+        if code:
+            progress.say(f"   drawing `reproflow {shlex.join(argv)}` failed (exit {code}); see {log}")
+    progress.say(summary(done, time.monotonic() - progress.start))
+    try:
+        build_reports(folders.results, folders.reports, project_root())
+    except ReproflowError as exc:
+        out(f"reproflow reproduce: no report: {exc}")
+        return 1
+    out(f"report: {folders.reports / 'report.html'} (self-contained) and {folders.reports / 'report.md'}")
+    out(f"claims ({folders.reports / 'claims.md'}): {claim_line(folders.reports / 'claims.csv')}")
+    return 0 if all(r.code == 0 and not r.failed for r in done) else 1
+
+
+def claim_line(path: Path) -> str:
+    """'N holds, N does not hold, N not measured' from the claims table the report wrote."""
+    import pandas as pd
+
+    from reproflow.claims import FAILS, HOLDS, NOT_MEASURED
+
+    status = pd.read_csv(path)["status"].value_counts() if path.is_file() else pd.Series(dtype=int)
+    return ", ".join(f"{int(status.get(s, 0))} {s}" for s in (HOLDS, FAILS, NOT_MEASURED))

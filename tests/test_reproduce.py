@@ -1,0 +1,213 @@
+"""`reproflow reproduce`, the claims, the report page (checked in headless Chromium) and `reproflow archive`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from browser import Browser, find_chromium
+from conftest import ROOT, reproflow
+
+from reproflow.claims import FAILS, HOLDS, NOT_MEASURED, Claim
+from reproflow.errors import ReproflowError
+from reproflow.family import families
+from reproflow.report import load_analysis
+from reproflow.reproduce import PLAN, load_plan
+
+# Screenshots of the page the browser test took, kept after the run for people to look at.
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def test_every_family_has_a_target_and_every_target_a_make_target() -> None:
+    plan = load_plan(ROOT / PLAN)
+    assert {t.family for t in plan.targets.values()} == set(families())
+    assert {s for t in plan.targets.values() for s in t.steps} == set(plan.steps)
+    makefile = (ROOT / "Makefile").read_text()
+    figures = re.search(r"^FIGURES := (.*?)\n\n", makefile, re.M | re.S)
+    assert figures is not None
+    assert figures[1].replace("\\\n", " ").split() == list(plan.targets)
+    # make fig8 measures the search only; make reproduce runs Aceso once.
+    assert [s.name for s in plan.select(["fig8"])[1]] == ["aceso-search"]
+    assert "aceso-search" not in [s.name for s in plan.select([])[1]]
+
+
+def test_plan_errors_name_the_entry_and_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.toml"
+    bad.write_text('[[step]]\nname = "a"\ncommand = "run x"\nminutes = 1\nnodes = 2\n')
+    with pytest.raises(ReproflowError, match=r"step 1 \(a\).*nodes.*fields are name, command"):
+        load_plan(bad)
+    bad.write_text('[[target]]\nname = "t"\nfamily = "cfp"\ntitle = "x"\nsteps = ["nope"]\n')
+    with pytest.raises(ReproflowError, match="target t: steps nope are not defined"):
+        load_plan(bad)
+    proc = reproflow("reproduce", "--plan", str(bad), "--estimate")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nope" in proc.stderr
+    proc = reproflow("reproduce", "--only", "fig99", "--estimate")
+    assert proc.returncode == 2 and "no such target" in proc.stderr and "fig7" in proc.stderr
+
+
+def _wide(path: Path, rows: dict[str, list[float]], sizes: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("size," + ",".join(sizes) + "\n" + "".join(f"{k}," + ",".join(map(str, v)) + "\n"
+                                                              for k, v in rows.items()))
+
+
+def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
+    claims = load_analysis(ROOT, "aceso").claims
+    empty = claims(pd.DataFrame(), tmp_path)
+    assert [c.status for c in empty] == [NOT_MEASURED, NOT_MEASURED] and all("make fig" in c.detail for c in empty)
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_gpt.csv", {"megatron": [2.0], "alpa": [0.0], "aceso": [3.0]}, ["tiny"])
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "alpa": [0.0], "aceso": [3.0]}, ["tiny"])
+    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv", {"actual": [100.0], "predict": [95.0]}, ["tiny"])
+    speed, error = claims(pd.DataFrame(), tmp_path)
+    assert speed.status == FAILS and speed.measured == pytest.approx(0.75) and "gpt tiny 1.50x" in speed.detail
+    assert error.status == HOLDS and error.measured == pytest.approx(0.05)
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "alpa": [0.0], "aceso": [5.0]}, ["tiny"])
+    assert claims(pd.DataFrame(), tmp_path)[0].status == HOLDS
+
+
+def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:
+    targets = load_plan(ROOT / PLAN).targets
+    for name in families():
+        module = load_analysis(ROOT, name)
+        for claim in getattr(module, "claims", lambda *_: [])(pd.DataFrame(), tmp_path):
+            assert claim.status == NOT_MEASURED and claim.family == name and claim.paper
+            assert claim.target in targets and f"make {claim.target}" in claim.detail
+
+
+def test_a_claim_holds_only_inside_its_bounds() -> None:
+    claim = Claim("f", "s", "r", 1.0, at_least=1.0)
+    assert claim.status == HOLDS and claim.threshold == ">= 1"
+    assert Claim("f", "s", "r", 0.999, at_least=1.0).status == FAILS
+    assert Claim("f", "s", "r", 0.2, at_most=0.1).status == FAILS
+    assert Claim("f", "s", "r", float("nan"), at_most=0.1).status == NOT_MEASURED
+
+
+def test_estimate_and_dry_run_submit_nothing(tmp_path: Path) -> None:
+    proc = reproflow("reproduce", "--estimate", "--results", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    for name in load_plan(ROOT / PLAN).targets:
+        assert f"{name}: " in proc.stdout
+    assert re.search(r"^total\s+\d+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M), proc.stdout
+    proc = reproflow("reproduce", "--dry-run", "--executor", "slurm", "--only", "comms,fig7", "--image", "/a.sqsh")
+    assert proc.returncode == 0, proc.stderr
+    assert "node-hours" in proc.stdout
+    assert "reproflow submit param-demo -e comms --results results --image /a.sqsh" in proc.stdout
+    assert "reproflow aceso reproduce small --log-path logs/aceso" in proc.stdout and "--submit" in proc.stdout
+    assert not (tmp_path / "r").exists()
+
+
+def tiny_plan(tmp_path: Path) -> Path:
+    """Every family at the smallest size that still measures something: about a minute on 2 cores."""
+    suites = {
+        "comms": ('[launch]\nnodes = 1\nprocs_per_node = 2\nbackend = "gloo"\ndevice = "cpu"\n[[experiment]]\n'
+                  'name = "comms"\nfamily = "param_comms"\nparams = { begin_size = "1K", end_size = "16K", '
+                  'step_factor = 4, warmup_iters = 1, iters = 2 }\nmatrix = { collective = ["all_reduce", '
+                  '"all_gather"] }\n'),
+        "resharding": ('[launch]\nnodes = 2\nprocs_per_node = 2\nbackend = "gloo"\ndevice = "cpu"\n[[experiment]]\n'
+                       'name = "1-to-m"\nfamily = "resharding"\nparams = { scale = 128, runs = 2, warmup_runs = 1, '
+                       'case = "1-to-1x2" }\nzip = { resharding_mode = ["send_recv", "broadcast"] }\n'),
+        "spatial": ('[launch]\nnodes = 1\nlauncher = "mpi"\n[[experiment]]\nname = "check"\nfamily = "spatial"\n'
+                    'launch = { procs_per_node = 5 }\nparams = { model = "resnet", image_size = 64, batch_size = 2, '
+                    'split_size = 2, spatial_size = 1, num_spatial_parts = 4, fused_layers = 2, steps = 1, '
+                    'slice_method = "square" }\nmatrix = { halo_d2 = [false, true] }\n'),
+    }
+    text = ""
+    for name, body in suites.items():
+        path = tmp_path / f"tiny-{name}.toml"
+        path.write_text(f'[suite]\ndescription = "tiny {name}"\n' + body)
+        text += f'[[step]]\nname = "{name}"\ncommand = "run {path} --results {{results}}"\nminutes = 0.3\n'
+    text += ('[[step]]\nname = "cfp"\ncommand = "cfp analysis --model gpt --nproc 2 --work_dir {logs}/cfp --results '
+             '{results}"\nminutes = 0.2\npoints = 1\n'
+             '[[step]]\nname = "aceso"\ncommand = "aceso profile --prof-model-name gpt --prof-model-size tiny '
+             '--prof-tp-size 1 --prof-mbs-list 1 --prof-warmup-times 1 --prof-repeat-times 1 --prof-comm-sizes 0-1 '
+             '--prof-path {logs}/aceso/profiled-time --results {results}"\nminutes = 0.3\npoints = 2\n')
+    for name, family in (("comms", "param_comms"), ("resharding", "resharding"), ("spatial", "spatial"),
+                         ("cfp", "cfp"), ("aceso", "aceso")):
+        text += f'[[target]]\nname = "{name}"\nfamily = "{family}"\ntitle = "{name}"\nsteps = ["{name}"]\n'
+    plan = tmp_path / "plan.toml"
+    plan.write_text(text)
+    return plan
+
+
+@pytest.mark.distributed
+def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path) -> None:
+    plan = tiny_plan(tmp_path)
+    folders = ["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+               "--logs", str(tmp_path / "logs")]
+    proc = reproflow("reproduce", "--plan", str(plan), *folders, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # Live progress (one line per finished point when not on a terminal), then the summary.
+    progress = re.findall(r"^\[\d+:\d\d:\d\d elapsed, ~\d+:\d\d:\d\d left\] (\d+)/(\d+) points \| step (\d)/5",
+                          proc.stdout, re.M)
+    assert len(progress) == 9 and progress[-1][:2] == ("9", "9"), proc.stdout
+    assert "5 step(s) in" in proc.stdout and "9 points measured, 0 measured before, 0 failed" in proc.stdout
+    assert all((tmp_path / "logs" / "reproduce" / f"{s}.log").is_file() for s in ("comms", "cfp", "aceso"))
+
+    reports = tmp_path / "reports"
+    claims = pd.read_csv(reports / "claims.csv")
+    assert set(claims["family"]) == {"param_comms", "resharding", "spatial", "cfp", "aceso"}
+    assert set(claims["status"]) <= {HOLDS, FAILS, NOT_MEASURED}
+    status = dict(zip(claims["claim"], claims["status"], strict=True))
+    assert status["busBW / algBW equals the nccl-tests factor of each collective (2(n-1)/n, (n-1)/n or 1)"] == HOLDS
+    assert status["spatial parallelism's logits and gradients equal the serial (unsplit) model's"] == HOLDS
+    assert status["CFP's plan is at least as fast as the Alpa-style plan"] == NOT_MEASURED  # analysis only
+    assert re.search(r"claims \(.*\): \d+ holds, \d+ does not hold, \d+ not measured", proc.stdout)
+
+    page = (reports / "report.html").read_text()
+    figures = page.count('src="data:image/png;base64,')
+    assert figures >= 3 and "<link" not in page and "<script" not in page  # self-contained
+    # The markdown twin links only files that exist.
+    twin = reports / "report.md"
+    for link in re.findall(r"\]\(([^)#]+)\)", twin.read_text()):
+        assert (reports / link).is_file(), link
+    _check_in_chromium(reports / "report.html", figures)
+
+    # Only what is missing runs again.
+    again = reproflow("reproduce", "--plan", str(plan), "--only", "comms", *folders, timeout=300)
+    assert again.returncode == 0 and "0 points measured, 2 measured before, 0 failed" in again.stdout
+
+    archive = tmp_path / "share.tar.gz"
+    proc = reproflow("archive", "--out", str(archive), *folders)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("share/MANIFEST.json").read())  # type: ignore[union-attr]
+        page_member = tar.extractfile("share/reports/report.html").read()  # type: ignore[union-attr]
+    for wanted in ("share/workflows/reproduce/targets.toml", "share/sbatch/param-demo.sbatch",
+                   "share/logs/reproduce/comms.log", "share/reports/claims.csv"):
+        assert wanted in names
+    assert any(n.startswith("share/results/tiny-comms/comms/") and n.endswith(".csv") for n in names)
+    assert len(manifest["files"]) == len(names) - 1
+    assert manifest["files"]["reports/report.html"]["sha256"] == hashlib.sha256(page_member).hexdigest()
+
+
+def _check_in_chromium(page: Path, figures: int) -> None:
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("Chromium is not installed (make test installs Debian's chromium with tests/chromium.sh)")
+    with Browser(binary) as browser:
+        tab = browser.open(page.as_uri())
+        assert browser.evaluate(tab, "document.title") == "reproflow report"
+        # Every figure decoded and laid out.
+        images = browser.evaluate(tab, "[...document.images].map(i => [i.alt, i.complete && i.naturalWidth > 0, "
+                                       "i.getBoundingClientRect().width])")
+        assert len(images) == figures and all(ok and width > 100 for _, ok, width in images), images
+        # Every link leads somewhere: in-page anchors to an element, nothing to files outside the page.
+        hrefs = browser.evaluate(tab, "[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
+        assert hrefs and all(h.startswith("#") for h in hrefs), hrefs
+        missing = browser.evaluate(tab, "[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"
+                                        ".filter(h => !document.getElementById(h.slice(1)))")
+        assert missing == []
+        sections = browser.evaluate(tab, "[...document.querySelectorAll('section')].map(s => s.id)")
+        for family in ("param-comms", "resharding", "spatial", "cfp", "aceso"):
+            assert f"family-{family}" in sections
+        assert browser.evaluate(tab, "document.querySelectorAll('tr.holds').length") >= 2
+        assert browser.errors() == []
+        top = browser.screenshot(tab, ARTIFACTS / "report-top.png")
+        full = browser.screenshot(tab, ARTIFACTS / "report-full.png", full_page=True)
+    assert top.stat().st_size > 10_000 and full.stat().st_size > top.stat().st_size
