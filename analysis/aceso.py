@@ -16,6 +16,7 @@ not run: it needs JAX and Alpa's own runtime, which reproflow does not reimpleme
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -331,18 +332,25 @@ def _small_tables(reports: Path, stem: str) -> dict[str, pd.DataFrame]:
     return found
 
 
+def _per_size(reports: Path, stem: str, value: Callable[[pd.Series], float | None]) -> dict[str, float]:
+    """`value` of every model and size column of the result scripts' `<stem>` tables (None: left out)."""
+    found = {}
+    for model, table in _small_tables(reports, stem).items():
+        for size in table.columns:
+            measured = value(table[size].astype(float))
+            if measured is not None:
+                found[f"{model} {size}"] = measured
+    return found
+
+
 def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     """Aceso's config is faster than the Megatron-LM plan; its predicted iteration time is within 10 %."""
     run_it = "make fig7 (reproflow aceso reproduce small --out <reports>/aceso)"
     out = []
     statement = "Aceso's config trains faster than the Megatron-LM plan (same runtime, same devices)"
     ratio = "smallest, over models, Aceso samples/s / Megatron-LM plan samples/s"
-    speedups = {}
-    for model, table in _small_tables(reports, "e2e_thpt").items():
-        for size in table.columns:
-            megatron, aceso = float(table.loc["megatron", size]), float(table.loc["aceso", size])
-            if megatron > 0 and aceso > 0:
-                speedups[f"{model} {size}"] = aceso / megatron
+    speedups = _per_size(reports, "e2e_thpt", lambda c: c["aceso"] / c["megatron"] if min(c["aceso"], c["megatron"]) > 0
+                         else None)
     if speedups:
         worst = min(speedups, key=speedups.__getitem__)
         out.append(Claim("aceso", statement, ratio, speedups[worst], at_least=1.0, paper=PAPER_SPEEDUP,
@@ -352,12 +360,8 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
                                 target="fig7"))
     statement = "Aceso's predicted iteration time is within 10 % of the measured one"
     ratio = "largest, over models, |predicted / measured iteration time - 1|"
-    errors = {}
-    for model, table in _small_tables(reports, "perf_model_time").items():
-        for size in table.columns:
-            actual, predict = float(table.loc["actual", size]), float(table.loc["predict", size])
-            if actual > 0:
-                errors[f"{model} {size}"] = abs(predict / actual - 1)
+    errors = _per_size(reports, "perf_model_time", lambda c: abs(c["predict"] / c["actual"] - 1) if c["actual"] > 0
+                       else None)
     if errors:
         worst = max(errors, key=errors.__getitem__)
         out.append(Claim("aceso", statement, ratio, errors[worst], at_most=0.10, paper=PAPER_ERROR, target="fig9",

@@ -32,7 +32,7 @@ from reproflow.suite import Suite, find_suite, load_suite
 PLAN = Path("workflows") / "reproduce" / "targets.toml"
 LOCAL, SLURM = "local", "slurm"
 # The workers' own progress lines (reproflow.worker).
-_HEADER = re.compile(r"suite \S+ / experiment \S+ \(\w+\): (\d+) of \d+ points, (\d+) to run, (\d+) already done")
+_HEADER = re.compile(r"suite \S+ / experiment (\S+) \(\w+\): \d+ of \d+ points")
 _POINT = re.compile(r"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|\d+ rows in [\d.]+ s)")
 _JOB_IDS = re.compile(r"^job ids: ([\d_,]+)$")
 
@@ -245,12 +245,13 @@ class Progress:
         self.plan, self.out = plan, out
         self.tty = sys.stdout.isatty() if tty is None else tty
         self.start = time.monotonic()
-        self.index, self.done, self.current = 0, 0, ""
+        self.index, self.done, self.current, self.experiment = 0, 0, "", ""
         self.step_start, self.step_done = self.start, 0
         self.totals = [e.points - (e.measured or 0) for e in plan]
 
     def begin(self, index: int) -> None:
         self.index, self.step_start, self.step_done, self.current = index, time.monotonic(), 0, ""
+        self.experiment = ""
 
     def measured(self, count: int) -> None:
         """Points written so far by the current step's Slurm jobs (counted on the shared results folder)."""
@@ -353,6 +354,10 @@ def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Prog
     if found:
         job_ids += [j for j in found[1].split(",") if j]
         return
+    header = _HEADER.search(text)
+    if header and progress:
+        progress.experiment = header[1]
+        return
     point = _POINT.match(text)
     if not point:
         return
@@ -362,7 +367,8 @@ def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Prog
     if kind:
         counts[kind] += 1
     if progress:
-        progress.point(f"[{point[1]}/{point[2]}] {label}" + ("" if what == "running" else f" ({what})"),
+        progress.point(f"{progress.experiment} [{point[1]}/{point[2]}] {label}" + ("" if what == "running" else
+                                                                                  f" ({what})"),
                        finished=kind in ("measured", "failed"))
 
 
