@@ -21,7 +21,7 @@ from reproflow.errors import ReproflowError
 from reproflow.results import git_commit
 
 
-def _members(root: Path, folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
+def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
     """(file on disk, name in the archive) for every file under the folders that exist."""
     found = []
     for folder, name in folders:
@@ -36,7 +36,7 @@ def _members(root: Path, folders: Iterable[tuple[Path, str]]) -> list[tuple[Path
 def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int]:
     """Write `out` (.tar.gz) atomically; returns its path and the number of files in it."""
     prefix = out.name.removesuffix(".tar.gz").removesuffix(".tgz")
-    members = _members(root, [(root / "workflows", "workflows"), (root / "sbatch", "sbatch"),
+    members = _members([(root / "workflows", "workflows"), (root / "sbatch", "sbatch"),
                               (results, "results"), (logs, "logs"), (reports, "reports")])
     if not any(name.startswith(("results/", "reports/")) for _, name in members):
         raise ReproflowError(f"nothing measured to archive: {results} and {reports} are empty or missing. Run "

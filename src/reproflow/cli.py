@@ -18,7 +18,7 @@ from reproflow.family import families, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
 from reproflow.results import atomic_write
-from reproflow.suite import Experiment, Suite, find_suite, load_suite, parse_overrides
+from reproflow.suite import Experiment, Suite, load_suite, named_suite
 
 if TYPE_CHECKING:  # submitit loads only for the commands that submit
     from reproflow.submit import SubmititExecutor
@@ -37,10 +37,6 @@ EPILOG = """examples:
 """
 
 
-def _suite(name: str, sets: list[str] | None = None) -> Suite:
-    return load_suite(find_suite(name, project_root() / "workflows"), parse_overrides(sets or []))
-
-
 def _all_suites() -> list[Suite]:
     return [load_suite(p) for p in sorted((project_root() / "workflows").glob("*.toml"))]
 
@@ -53,7 +49,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {fam.name}: {fam.summary}")
             for p in fam.params:
                 print(f"      {p.name} = {canonical(p.default)!r}  ({p.allowed()}) {p.help}")
-    suites = [_suite(s) for s in args.suites] if args.suites else _all_suites()
+    suites = [named_suite(s) for s in args.suites] if args.suites else _all_suites()
     print("suites:")
     for suite in suites:
         print(f"  {suite.name} ({suite.path}): {suite.description}")
@@ -71,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite's experiments locally, one process group each."""
     from reproflow.local import LocalExecutor, worker_args
 
-    suite = _suite(args.suite, args.set)
+    suite = named_suite(args.suite, args.set)
     root = project_root()
     executor = LocalExecutor(Path(args.results), root, args.force, args.procs, tuple(args.set))
     worst = 0
@@ -151,7 +147,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from reproflow.render import render_sbatch, sbatch_path
 
     root = project_root()
-    suites = [_suite(s) for s in args.suites] if args.suites else _all_suites()
+    suites = [named_suite(s) for s in args.suites] if args.suites else _all_suites()
     stale = []
     for suite in suites:
         text = render_sbatch(suite, root)
@@ -179,7 +175,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     from reproflow import retry
 
-    suite = _suite(args.suite, args.set)
+    suite = named_suite(args.suite, args.set)
     executor = _submitit_executor(args)
     verdicts = []
     for exp in suite.select(args.experiment):
@@ -203,7 +199,7 @@ def _submitit_executor(args: argparse.Namespace) -> SubmititExecutor:
 
 def submit(args: argparse.Namespace) -> list[str]:
     """`reproflow submit` with its options parsed into `args`; returns the Slurm job ids (none with --dry-run)."""
-    suite = _suite(args.suite, args.set)
+    suite = named_suite(args.suite, args.set)
     executor = _submitit_executor(args)
     all_ids: list[str] = []
     for exp in suite.select(args.experiment):
@@ -323,10 +319,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(rp.format_estimate(rows, args.executor))
         if args.dry_run:
             for step in steps:
-                argv = folders.argv(step.command, step.reference)
-                if args.executor == rp.SLURM:
-                    argv = rp.slurm_argv(argv, args.image, args.mounts)
-                print(f"reproflow {' '.join(argv)}")
+                print(f"reproflow {' '.join(rp.step_argv(step, folders, args.executor, args.image, args.mounts))}")
             print(f"reproflow report --results {folders.results} --out {folders.reports}")
         return 0
     return rp.reproduce(plan, only, folders, args.executor, args.image, args.mounts)

@@ -27,7 +27,8 @@ import tomllib
 
 from reproflow.errors import ReproflowError
 from reproflow.results import atomic_write, result_files
-from reproflow.suite import Suite, find_suite, load_suite
+from reproflow.status import experiment_status
+from reproflow.suite import named_suite
 
 PLAN = Path("workflows") / "reproduce" / "targets.toml"
 LOCAL, SLURM = "local", "slurm"
@@ -132,8 +133,12 @@ class Folders:
         return self.logs / "reproduce" / "timings.json"
 
 
-def slurm_argv(argv: list[str], image: str, mounts: str) -> list[str]:
-    """The same step submitted to Slurm: `run` becomes `submit`; the families' commands get --submit."""
+def step_argv(step: Step, folders: Folders, executor: str = LOCAL, image: str = "", mounts: str = "") -> list[str]:
+    """A step's reproflow arguments; submitted to Slurm, `run` becomes `submit` and the families'
+    commands get --submit."""
+    argv = folders.argv(step.command, step.reference)
+    if executor != SLURM:
+        return argv
     extra = [*(["--image", image] if image else []), *(["--mounts", mounts] if mounts else [])]
     if argv[0] == "run":
         return ["submit", *argv[1:], *extra]
@@ -141,23 +146,18 @@ def slurm_argv(argv: list[str], image: str, mounts: str) -> list[str]:
 
 
 def suite_points(argv: list[str], results: Path) -> tuple[int, int] | None:
-    """(points, already measured) of a `run SUITE -e ...` step, or None for other commands."""
+    """(points, already measured) of a `run SUITE -e ...` step (measured: the point files `reproflow
+    status` counts), or None for other commands."""
     if argv[0] != "run":
         return None
-    suite = _suite(argv[1])
+    suite = named_suite(argv[1])
     chosen = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    measured = {(row.suite, row.experiment): row.done for row in experiment_status(results)}
     total = done = 0
     for exp in suite.select(chosen):
         total += len(exp.points)
-        folder = results / suite.name / exp.name
-        done += min(len(exp.points), len(result_files(folder))) if folder.is_dir() else 0
+        done += min(len(exp.points), measured.get((suite.name, exp.name), 0))
     return total, done
-
-
-def _suite(name: str) -> Suite:
-    from reproflow.paths import project_root
-
-    return load_suite(find_suite(name, project_root() / "workflows"))
 
 
 def read_timings(path: Path) -> dict[str, dict[str, float]]:
@@ -194,7 +194,7 @@ def estimate(steps: list[Step], folders: Folders, executor: str = LOCAL) -> list
         argv = folders.argv(step.command, step.reference)
         known = suite_points(argv, folders.results)
         points, measured = known if known else (step.points, None)
-        nodes = max(e.launch.nodes for e in _suite(argv[1]).experiments) if known and executor == SLURM else 1
+        nodes = max(e.launch.nodes for e in named_suite(argv[1]).experiments) if known and executor == SLURM else 1
         past = timings.get(step.name)
         minutes, source = (past["minutes"], "measured here") if past else (step.minutes, "plan (2 cores)")
         if measured is not None and points:
@@ -277,10 +277,10 @@ class Progress:
         spent = time.monotonic() - self.step_start
         total = self.totals[self.index]
         fraction = self.step_done / total if total else min(1.0, spent / expected) if expected else 1.0
-        current = expected * (1 - fraction) if fraction < 1 else 0.0
-        if 0 < fraction < 1:  # the pace measured in this step beats the estimate
-            current = spent / fraction * (1 - fraction)
-        return rest + current
+        if fraction >= 1:
+            return rest
+        # Once a point of this step is done its own pace beats the estimate.
+        return rest + (spent / fraction if self.step_done else expected) * (1 - fraction)
 
     def line(self) -> str:
         step = self.plan[self.index].step.name
@@ -430,9 +430,7 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     done: list[StepResult] = []
     for i, row in enumerate(rows):
         step = row.step
-        argv = folders.argv(step.command, step.reference)
-        if executor == SLURM:
-            argv = slurm_argv(argv, image, mounts)
+        argv = step_argv(step, folders, executor, image, mounts)
         progress.begin(i)
         log = folders.logs / "reproduce" / f"{step.name}.log"
         progress.say(f"-- step {i + 1}/{len(rows)} {step.name}: reproflow {shlex.join(argv)}")

@@ -19,6 +19,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -345,8 +346,6 @@ def _proc_field(path: str, name: str) -> str:
 
 def hardware() -> dict[str, object]:
     """What this host measures on: CPU model and cores, memory, the GPUs torch sees, OS and Python."""
-    import sys
-
     torch = sys.modules.get("torch")  # already loaded by the job; the report reads the record without it
     gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
             if torch is not None and torch.cuda.is_available() else [])

@@ -374,6 +374,13 @@ def find_suite(name_or_path: str, workflows: Path) -> Path:
     raise ReproflowError(f"no suite named '{name_or_path}' in {workflows}. Suites there: {names}.")
 
 
+def named_suite(name_or_path: str, sets: list[str] | None = None) -> Suite:
+    """A suite of the checkout's workflows/ by name (or any suite file by path), with `--set` overrides."""
+    from reproflow.paths import project_root
+
+    return load_suite(find_suite(name_or_path, project_root() / "workflows"), parse_overrides(sets or []))
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
