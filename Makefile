@@ -9,13 +9,15 @@ LOGS ?= logs
 # drawn beside the reproduced figures; empty: the claims table still cites the papers' numbers.
 REFERENCE ?=
 EXECUTOR ?= local
+# make demo ONLY=comms,fig8: only these targets (below), then the report and where things are.
+ONLY ?=
 REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULTS) --reports $(REPORTS) \
 	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE))
 # One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput
 
-.PHONY: help venv demo reproduce archive test faults lint figures sbatch bench containers clean $(FIGURES)
+.PHONY: help venv demo reproduce archive test faults clean-room lint figures sbatch bench containers clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -25,6 +27,8 @@ help:
 	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"
 	@echo "make archive  reproflow-archive.tar.gz: suites, sbatch scripts, results, logs, report"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
+	@echo "make clean-room  make test and a short make demo, each in a fresh Debian root filesystem with a clean"
+	@echo "              clone of the current commit (root; about 45 minutes); CLEAN_ROOM='test demo-full' to choose"
 	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"
 	@echo "              cancel, 20 concurrent jobs, 1000+ generated bad inputs; prints N faults injected, N survived"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
@@ -57,7 +61,7 @@ demo: reproduce
 	@echo "step logs:                         $(LOGS)/reproduce/<step>.log"
 
 reproduce: venv
-	$(REPRODUCE)
+	$(REPRODUCE) $(if $(ONLY),--only $(ONLY))
 
 $(FIGURES): venv
 	$(REPRODUCE) --only $@
@@ -77,6 +81,12 @@ test: lint
 # The fault-injection suite alone (it is also part of `make test`), with its summary line.
 faults: venv
 	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
+
+# The README's two commands on a fresh Debian machine (tests/clean-room.sh): run it before calling a
+# change to the set-up (Makefile, pyproject.toml, tests/slurm, containers, tests/chromium.sh) done.
+CLEAN_ROOM ?= test demo
+clean-room:
+	bash tests/clean-room.sh $(CLEAN_ROOM)
 
 figures: venv
 	$(BIN)/reproflow report --results $(RESULTS) --out $(REPORTS)

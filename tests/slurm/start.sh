@@ -7,9 +7,21 @@
 # this machine. Nodes advertise stand-in GPUs as GRES, so GPU scripts can be scheduled; the jobs
 # themselves find no GPU and run on CPU with gloo.
 #
-# Idempotent: when the recorded daemons are alive and the nodes answer, it only says so.
-# Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2).
-# Stop with tests/slurm/stop.sh, which stops exactly the processes recorded here.
+# It starts from nothing: every file the cluster reads is written by this start before any daemon
+# or Slurm command runs, and nothing an earlier cluster or another checkout left is trusted.
+#   /etc/slurm/slurm.conf, slurmdbd.conf, gres.conf  written here; anything else in /etc/slurm (the
+#       package's plugstack.conf, stale files) is moved to $DIR/aside and put back by stop.sh
+#   $DIR/munge/munge.key   a new key; munged runs on its own socket ($DIR/munge), named in AuthInfo
+#                          and, for connections to slurmdbd, AccountingStoragePass
+#   $DIR/mysql             a new MariaDB data folder, its own socket and port, no option files read
+#   /etc/hosts             the node lines, tagged "# local-slurm"
+# $DIR/system-files lists each with its SHA-256 (sha256sum's format); every Slurm command below runs
+# through `slurm`, which refuses to run it while /etc/slurm holds a file this start did not write.
+#
+# Idempotent: when the recorded daemons are alive, the files are the ones their start wrote and the
+# nodes answer, it only says so. On failure it stops what it started (tests/slurm/stop.sh).
+# Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2),
+# LOCAL_SLURM_GPUS (8 per node).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,6 +32,13 @@ repo=$(cd "$here/../.." && pwd)
 DIR=$LOCAL_SLURM_DIR
 CLUSTER=reproflowtest
 SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR"
+MANIFEST=$DIR/system-files
+MUNGE_SOCKET=$DIR/munge/munge.socket
+DB_PORT=16819
+PORTS=(6817 6819 "$DB_PORT")
+for i in $(seq 1 "$LOCAL_SLURM_NODES"); do PORTS+=($((17000 + i))); done
+# A shell's SLURM_CONF would point the commands below at another cluster's file.
+export SLURM_CONF=/etc/slurm/slurm.conf
 
 say() { printf 'local-slurm: %s\n' "$*"; }
 
@@ -30,9 +49,29 @@ alive() {  # a recorded pid that is running and not a zombie
     [ "$state" != Z ]
 }
 
+# Every file in /etc/slurm is one the manifest lists, unchanged, and slurm.conf is among them.
+owned() {
+    local f
+    [ -s "$MANIFEST" ] && grep -q ' /etc/slurm/slurm\.conf$' "$MANIFEST" || return 1
+    sha256sum --check --status "$MANIFEST" 2>/dev/null || return 1
+    for f in /etc/slurm/* /etc/slurm/.[!.]*; do
+        [ -e "$f" ] || [ -L "$f" ] || continue
+        grep -q "  $f\$" "$MANIFEST" || return 1
+    done
+}
+
+slurm() {  # run a Slurm command only on configuration this start wrote
+    if ! owned; then
+        say "refusing to run $1: /etc/slurm holds a file this start did not write (see $MANIFEST)"
+        exit 1
+    fi
+    "$@"
+}
+
 all_alive() {
     [ -s "$DIR/daemons" ] && [ "$(cat "$DIR/signature" 2>/dev/null)" = "$SIGNATURE" ] || return 1
     while read -r _ pid; do alive "$pid" || return 1; done < "$DIR/daemons"
+    owned || return 1
     timeout 5 scontrol ping >/dev/null 2>&1 || return 1
     [ "$(sinfo -h -o '%T' 2>/dev/null | grep -cE '^(idle|mixed|allocated)')" -ge 1 ]
 }
@@ -41,12 +80,20 @@ if command -v scontrol >/dev/null && all_alive; then
     say "already running ($SIGNATURE)"
     exit 0
 fi
-[ -s "$DIR/daemons" ] && bash "$here/stop.sh" >/dev/null 2>&1 || true
-# A controller this script did not start (another checkout's test cluster, or a real one) holds the
-# ports and /etc/slurm: say so instead of failing half-way.
-if command -v scontrol >/dev/null && timeout 5 scontrol ping 2>/dev/null | grep -q UP; then
-    say "a Slurm controller not started from $DIR is already running ($(timeout 5 scontrol ping | head -1))."
-    say "stop it first (for another checkout's test cluster: LOCAL_SLURM_DIR=<its .local-slurm> tests/slurm/stop.sh)."
+if [ -s "$DIR/daemons" ] || [ -d "$DIR/aside" ]; then bash "$here/stop.sh" >/dev/null 2>&1 || true; fi
+
+# Daemons this script did not start (another checkout's test cluster, a real Slurm or MariaDB) hold
+# the ports: say so instead of failing half-way.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for port in "${PORTS[@]}"; do
+    if listening "$port"; then
+        say "port $port on this machine is taken by a process not started from $DIR; the test cluster uses ports ${PORTS[*]}."
+        say "stop it first (for another checkout's test cluster: LOCAL_SLURM_DIR=<its .local-slurm> tests/slurm/stop.sh)."
+        exit 1
+    fi
+done
+if [ $(( ${#MUNGE_SOCKET} )) -gt 100 ]; then
+    say "LOCAL_SLURM_DIR is too long for a Unix socket path ($MUNGE_SOCKET); set a shorter LOCAL_SLURM_DIR."
     exit 1
 fi
 
@@ -62,10 +109,14 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# From here on, a failure stops whatever was started and puts /etc back.
+trap 'rc=$?; if [ $rc -ne 0 ]; then say "start failed; stopping what was started"; bash "$here/stop.sh" >/dev/null 2>&1; fi' EXIT
 mkdir -p "$DIR"/{log,pids,spool,ctld}
-rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/*
+rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge
 : > "$DIR/daemons"
+: > "$MANIFEST"
 record() { echo "$1 $2" >> "$DIR/daemons"; }
+written() { sha256sum "$@" >> "$MANIFEST"; }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
     local limit=$1 what=$2; shift 2
@@ -78,61 +129,19 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 
 pidfile_pid() { wait_for 20 "$1" test -s "$1"; cat "$1"; }
 
-# 2. Node names resolve to their loopback addresses.
-sed -i '/# local-slurm$/d' /etc/hosts
-for i in $(seq 1 "$LOCAL_SLURM_NODES"); do echo "127.0.2.$i node$i # local-slurm" >> /etc/hosts; done
-
-# 3. munge: one key, one daemon; its socket is shared by every "node".
-if [ ! -s /etc/munge/munge.key ]; then
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-fi
-chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-mkdir -p /run/munge /var/log/munge /var/lib/munge
-chown munge:munge /run/munge /var/log/munge /var/lib/munge
-rm -f /run/munge/munged.pid
-runuser -u munge -- /usr/sbin/munged --force
-record munged "$(pidfile_pid /run/munge/munged.pid)"
-
-# 4. Accounting: MariaDB on 127.0.0.1 and slurmdbd.
-mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-if ! timeout 5 mariadb-admin --socket=/run/mysqld/mysqld.sock ping >/dev/null 2>&1; then
-    nohup mariadbd --user=mysql --bind-address=127.0.0.1 --port=3306 --socket=/run/mysqld/mysqld.sock \
-        --pid-file=/run/mysqld/local-slurm.pid --innodb-buffer-pool-size=64M \
-        >"$DIR/log/mariadb.log" 2>&1 &
-    record mariadbd $!
-    wait_for 60 MariaDB mariadb-admin --socket=/run/mysqld/mysqld.sock ping
-fi
-# A fresh accounting database per start: job ids may restart, and sacct must not mix old jobs in.
-mariadb --socket=/run/mysqld/mysqld.sock -e "
-    DROP DATABASE IF EXISTS ${CLUSTER}_acct;
-    CREATE DATABASE ${CLUSTER}_acct;
-    CREATE OR REPLACE USER 'slurm'@'localhost' IDENTIFIED BY 'slurm';
-    GRANT ALL ON ${CLUSTER}_acct.* TO 'slurm'@'localhost';"
-
+# 2. Configuration: /etc/slurm holds exactly the files written here.
 mkdir -p /etc/slurm
-cat > /etc/slurm/slurmdbd.conf <<EOF
-AuthType=auth/munge
-DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort=6819
-SlurmUser=root
-DebugLevel=info
-LogFile=$DIR/log/slurmdbd.log
-PidFile=$DIR/pids/slurmdbd.pid
-StorageType=accounting_storage/mysql
-StorageHost=localhost
-StorageUser=slurm
-StoragePass=slurm
-StorageLoc=${CLUSTER}_acct
-EOF
-chmod 600 /etc/slurm/slurmdbd.conf
-rm -f "$DIR/pids/slurmdbd.pid"
-slurmdbd
-record slurmdbd "$(pidfile_pid "$DIR/pids/slurmdbd.pid")"
-# slurmctld gives up at once when slurmdbd does not answer yet.
-wait_for 60 slurmdbd sacctmgr -n show cluster
+aside=()
+for f in /etc/slurm/* /etc/slurm/.[!.]*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    case ${f##*/} in slurm.conf | slurmdbd.conf | gres.conf) rm -f "$f"; continue ;; esac
+    mkdir -p "$DIR/aside"
+    mv "$f" "$DIR/aside/"
+    aside+=("${f##*/}")
+done
+[ ${#aside[@]} -eq 0 ] || say "moved aside until stop.sh: ${aside[*]} (from /etc/slurm to $DIR/aside)"
 
-# 5. slurm.conf: job ids continue across restarts so stale submitit folders never match.
+# Job ids continue across restarts so stale submitit folders never match.
 first_job=$(cat "$DIR/next_job_id" 2>/dev/null || echo 1)
 cpus=$(nproc)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / LOCAL_SLURM_NODES / 2 ))
@@ -144,6 +153,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET
 SlurmctldPort=6817
 StateSaveLocation=$DIR/ctld
 SlurmdSpoolDir=$DIR/spool/%n
@@ -174,6 +184,7 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
+AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 EOF
@@ -182,6 +193,26 @@ EOF
     done
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
 } > /etc/slurm/slurm.conf
+
+cat > /etc/slurm/slurmdbd.conf <<EOF
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=6819
+SlurmUser=root
+DebugLevel=info
+LogFile=$DIR/log/slurmdbd.log
+PidFile=$DIR/pids/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=${CLUSTER}_acct
+EOF
+chmod 600 /etc/slurm/slurmdbd.conf
+
 # Stand-in GPUs: character devices with /dev/null's numbers, so the GPU scripts can be scheduled
 # (Slurm needs a device file per GPU). Jobs find no real GPU and run on CPU.
 mkdir -p "$DIR/fake-gpu"
@@ -189,21 +220,63 @@ for g in $(seq 0 $((LOCAL_SLURM_GPUS - 1))); do
     [ -c "$DIR/fake-gpu/gpu$g" ] || mknod "$DIR/fake-gpu/gpu$g" c 1 3
 done
 echo "Name=gpu File=$DIR/fake-gpu/gpu[0-$((LOCAL_SLURM_GPUS - 1))]" > /etc/slurm/gres.conf
+written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf
+
+# Node names resolve to their loopback addresses.
+sed -i '/# local-slurm$/d' /etc/hosts
+for i in $(seq 1 "$LOCAL_SLURM_NODES"); do echo "127.0.2.$i node$i # local-slurm" >> /etc/hosts; done
+written /etc/hosts
 echo "$SIGNATURE" > "$DIR/signature"
 
-# 6. Controller.
-slurmctld
-record slurmctld "$(pidfile_pid "$DIR/pids/slurmctld.pid")"
-wait_for 30 slurmctld scontrol ping
+# 3. munge: a new key and a daemon of the cluster's own, on the socket AuthInfo names. Jobs run as
+# root, so --force lets the socket sit under a home folder others cannot enter.
+mkdir -p "$DIR/munge"
+chmod 755 "$DIR/munge"
+dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
+chmod 400 "$DIR/munge/munge.key"
+written "$DIR/munge/munge.key"
+/usr/sbin/munged --force --key-file="$DIR/munge/munge.key" --socket="$MUNGE_SOCKET" \
+    --pid-file="$DIR/pids/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed"
+record munged "$(pidfile_pid "$DIR/pids/munged.pid")"
+munge_ok() { munge -n -S "$MUNGE_SOCKET" | unmunge -S "$MUNGE_SOCKET"; }
+wait_for 20 munged munge_ok
 
-# 7. Nodes: each slurmd in its own UTS namespace, so `hostname` inside a job is the node name.
+# 4. Accounting: a new MariaDB (no option files read, data in $DIR/mysql, 127.0.0.1:$DB_PORT), then slurmdbd.
+db_options=(--no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/mysql/mysqld.sock"
+            --innodb-buffer-pool-size=64M --innodb-log-file-size=16M)
+mariadb-install-db "${db_options[@]}" --auth-root-authentication-method=socket --skip-test-db \
+    >"$DIR/log/mariadb-install.log" 2>&1
+nohup mariadbd "${db_options[@]}" --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
+    --pid-file="$DIR/pids/mariadbd.pid" >"$DIR/log/mariadb.log" 2>&1 &
+record mariadbd $!
+db() { mariadb --no-defaults --socket="$DIR/mysql/mysqld.sock" "$@"; }
+wait_for 60 MariaDB mariadb-admin --no-defaults --socket="$DIR/mysql/mysqld.sock" ping
+db -e "CREATE DATABASE ${CLUSTER}_acct;
+       CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+       GRANT ALL ON ${CLUSTER}_acct.* TO 'slurm'@'127.0.0.1';"
+
+slurm slurmdbd
+record slurmdbd "$(pidfile_pid "$DIR/pids/slurmdbd.pid")"
+# slurmctld gives up at once when slurmdbd does not answer yet.
+wait_for 60 slurmdbd slurm sacctmgr -n show cluster
+
+# 5. Controller.
+slurm slurmctld
+record slurmctld "$(pidfile_pid "$DIR/pids/slurmctld.pid")"
+wait_for 30 slurmctld slurm scontrol ping
+
+# 6. Nodes: each slurmd in its own UTS namespace, so `hostname` inside a job is the node name.
 for i in $(seq 1 "$LOCAL_SLURM_NODES"); do
-    unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
+    slurm unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
     record "slurmd-node$i" "$(pidfile_pid "$DIR/pids/slurmd-node$i.pid")"
 done
-idle() { [ "$(sinfo -h -N -o '%T' | grep -c '^idle')" -eq "$LOCAL_SLURM_NODES" ]; }
+idle() { [ "$(slurm sinfo -h -N -o '%T' | grep -c '^idle')" -eq "$LOCAL_SLURM_NODES" ]; }
 wait_for 30 "idle nodes" idle
-clustered() { sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; }
+clustered() { slurm sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; }
 wait_for 30 "accounting registration" clustered
+slurm true
 say "up: $LOCAL_SLURM_NODES nodes, accounting on; state in $DIR"
+say "files the cluster reads, each written by this start (SHA-256 in $MANIFEST):"
+while read -r _ f; do say "  $f"; done < "$MANIFEST"
+say "  $DIR/mysql (MariaDB's data, made by mariadb-install-db --no-defaults)"
 sinfo

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Stop the test cluster started by tests/slurm/start.sh: cancel jobs, then stop exactly the
-# daemons it recorded (TERM, then KILL after 15 s), stray slurmstepd, and the /etc/hosts lines.
+# daemons it recorded (TERM, then KILL after 15 s) and stray slurmstepd; remove the files it wrote
+# (the /etc/slurm files still as it wrote them, the /etc/hosts lines, MariaDB's data and the munge
+# key) and put back what it moved aside from /etc/slurm. $DIR/system-files stays as the record.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 : "${LOCAL_SLURM_DIR:=$repo/.local-slurm}"
 DIR=$LOCAL_SLURM_DIR
+export SLURM_CONF=/etc/slurm/slurm.conf
 
 say() { printf 'local-slurm: %s\n' "$*"; }
 alive() {
@@ -16,7 +19,32 @@ alive() {
     [ "$state" != Z ]
 }
 
+restore() {  # the files start.sh wrote go, the ones it moved aside come back
+    local sum f
+    if [ -s "$DIR/system-files" ]; then
+        while read -r sum f; do
+            case $f in
+                /etc/slurm/*) echo "$sum  $f" | sha256sum --check --status 2>/dev/null && rm -f "$f" ;;
+            esac
+        done < "$DIR/system-files"
+    fi
+    if [ -d "$DIR/aside" ]; then
+        for f in "$DIR"/aside/* "$DIR"/aside/.[!.]*; do
+            [ -e "$f" ] || [ -L "$f" ] || continue
+            if [ -e "/etc/slurm/${f##*/}" ]; then
+                say "not putting back ${f##*/}: /etc/slurm has a new one (the old one stays in $DIR/aside)"
+            else
+                mv "$f" /etc/slurm/
+            fi
+        done
+        rmdir "$DIR/aside" 2>/dev/null || true
+    fi
+    sed -i '/# local-slurm$/d' /etc/hosts
+    rm -rf "${DIR:?}/mysql" "${DIR:?}/munge"
+}
+
 if [ ! -s "$DIR/daemons" ]; then
+    restore
     say "not running (no $DIR/daemons)"
     exit 0
 fi
@@ -40,6 +68,6 @@ for exe in /proc/[0-9]*/exe; do
         kill -KILL "$pid" 2>/dev/null || true
     fi
 done
-sed -i '/# local-slurm$/d' /etc/hosts
 rm -f "$DIR/daemons"
+restore
 say "stopped"

@@ -4,16 +4,14 @@ layer) and DeepSpeed's ZeRO stages 1, 2 and 3.
 Each trains the nn.Module itself (no captured graph) on the rank's slice of the batch with SGD at the
 runner's learning rate; the mean of the ranks' losses is the global batch's loss, and the averaged or
 sharded gradients are the unsharded model's, which `check` verifies. DeepSpeed is an optional extra
-(`pip install .[deepspeed]`); on CPUs it talks gloo and JIT-compiles its shared-memory op once into
-TORCH_EXTENSIONS_DIR (reproflow points that at `.cache/torch_extensions` under the working directory
-unless it is set).
+(`pip install .[deepspeed]`); on CPUs it talks gloo. Its shared-memory op, which it would compile on
+first use (a C++ compiler and Python's headers), is left out: it serves only inference_all_reduce, and
+ZeRO's training collectives are torch.distributed's.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,9 +55,13 @@ class ModuleRunner:
             self.wrapped = fully_shard(self.module, mesh=mesh)
             self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
         else:
-            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(".cache/torch_extensions").resolve()))
             import deepspeed
+            import deepspeed.ops
+            from deepspeed.accelerator import get_accelerator
 
+            shm = get_accelerator().create_op_builder("ShareMemCommBuilder")  # None on GPUs
+            if shm is not None:
+                deepspeed.ops.__compatible_ops__[shm.NAME] = False
             deepspeed.init_distributed(dist_backend=dist.get_backend())
             config = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": per,
                       "zero_optimization": {"stage": int(kind[-1])}, "steps_per_print": 2**31,
