@@ -21,7 +21,7 @@ FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
-	@echo "              the report page and the claims; then print where everything is"
+	@echo "              the report page and the claims; then print where everything is (ONLY=comms,fig8: those targets)"
 	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm: on Slurm), then $(REPORTS)/report.html"
 	@echo "              (self-contained) and report.md with every table, figure and claim; about 25 minutes on 2 cores"
 	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"

@@ -9,7 +9,7 @@
 #
 # Usage: tests/clean-room.sh [test] [demo] [demo-full]    (default: test demo)
 #   test       make test
-#   demo       make demo ONLY=<a short set of targets>: a minute or two per family, five families
+#   demo       make demo ONLY=<a short set of targets>: four families, a few minutes
 #   demo-full  make demo (about 25 minutes on 2 cores)
 # Prints each command's result and wall time; the logs and summary.md go to CLEAN_ROOM_OUT
 # (default <repo>/.clean-room). CLEAN_ROOM_KEEP=1 keeps the root filesystems; CLEAN_ROOM_MIRROR sets
@@ -21,7 +21,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 OUT=${CLEAN_ROOM_OUT:-$repo/.clean-room}
 MIRROR=${CLEAN_ROOM_MIRROR:-http://deb.debian.org/debian}
-SHORT_DEMO=comms,compute-gemm,resharding-1-to-m,spatial-check,fig8
+SHORT_DEMO=comms,resharding-1-to-m,spatial-check,fig8
 commands=("$@")
 [ ${#commands[@]} -gt 0 ] || commands=(test demo)
 

@@ -30,6 +30,11 @@ from reproflow.results import atomic_write, result_files
 from reproflow.status import experiment_status
 from reproflow.suite import named_suite
 
+
+def _say(text: str) -> None:
+    # Flushed: progress read from a file or a CI log arrives as it happens, not when the run ends.
+    print(text, flush=True)
+
 PLAN = Path("workflows") / "reproduce" / "targets.toml"
 LOCAL, SLURM = "local", "slurm"
 # The workers' own progress lines (reproflow.worker).
@@ -241,7 +246,7 @@ class StepResult:
 class Progress:
     """The live display: one rewritten line on a terminal, a line per finished point elsewhere."""
 
-    def __init__(self, plan: list[Estimate], out: Callable[[str], None] = print, tty: bool | None = None) -> None:
+    def __init__(self, plan: list[Estimate], out: Callable[[str], None] = _say, tty: bool | None = None) -> None:
         self.plan, self.out = plan, out
         self.tty = sys.stdout.isatty() if tty is None else tty
         self.start = time.monotonic()
@@ -416,7 +421,7 @@ def tail(path: Path, n: int = 15) -> str:
 
 
 def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str = LOCAL, image: str = "",
-              mounts: str = "", out: Callable[[str], None] = print) -> int:
+              mounts: str = "", out: Callable[[str], None] = _say) -> int:
     """Run the selected targets' steps (skipping measured points), draw, and build the report page;
     returns 0 when every step succeeded."""
     from reproflow.paths import project_root
