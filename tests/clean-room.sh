@@ -11,8 +11,9 @@
 #   test       make test
 #   demo       make demo ONLY=<a short set of targets>: four families, a few minutes
 #   demo-full  make demo (about 25 minutes on 2 cores)
-# Prints each command's result and wall time; the logs and summary.md go to CLEAN_ROOM_OUT
-# (default <repo>/.clean-room). CLEAN_ROOM_KEEP=1 keeps the root filesystems; CLEAN_ROOM_MIRROR sets
+# Prints each command's result and wall time; the logs, summary.md and the test cluster's logs go to
+# CLEAN_ROOM_OUT (default <repo>/.clean-room). A failed command's root filesystem is kept there for a
+# look; CLEAN_ROOM_KEEP=1 keeps every one. CLEAN_ROOM_MIRROR sets
 # the Debian mirror (default http://deb.debian.org/debian). Needs root, unshare and Debian's apt
 # (mmdebstrap is installed when missing). Only committed files are in the clone.
 set -euo pipefail
@@ -107,7 +108,7 @@ run_in_root() {
         envs=("$@")
         hostname clean-room
         mount -t proc proc "$root/proc"
-        mount -t sysfs sysfs "$root/sys"
+        mount --rbind /sys "$root/sys"  # with its cgroup mounts, as a booted machine has (slurmd needs them)
         mount --rbind /dev "$root/dev"
         mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
         mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
@@ -135,7 +136,7 @@ summary=$OUT/summary.md
     echo "| command | result | set-up | wall time | log |"
     echo "|---|---|---|---|---|"
 } > "$summary"
-failed=0
+failed=0 cluster_files=
 for c in "${commands[@]}"; do
     case $c in
         test) command="make test" ;;
@@ -157,14 +158,25 @@ for c in "${commands[@]}"; do
     echo "| \`$command\` | $result | $(clock $setup) | $(clock $wall) | $log |" >> "$summary"
     files=$root/root/reproflow/.local-slurm/system-files
     if [ "$c" = test ] && [ -s "$files" ]; then
-        { echo; echo "Files the test cluster read, each written by its start (SHA-256):"; echo
-          sed 's/^/    /' "$files"; } | tee -a "$summary"
+        cluster_files=$(printf '\nFiles the test cluster read, each written by its start (SHA-256):\n\n'
+                        sed 's/^/    /' "$files")
+        echo "$cluster_files"
     fi
     tail -n 5 "$log" | sed "s/^/clean-room: $c | /"
-    if [ -z "${CLEAN_ROOM_KEEP:-}" ]; then
-        if grep -q " $root/" /proc/mounts; then say "not removing $root: something is still mounted there"
-        else rm -rf "$root"; fi
+    # What explains a failure outlives the root: the test cluster's logs and the tests' artifacts.
+    for kept in .local-slurm/log test-artifacts logs/reproduce; do
+        [ -d "$root/root/reproflow/$kept" ] || continue
+        mkdir -p "$OUT/$c-files/$kept"
+        cp -a "$root/root/reproflow/$kept/." "$OUT/$c-files/$kept/"
+    done
+    if [ $rc -ne 0 ] || [ -n "${CLEAN_ROOM_KEEP:-}" ]; then
+        say "$c: root kept for a look: $root (chroot $root bash)"
+    elif grep -q " $root/" /proc/mounts; then
+        say "not removing $root: something is still mounted there"
+    else
+        rm -rf "$root"
     fi
 done
+[ -z "$cluster_files" ] || echo "$cluster_files" >> "$summary"
 say "summary: $summary"
 exit $failed

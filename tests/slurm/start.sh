@@ -65,7 +65,7 @@ slurm() {  # run a Slurm command only on configuration this start wrote
         say "refusing to run $1: /etc/slurm holds a file this start did not write (see $MANIFEST)"
         exit 1
     fi
-    "$@"
+    "$@" || { local rc=$?; say "$* failed (exit $rc)"; return $rc; }
 }
 
 all_alive() {
@@ -109,7 +109,9 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# From here on, a failure stops whatever was started and puts /etc back.
+# From here on, a failure names the command, stops whatever was started and puts /etc back.
+set -E
+trap 'say "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 trap 'rc=$?; if [ $rc -ne 0 ]; then say "start failed; stopping what was started"; bash "$here/stop.sh" >/dev/null 2>&1; fi' EXIT
 mkdir -p "$DIR"/{log,pids,spool,ctld}
 rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge
@@ -222,7 +224,8 @@ done
 echo "Name=gpu File=$DIR/fake-gpu/gpu[0-$((LOCAL_SLURM_GPUS - 1))]" > /etc/slurm/gres.conf
 written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf
 
-# Node names resolve to their loopback addresses.
+# Node names resolve to their loopback addresses (a minimal system may have no /etc/hosts yet).
+touch /etc/hosts
 sed -i '/# local-slurm$/d' /etc/hosts
 for i in $(seq 1 "$LOCAL_SLURM_NODES"); do echo "127.0.2.$i node$i # local-slurm" >> /etc/hosts; done
 written /etc/hosts
