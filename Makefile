@@ -9,6 +9,9 @@ LOGS ?= logs
 # drawn beside the reproduced figures; empty: the claims table still cites the papers' numbers.
 REFERENCE ?=
 EXECUTOR ?= local
+EXTRAS := test,megatron,deepspeed,mpi
+# Where make test puts the CPU image it builds (containers/build.sh cpu), its sidecars and its unpacked copy.
+IMAGES ?= .local-images
 # make demo ONLY=comms,fig8: only these targets (below), then the report and where things are.
 ONLY ?=
 REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULTS) --reports $(REPORTS) \
@@ -17,7 +20,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput
 
-.PHONY: help venv demo reproduce archive test faults clean-room lint figures sbatch bench containers clean $(FIGURES)
+.PHONY: help venv lock demo reproduce archive test faults clean-room lint figures sbatch bench containers clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -33,16 +36,28 @@ help:
 	@echo "              cancel, 20 concurrent jobs, 1000+ generated bad inputs; prints N faults injected, N survived"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
+	@echo "make lock     re-resolve every Python package into constraints.txt (the venv's and the images' versions)"
 	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost -> benchmarks/results/*.csv"
-	@echo "make containers  docker build + enroot import -> \$$APPS/reproflow-<name>.sqsh (cluster only)"
+	@echo "make containers  build the images (FLAVOURS=gpu cpu) and squash them -> \$$APPS/reproflow-<flavour>.sqsh"
 
-$(BIN)/.installed: pyproject.toml
+# constraints.txt pins every package; the images install through the same file.
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[test,megatron,deepspeed,mpi]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 venv: $(BIN)/.installed
+
+# A fresh resolve of pyproject.toml with every extra, written to constraints.txt (then run make test).
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet '.[$(EXTRAS)]'
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --all --exclude-editable \
+		| grep -iv -e '^reproflow' -e '^pip==' | sed 's/+[a-z0-9.]*$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .lock-venv
 
 # The main job: the whole small reproduction here, then where everything is.
 demo: reproduce
@@ -72,18 +87,20 @@ archive: venv
 lint: venv
 	$(BIN)/ruff check .
 
-# Starts a real 2-node Slurm cluster (tests/slurm/start.sh), runs every test, stops the cluster.
+# Builds and squashes the CPU image (containers/), starts a real 2-node Slurm cluster
+# (tests/slurm/start.sh), runs every test, stops the cluster.
 test: lint
 	$(BIN)/reproflow render --check
-	bash tests/chromium.sh
-	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest
+	bash tests/packages.sh
+	bash tests/cpu-image.sh $(IMAGES) $(BIN)/python
+	REPROFLOW_CPU_IMAGE=$(abspath $(IMAGES))/reproflow-cpu.sqsh bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest
 
 # The fault-injection suite alone (it is also part of `make test`), with its summary line.
 faults: venv
 	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
 
 # The README's two commands on a fresh Debian machine (tests/clean-room.sh): run it before calling a
-# change to the set-up (Makefile, pyproject.toml, tests/slurm, containers, tests/chromium.sh) done.
+# change to the set-up (Makefile, pyproject.toml, constraints.txt, tests/slurm, containers, tests/*.sh) done.
 CLEAN_ROOM ?= test demo
 clean-room:
 	bash tests/clean-room.sh $(CLEAN_ROOM)
@@ -98,8 +115,10 @@ bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
 	$(BIN)/python benchmarks/aceso_bench.py --out benchmarks/results
 
+# FLAVOURS: gpu (the default; for the cluster) and/or cpu; APPS: where the squash files go.
+FLAVOURS ?= gpu
 containers:
-	bash containers/build.sh
+	bash containers/build.sh $(FLAVOURS)
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) $(LOGS) benchmarks/results reproflow-archive.tar.gz

@@ -1,67 +1,132 @@
-"""Container definitions are pinned, `make containers` says what is missing, rows record the image."""
+"""The images: one Dockerfile whose cpu and gpu flavours share every step but the base and the CUDA-only
+ones, all Python packages from constraints.txt; the CPU image make test builds (its squash file, its
+sidecars, the versions inside it); every family run inside it on the 2-node test cluster through Slurm's
+OCI support; bad images and runtimes refused with the fix before anything runs."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
+from slurmtools import cluster, sacct, sbatch, wait  # noqa: F401
+from test_versions import canonical, differences, locked
 
+from reproflow.render import image_flavours
 from reproflow.results import file_sha256
 
-DOCKERFILES = sorted((ROOT / "containers").glob("*.Dockerfile"))
+DOCKERFILE = ROOT / "containers" / "reproflow.Dockerfile"
+IMAGE = os.environ.get("REPROFLOW_CPU_IMAGE", "")
+NEEDS_IMAGE = pytest.mark.skipif(not IMAGE or not Path(IMAGE).is_file(),
+                                 reason="no CPU image: make test builds it (tests/cpu-image.sh) and sets "
+                                        "REPROFLOW_CPU_IMAGE")
+FAMILIES = {"comms": "param_comms", "gemm": "param_compute", "resharding": "resharding", "aceso-train": "aceso",
+            "cfp": "cfp", "spatial": "spatial"}
 
 
-def _pip_packages(text: str):
-    """Package arguments of every `pip install` (options, paths and option arguments left out)."""
-    for command in re.findall(r"pip install ([^&\n]*)", text.replace("\\\n", " ")):
+def stages() -> dict[str, tuple[str, str]]:
+    """Each stage of the Dockerfile: name -> (what it is built FROM, its instructions)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    parts = re.split(r"^FROM\s+(\S+)\s+AS\s+(\S+)\s*$", text, flags=re.M)
+    return {parts[i + 1]: (parts[i], parts[i + 2]) for i in range(1, len(parts) - 2, 3)}
+
+
+def installed_by_name(body: str):
+    """Package names given to `pip install` in a stage (options, their values and paths left out)."""
+    for command in re.findall(r"pip install ([^&\n]*)", body):
         takes_value = False
         for token in command.split():
             if takes_value:
                 takes_value = False
-            elif token in ("--no-binary", "-r", "--requirement"):
+            elif token in ("--find-links", "--extra-index-url", "--index-url", "-r", "-c", "-e", "--no-binary"):
                 takes_value = True
-            elif not token.startswith(("-", "/")):
+            elif not token.startswith(("-", "/", '"', "$")):
                 yield token
 
 
-def test_one_dockerfile_per_family_group():
-    assert {p.name.split(".")[0] for p in DOCKERFILES} == {"param", "megatron", "spatial"}
+def test_one_dockerfile_whose_flavours_share_every_step_but_the_cuda_ones():
+    s = stages()
+    assert list(s) == ["python", "cpu-stack", "gpu-stack", "image"]
+    assert s["python"][0] == "${BASE_IMAGE}" and s["image"][0] == "${STACK}"
+    assert s["cpu-stack"][0] == s["gpu-stack"][0] == "python"
+    assert "RUN" not in s["cpu-stack"][1]  # nothing but the base differs for the cpu flavour
+    gpu = s["gpu-stack"][1]
+    for cuda_only in ("efa_installer.sh", "aws-ofi-nccl", "nvidia-nccl-cu12", "--with-cuda=/usr/local/cuda",
+                      "MPICC=/opt/openmpi/bin/mpicc pip install --no-binary mpi4py", "APEX_CUDA_EXT=1",
+                      "import apex, fused_layer_norm_cuda", "DS_BUILD_FUSED_ADAM=1", "nccl-tests",
+                      'checkout "${PARAM_COMMIT}"', "mpi_built_with_cuda_support:value:true"):
+        assert cuda_only in gpu, cuda_only
+    assert image_flavours(ROOT) == ["cpu", "gpu"]
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.stem)
-def test_every_version_is_pinned(path):
-    text = path.read_text()
+def test_hadolint_passes():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    proc = subprocess.run([hadolint, "--config", str(ROOT / "containers" / "hadolint.yaml"), str(DOCKERFILE)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_python_package_comes_at_the_locked_version():
+    s = stages()
+    first_stage = s["python"][1]
+    assert "PIP_CONSTRAINT=/opt/reproflow/constraints.txt" in first_stage
+    assert first_stage.index("PIP_CONSTRAINT") < first_stage.index("pip install")
+    assert "COPY constraints.txt" in first_stage
+    pins = locked()
+    named = [token for _, body in s.values() for token in installed_by_name(body)]
+    assert sorted(named) == ["deepspeed", "mpi4py"]  # the gpu flavour rebuilds these two from source
+    for token in named:
+        assert canonical(token) in pins, f"{token} is installed by name but not pinned in constraints.txt"
+
+
+def test_every_other_version_is_pinned():
+    text = DOCKERFILE.read_text()
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
     assert base and ":" in base.group(1).rsplit("/", 1)[-1] and not base.group(1).endswith(":latest")
-    assert "FROM ${BASE_IMAGE}" in text
-    packages = list(_pip_packages(text))
-    assert all("==" in p for p in packages), (path.name, packages)
-    assert "COPY . /opt/reproflow" in text and "REPROFLOW_GIT_COMMIT" in text
+    args = dict(re.findall(r"^ARG (\w+(?:VERSION|_REF|_COMMIT))=(\S+)$", text, re.M))
+    assert {"EFA_INSTALLER_VERSION", "AWS_OFI_NCCL_VERSION", "OPENMPI_VERSION", "APEX_REF", "PARAM_COMMIT",
+            "NCCL_TESTS_VERSION", "GDRCOPY_VERSION"} <= set(args)
+    assert all(v not in ("latest", "main", "master") for v in args.values()), args
+    assert args["PARAM_COMMIT"] == "6236487e8969838822b52298c2a2318f6ac47bbd"  # the AWS recipe's pin
 
 
-def test_param_image_pins_the_recipe_commit():
-    text = (ROOT / "containers" / "param.Dockerfile").read_text()
-    assert "ARG PARAM_COMMIT=6236487e8969838822b52298c2a2318f6ac47bbd" in text
-    assert "checkout ${PARAM_COMMIT}" in text
+def test_the_images_install_pyprojects_requirements():
+    out = subprocess.run([sys.executable, "containers/requirements.py", "pyproject.toml", "megatron", "deepspeed",
+                          "mpi"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\n")
+    assert "torch==2.13.0" in out and "megatron-core==0.16.1" in out and "mpich>=4.2" in out
+    bad = subprocess.run([sys.executable, "containers/requirements.py", "pyproject.toml", "cuda"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "no extra cuda" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_requirements_are_pinned_and_leave_torch_to_the_base_image():
-    lines = [ln for ln in (ROOT / "containers" / "requirements.txt").read_text().splitlines()
-             if ln and not ln.startswith("#")]
-    assert lines and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", ln) for ln in lines)
-    assert not any(ln.startswith("torch") for ln in lines)
+def test_make_containers_names_what_would_work():
+    proc = subprocess.run(["bash", "containers/build.sh", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "BUILDER": "no-such-builder", "APPS": "/nonexistent"})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "BUILDER=no-such-builder is not installed; docker, podman or buildah can build" in proc.stderr
+    proc = subprocess.run(["bash", "containers/build.sh", "arm"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1 and "no flavour 'arm': choose gpu or cpu" in proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("enroot") is not None, reason="enroot is installed here")
-def test_make_containers_names_what_is_missing():
-    proc = subprocess.run(["bash", "containers/build.sh"], cwd=ROOT, capture_output=True, text=True)
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah is not installed (tests/packages.sh installs it)")
+def test_a_failed_build_names_the_step(tmp_path):
+    dockerfile = tmp_path / "broken.Dockerfile"
+    dockerfile.write_text("FROM scratch AS image\nCOPY constraints.txt /c.txt\nRUN exit 3\n")
+    proc = subprocess.run(["bash", "containers/build.sh", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "BUILDER": "buildah", "APPS": str(tmp_path), "DOCKERFILE": str(dockerfile),
+                               "BASE_IMAGE": "scratch"})
     assert proc.returncode == 1
-    assert "enroot" in proc.stderr and "cannot build here" in proc.stderr
+    assert "building reproflow-cpu failed at STEP 3/3: RUN exit 3" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "reproflow-cpu.sqsh").exists()
 
 
 def test_sha256_of_the_image_and_its_sidecar(tmp_path):
@@ -76,8 +141,8 @@ def test_sha256_of_the_image_and_its_sidecar(tmp_path):
 
 @pytest.mark.distributed
 def test_rows_record_the_image_and_its_sha256(write_suite, tmp_path):
-    image = tmp_path / "reproflow-param.sqsh"
-    image.write_bytes(b"not really squashfs")
+    image = tmp_path / "reproflow-cpu.sqsh"
+    image.write_bytes(b"hsqs and more")
     suite = write_suite("""
         [[experiment]]
         name = "c"
@@ -90,14 +155,130 @@ def test_rows_record_the_image_and_its_sha256(write_suite, tmp_path):
     rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "r").rglob("*.csv"))
     assert set(rows["image"]) == {str(image)}
     assert set(rows["image_sha256"]) == {hashlib.sha256(image.read_bytes()).hexdigest()}
+    # Inside a container the job script passes the sha256 it read on the host.
+    proc = reproflow("run", str(suite), "--force", "--results", str(tmp_path / "r2"),
+                     env={"REPROFLOW_IMAGE": str(image), "REPROFLOW_IMAGE_SHA256": "a" * 64})
+    rows = pd.concat(pd.read_csv(p) for p in (tmp_path / "r2").rglob("*.csv"))
+    assert set(rows["image_sha256"]) == {"a" * 64}
 
 
-@pytest.mark.skipif(shutil.which("enroot") is not None, reason="enroot is installed here")
-def test_doctor_names_missing_pyxis_and_enroot_with_the_fix():
-    proc = reproflow("doctor", "--image", "apps/reproflow-param.sqsh")
-    assert proc.returncode == 1
-    out = proc.stdout
-    assert "[FAIL] enroot not found" in out and "fix: install enroot on every node" in out
-    assert "Pyxis" in out and "--container-image" in out
-    assert "not an absolute or ./ path" in out and "use ./apps/reproflow-param.sqsh" in out
-    assert "Traceback" not in proc.stderr
+@NEEDS_IMAGE
+def test_the_cpu_image_squash_file_and_its_sidecars():
+    image = Path(IMAGE)
+    with image.open("rb") as fh:
+        assert fh.read(4) == b"hsqs"
+    digest = hashlib.sha256()
+    with image.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    assert Path(IMAGE + ".sha256").read_text().split() == [digest.hexdigest(), image.name]
+    meta = json.loads(Path(IMAGE + ".json").read_text())
+    assert meta["flavour"] == "cpu" and re.fullmatch(r"(sha256:)?[0-9a-f]{64}", meta["image_id"]), meta
+    assert meta["constraints_sha256"] == hashlib.sha256((ROOT / "constraints.txt").read_bytes()).hexdigest()
+    environment = subprocess.run(["unsquashfs", "-cat", IMAGE, "etc/environment"], capture_output=True, text=True,
+                                 check=True).stdout
+    assert "REPROFLOW_ROOT=/opt/reproflow" in environment and "PIP_CONSTRAINT=" in environment
+
+
+@NEEDS_IMAGE
+def test_the_cpu_image_holds_exactly_the_locked_versions():
+    listing = subprocess.run(["unsquashfs", "-l", IMAGE, "usr/local/lib/python3.11/site-packages"],
+                             capture_output=True, text=True, check=True).stdout
+    found = {}
+    for name, version in re.findall(r"site-packages/([A-Za-z0-9_.]+?)-([0-9][^/-]*)\.dist-info$", listing, re.M):
+        found[canonical(name)] = version
+    assert found.pop("torch") == "2.13.0+cpu"
+    found = {n: v for n, v in found.items() if n not in ("pip", "reproflow")}
+    assert len(found) > 30
+    assert differences(found, locked()) == []
+
+
+def _table(results: Path) -> pd.DataFrame:
+    return pd.concat(pd.read_csv(p, dtype=str) for p in results.rglob("*.csv") if "/env/" not in str(p))
+
+
+@NEEDS_IMAGE
+@pytest.mark.slurm
+def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path):  # noqa: F811
+    """sbatch -N 2 --export=NONE of the smoke suite in the CPU image's squash file, through Slurm's OCI
+    support (runc): a point of every family on both nodes, spatial's MPI ranks through hydra."""
+    results = tmp_path / "results"
+    start = time.monotonic()
+    job = sbatch("-N", "2", f"--export=NONE,IMAGE={IMAGE},CONTAINER_RUNTIME=oci,RESULTS={results}",
+                 str(ROOT / "sbatch" / "smoke.sbatch"), cwd=tmp_path)
+    state = wait(job, timeout=900)[job]
+    seconds = time.monotonic() - start
+    log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
+    assert state["state"] == "COMPLETED", log[-4000:]
+    assert "through hydra" in log and "check against the unsplit model" in log
+    rows = _table(results)
+    sha = Path(IMAGE + ".sha256").read_text().split()[0]
+    summary = []
+    for experiment, family in FAMILIES.items():
+        mine = rows[rows["experiment"] == experiment]
+        assert set(mine["family"]) == {family}, experiment
+        assert set(mine["nodelist"]) == {"node1,node2"}, experiment
+        assert set(mine["image"]) == {IMAGE} and set(mine["image_sha256"].dropna()) == {sha}, experiment
+        summary.append(f"| {family} | {experiment} | {len(mine)} | {mine['nodelist'].iloc[0]} | "
+                       f"{mine['world_size'].iloc[0]} | {sha[:16]} |")
+    assert set(rows["git_commit"]) == {json.loads(Path(IMAGE + ".json").read_text())["git_commit"]}
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "in-container.md").write_text(
+        f"Job {job}: sbatch -N 2 --export=NONE smoke.sbatch in {IMAGE} (CONTAINER_RUNTIME=oci), "
+        f"{seconds:.0f} s from submission to COMPLETED\n\n| family | experiment | rows | nodes | ranks | image "
+        "sha256 |\n|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n")
+
+
+@NEEDS_IMAGE
+@pytest.mark.slurm
+@pytest.mark.parametrize("image,runtime,message", [
+    ("not-squash", "oci", "is not a squash file (it does not start with squashfs' magic)"),
+    ("apps/reproflow-cpu.sqsh", "oci", "is not an absolute or ./ path: Pyxis would pull it from a registry"),
+    ("cpu-image", "apptainer", "CONTAINER_RUNTIME=apptainer, but apptainer is not installed here"),
+    ("cpu-image", "pyxis", "srun does not know --container-image: Pyxis is not installed or not enabled"),
+    ("cpu-image", "docker", "CONTAINER_RUNTIME=docker is not one of pyxis, oci, apptainer"),
+], ids=["not-squash", "registry-name", "no-apptainer", "no-pyxis", "unknown-runtime"])
+def test_a_job_refuses_an_image_or_runtime_it_cannot_start(cluster, tmp_path, image, runtime, message):  # noqa: F811
+    if image == "not-squash":
+        image = str(tmp_path / "image.sqsh")
+        Path(image).write_bytes(b"PK\x03\x04 a zip file")
+    elif image == "cpu-image":
+        image = IMAGE
+    job = sbatch("-N", "2", f"--export=NONE,IMAGE={image},CONTAINER_RUNTIME={runtime},RESULTS={tmp_path / 'r'}",
+                 str(ROOT / "sbatch" / "smoke.sbatch"), cwd=tmp_path)
+    state = wait(job)[job]
+    log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
+    assert state["state"] == "FAILED" and message in log, log
+    assert "experiment comms" not in log  # refused before any step
+
+
+@pytest.mark.slurm
+def test_doctor_checks_the_runtime_the_jobs_will_use(cluster, tmp_path):  # noqa: F811
+    not_squash = tmp_path / "x.sqsh"
+    not_squash.write_text("text")
+    oci = reproflow("doctor", "--runtime", "oci", "--image", IMAGE or str(not_squash), "--results", str(tmp_path))
+    assert "[  ok] container runtime oci ready" in oci.stdout, oci.stdout
+    apptainer = reproflow("doctor", "--runtime", "apptainer", "--image", str(not_squash), "--results", str(tmp_path))
+    assert apptainer.returncode == 1 and "[FAIL] apptainer not found" in apptainer.stdout
+    assert f"[FAIL] image {not_squash} is not a squash file" in apptainer.stdout
+    pyxis = reproflow("doctor", "--image", "apps/reproflow-gpu.sqsh", "--results", str(tmp_path))
+    assert "[FAIL] Pyxis is not active" in pyxis.stdout and "[FAIL] enroot not found" in pyxis.stdout
+    assert "is not an absolute or ./ path, so Pyxis would pull it from a registry" in pyxis.stdout
+    assert "Traceback" not in oci.stderr + apptainer.stderr + pyxis.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("args,message", [
+    (["--image", "apps/x.sqsh"], "is not an absolute or ./ path, so Pyxis would pull it from a registry"),
+    (["--image", "{not_squash}"], "is not a squash file"),
+    (["--image", "{not_squash}", "--runtime", "apptainer"], "apptainer not found"),
+    (["--image", "{not_squash}", "--runtime", "oci"], "Slurm's OCI support runs one task per node"),
+], ids=["registry-name", "not-squash", "no-apptainer", "oci"])
+def test_submit_refuses_before_anything_is_submitted(cluster, tmp_path, args, message):  # noqa: F811
+    not_squash = tmp_path / "x.sqsh"
+    not_squash.write_text("text")
+    args = [a.replace("{not_squash}", str(not_squash)) for a in args]
+    proc = reproflow("submit", "smoke", "-e", "comms", "--results", str(tmp_path / "r"), *args)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "r" / "smoke" / "jobs.jsonl").exists()

@@ -189,7 +189,7 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
 def _check_in_chromium(page: Path, figures: int) -> None:
     binary = find_chromium()
     if binary is None:
-        pytest.skip("Chromium is not installed (make test installs Debian's chromium with tests/chromium.sh)")
+        pytest.skip("Chromium is not installed (make test installs Debian's chromium with tests/packages.sh)")
     with Browser(binary) as browser:
         tab = browser.open(page.as_uri())
         assert browser.evaluate(tab, "document.title") == "reproflow report"

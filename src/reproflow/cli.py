@@ -194,7 +194,8 @@ def _submitit_executor(args: argparse.Namespace) -> SubmititExecutor:
 
     after = tuple(j for item in args.after for j in item.split(",") if j)
     return SubmititExecutor(Path(args.results), project_root(), args.nodes, args.procs, args.partition, args.image,
-                            args.mounts, args.force, tuple(args.set), after, args.array, args.max_parallel)
+                            args.mounts, getattr(args, "runtime", "pyxis"), args.force, tuple(args.set), after,
+                            args.array, args.max_parallel)
 
 
 def submit(args: argparse.Namespace) -> list[str]:
@@ -277,7 +278,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Check the cluster; exit 1 when something must be fixed before submitting."""
     from reproflow.doctor import FAIL, diagnose
 
-    checks = diagnose(args.image, Path(args.results), args.nodes)
+    checks = diagnose(args.image, Path(args.results), args.nodes, args.runtime)
     for check in checks:
         print(check.line())
     failed = sum(c.status == FAIL for c in checks)
@@ -402,8 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=None, help="nodes per job (default: the suite's launch)")
     p.add_argument("--procs", type=int, default=None, help="ranks per node (default: the suite's launch)")
     p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
-    p.add_argument("--image", default="", help="Enroot squash file for Pyxis (empty: the host environment)")
-    p.add_argument("--mounts", default="", help="Pyxis --container-mounts (default: the results folder)")
+    p.add_argument("--image", default="", help="squash file from `make containers` (empty: the host environment)")
+    p.add_argument("--runtime", choices=("pyxis", "apptainer", "oci"), default="pyxis",
+                   help="how the tasks start in the image: Pyxis (srun --container-image) or Apptainer; oci needs "
+                        "the sbatch scripts (one task per node)")
+    p.add_argument("--mounts", default="", help="folders bound into the container, src:dst,... (default: results)")
     p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
     p.add_argument("--max-parallel", type=int, default=0, help="with --array: at most this many tasks at once")
     p.add_argument("--after", action="append", default=[], metavar="JOBID",
@@ -419,10 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
-                       description="Check Slurm (commands, controller, nodes, accounting), Pyxis, enroot, "
-                                   "squashfuse, the image path, that --results is shared by the nodes, and GPUs "
-                                   "per node. Prints the fix for each problem; exits 1 if any must be fixed.")
-    p.add_argument("--image", default="", help="squash file or image the jobs will use")
+                       description="Check Slurm (commands, controller, nodes, accounting); with --image, the "
+                                   "container runtime (Pyxis with enroot and squashfuse, Slurm's OCI support, or "
+                                   "Apptainer) and the squash file; that --results is shared by the nodes, GPUs "
+                                   "and MPI. Prints the fix for each problem; exits 1 if any must be fixed.")
+    p.add_argument("--image", default="", help="squash file the jobs will use")
+    p.add_argument("--runtime", choices=("pyxis", "oci", "apptainer"), default="pyxis",
+                   help="container runtime the jobs will use (with --image)")
     p.add_argument("--results", default="results", help="results folder the jobs will write")
     p.add_argument("--nodes", type=int, default=2, help="nodes to read the results folder from")
     p.set_defaults(func=cmd_doctor)

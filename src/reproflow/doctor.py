@@ -1,9 +1,10 @@
 """`reproflow doctor`: check a cluster before anything is submitted, and say how to fix what is missing.
 
-Checks: Slurm client tools, controller and nodes, accounting (sacct), Pyxis (srun knows
---container-image), enroot and squashfuse, the image path's syntax, that the results folder is on a
-filesystem every node sees, GPUs per node, and MPI (srun's plugins, mpi4py's library). Each check
-prints ok, warn or FAIL with the fix.
+Checks: Slurm client tools, controller and nodes, accounting (sacct); with an image, the container
+runtime the jobs will use (Pyxis with enroot and squashfuse, Slurm's OCI support, or Apptainer) and
+that the image is a squash file given by a path; that the results folder is on a filesystem every node
+sees, GPUs per node, and MPI (srun's plugins, mpi4py's library). Each check prints ok, warn or FAIL
+with the fix.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from reproflow.containers import image_problem, oci_conf, runtime_problems
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -79,46 +82,26 @@ def check_cluster() -> list[Check]:
     return checks
 
 
-def check_containers() -> list[Check]:
-    """Pyxis active in srun, enroot and squashfuse installed."""
-    checks = []
-    helptext = _run(["srun", "--help"]) if shutil.which("srun") else None
-    if helptext is None:
-        checks.append(Check(FAIL, "Pyxis: cannot check, srun is missing",
-                            "install Slurm and Pyxis, or run without a container (IMAGE= / no --image)"))
-    elif "--container-image" not in helptext.stdout:
-        checks.append(Check(FAIL, "Pyxis is not active: srun does not know --container-image",
-                            "install Pyxis (github.com/NVIDIA/pyxis) and add `required /usr/local/lib/slurm/"
-                            "spank_pyxis.so` to plugstack.conf (ParallelCluster >= 3.11.1 ships it disabled: "
-                            "enable it in the cluster config); or run without a container with IMAGE="))
-    else:
-        checks.append(Check(OK, "Pyxis active: srun knows --container-image"))
-    for tool, fix in (
-        ("enroot", "install enroot on every node (github.com/NVIDIA/enroot/releases: the enroot and "
-                   "enroot+caps packages); `make containers` needs it too"),
-        ("squashfuse", "install squashfuse on every node (apt/yum package squashfuse): enroot needs it to "
-                       "start squash files"),
-    ):
-        if shutil.which(tool):
-            checks.append(Check(OK, f"{tool} found"))
-        else:
-            checks.append(Check(FAIL, f"{tool} not found", fix))
-    return checks
+def check_containers(runtime: str) -> list[Check]:
+    """What the container runtime the jobs will use needs here (Pyxis, Slurm's OCI support, Apptainer)."""
+    problems = runtime_problems(runtime)
+    if problems:
+        return [Check(FAIL, what, fix) for what, fix in problems]
+    return [Check(OK, f"container runtime {runtime} ready: " + {
+        "pyxis": "srun knows --container-image, enroot and squashfuse found",
+        "oci": f"{oci_conf()} names an installed runtime, unsquashfs found",
+        "apptainer": "apptainer found"}[runtime])]
 
 
 def check_image(image: str) -> list[Check]:
-    """Pyxis reads a squash file only from an absolute or ./ path; anything else is a registry image."""
+    """The image is a squash file given by a path Pyxis reads as a file."""
     if not image:
         return []
-    if image.startswith(("/", "./")):
-        if Path(image).is_file():
-            return [Check(OK, f"image {image} is a file Pyxis will read")]
-        return [Check(FAIL, f"image {image} does not exist", "build it with `make containers`, or fix the path")]
-    if image.endswith(".sqsh"):
-        return [Check(FAIL, f"image {image!r} looks like a squash file but is not an absolute or ./ path, so "
-                            "Pyxis would pull it from a registry", f"use ./{image} or an absolute path")]
-    return [Check(WARN, f"image {image!r} is a registry reference: every node pulls it at job start",
-                  "import it once with `enroot import -o /apps/<name>.sqsh docker://...` and use the file")]
+    problem = image_problem(image)
+    if problem:
+        what, _, fix = problem.partition(": ")
+        return [Check(FAIL, what, fix)]
+    return [Check(OK, f"image {image} is a squash file")]
 
 
 def check_shared_results(results: Path, nodes: int) -> list[Check]:
@@ -177,13 +160,14 @@ def check_mpi() -> list[Check]:
     return checks
 
 
-def diagnose(image: str, results: Path, nodes: int) -> list[Check]:
+def diagnose(image: str, results: Path, nodes: int, runtime: str = "pyxis") -> list[Check]:
     """Every check, in the order a user would fix things."""
     checks = check_tools()
     slurm_ok = checks[0].status == OK
     if slurm_ok:
         checks += check_cluster()
-    checks += check_containers() + check_image(image)
+    if image:
+        checks += check_containers(runtime) + check_image(image)
     if slurm_ok and all(c.status != FAIL for c in checks[:3]):
         checks += check_shared_results(results, nodes) + check_gpus() + check_mpi()
     return checks

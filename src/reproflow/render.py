@@ -28,13 +28,24 @@ class SbatchSettings:
     master_port: int = 20000
 
 
+DOCKERFILE = Path("containers") / "reproflow.Dockerfile"
+
+
+def image_flavours(root: Path) -> list[str]:
+    """The images `make containers` can build: each `<flavour>-stack` stage of the Dockerfile."""
+    dockerfile = root / DOCKERFILE
+    text = dockerfile.read_text() if dockerfile.is_file() else ""
+    return re.findall(r"^FROM\s+\S+\s+AS\s+([a-z0-9]+)-stack\s*$", text, re.M | re.I)
+
+
 def default_image(suite: Suite, root: Path) -> str:
-    """The squash file `make containers` builds for the suite's `container`; '' for none."""
+    """The squash file `make containers` builds for the suite's `container` flavour; '' for none."""
     if not suite.container:
         return ""
-    if not (root / "containers" / f"{suite.container}.Dockerfile").is_file():
-        known = ", ".join(sorted(p.name.split(".")[0] for p in (root / "containers").glob("*.Dockerfile")))
-        raise SuiteError(suite.path, "suite.container", f"there is no containers/{suite.container}.Dockerfile.", known)
+    flavours = image_flavours(root)
+    if suite.container not in flavours:
+        raise SuiteError(suite.path, "suite.container", f"{DOCKERFILE} builds no {suite.container!r} image.",
+                         ", ".join(flavours) or f"none: {DOCKERFILE} is missing")
     return f"$APPS_PATH/reproflow-{suite.container}.sqsh"
 
 

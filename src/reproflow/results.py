@@ -129,6 +129,12 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def image_sha256(image: str) -> str:
+    """The image's sha256: what the job script read on the host (REPROFLOW_IMAGE_SHA256; inside a
+    container the squash file itself is out of sight), else the file's own."""
+    return os.environ.get("REPROFLOW_IMAGE_SHA256") or file_sha256(image)
+
+
 def job_identity() -> tuple[str, str]:
     """(job id, image) from the environment the executors set.
 

@@ -1,8 +1,10 @@
 """Slurm executor through submitit: one job per experiment, one submitit task per rank.
 
 Each task turns submitit's JobEnvironment into the torch.distributed environment and runs the
-same worker as every other executor. With an image, srun gets Pyxis' --container-image, so the
-image must hold Python, submitit and reproflow (the images in containers/ do).
+same worker as every other executor. With an image, each task starts in it through Pyxis (srun
+--container-image) or Apptainer (`apptainer exec` before the task's Python), so the image must hold
+Python, submitit and reproflow (the images in containers/ do). Slurm's OCI support runs one task per
+node, and submitit one task per rank: OCI jobs go through the sbatch scripts (CONTAINER_RUNTIME=oci).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reproflow import retry
+from reproflow.containers import image_problem, runtime_problems
 from reproflow.errors import ReproflowError
 from reproflow.local import worker_args
 from reproflow.render import shell_value
@@ -62,6 +65,7 @@ class SubmititExecutor:
     partition: str | None = None
     image: str = ""
     container_mounts: str = ""
+    runtime: str = "pyxis"
     force: bool = False
     sets: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
@@ -94,10 +98,9 @@ class SubmititExecutor:
             setup.append(f"export REPROFLOW_RETRY_OF={shlex.quote(self.retry_of)}")
         if self.image:
             image = shell_value("--image", self.image)
-            results = self.results.resolve()
-            mounts = shell_value("--mounts", self.container_mounts) or f"{results}:{results}"
             setup.append(f"export REPROFLOW_IMAGE={shlex.quote(image)}")
-            srun_args += [f"--container-image={image}", f"--container-mounts={mounts}"]
+            if self.runtime == "pyxis":
+                srun_args += [f"--container-image={image}", f"--container-mounts={self._mounts()}"]
         params: dict[str, Any] = {
             "job_name": f"reproflow-{suite.name}-{exp.name}",
             "nodes": self.nodes or launch.nodes,
@@ -122,13 +125,37 @@ class SubmititExecutor:
             params["array_parallelism"] = self.max_parallel
         return params
 
+    def _mounts(self) -> str:
+        results = self.results.resolve()
+        return shell_value("--mounts", self.container_mounts) or f"{results}:{results}"
+
     def _python(self) -> str:
+        """The tasks' Python: the image's inside Apptainer, else this one (the image's own under Pyxis)."""
+        if self.image and self.runtime == "apptainer":
+            return shlex.join(["apptainer", "exec", "--bind", self._mounts(), self.image, "python3"])
         return self.python or sys.executable
+
+    def check(self, *, on_disk: bool = True) -> None:
+        """Refuse, before anything is submitted, an image or a runtime the jobs could not start."""
+        if not self.image:
+            return
+        if self.runtime == "oci":
+            raise ReproflowError("--runtime oci: Slurm's OCI support runs one task per node, and `reproflow "
+                                 "submit` starts one task per rank. Submit the suite's sbatch script instead: "
+                                 "sbatch --export=NONE,IMAGE=<squash file>,CONTAINER_RUNTIME=oci sbatch/<suite>."
+                                 "sbatch, or use --runtime pyxis / apptainer.")
+        problems = [image_problem(self.image, on_disk=on_disk)]
+        if on_disk:
+            problems += [f"{what} ({fix})" for what, fix in runtime_problems(self.runtime)]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ReproflowError("nothing was submitted: " + "; ".join(problems) + ".")
 
     def dry_run(self, suite: Suite, exp: Experiment) -> str:
         """The sbatch text submitit would submit, without submitting."""
         from submitit.slurm import slurm
 
+        self.check(on_disk=False)
         folder = self.folder(suite)
         command = f"{self._python()} -u -m submitit.core._submit {folder}/%j"
         params = self.parameters(suite, exp)
@@ -140,6 +167,7 @@ class SubmititExecutor:
         """Submit one experiment (one array task per point with `array`); return the Slurm job ids."""
         import submitit
 
+        self.check()
         try:
             executor = submitit.SlurmExecutor(folder=self.folder(suite) / "%j", python=self._python())
         except RuntimeError as exc:

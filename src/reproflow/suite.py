@@ -314,7 +314,7 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
                          "up to 128 letters, digits, '_', '.', '-', starting with a letter or digit")
     if meta.get("container") and not _NAME_RE.fullmatch(meta["container"]):
         raise SuiteError(path, "suite.container", f"{meta['container']!r} is not an image name.",
-                         "the name of a containers/<name>.Dockerfile")
+                         "an image flavour of containers/reproflow.Dockerfile: gpu or cpu")
     base = parse_launch(path, "launch.", _table(path, "launch", data.get("launch", {})), Launch())
     raw_exps = data.get("experiment")
     if not isinstance(raw_exps, list) or not raw_exps:

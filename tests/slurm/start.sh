@@ -9,7 +9,7 @@
 #
 # It starts from nothing: every file the cluster reads is written by this start before any daemon
 # or Slurm command runs, and nothing an earlier cluster or another checkout left is trusted.
-#   /etc/slurm/slurm.conf, slurmdbd.conf, gres.conf  written here; anything else in /etc/slurm (the
+#   /etc/slurm/slurm.conf, slurmdbd.conf, gres.conf, oci.conf  written here; anything else in /etc/slurm (the
 #       package's plugstack.conf, stale files) is moved to $DIR/aside and put back by stop.sh
 #   $DIR/munge/munge.key   a new key; munged runs on its own socket ($DIR/munge), named in AuthInfo
 #                          and, for connections to slurmdbd, AccountingStoragePass
@@ -97,9 +97,10 @@ if [ $(( ${#MUNGE_SOCKET} )) -gt 100 ]; then
     exit 1
 fi
 
-# 1. Packages (Debian's): slurmctld, slurmd, slurmdbd, munge, MariaDB.
+# 1. Packages (Debian's): slurmctld, slurmd, slurmdbd, munge, MariaDB; runc and squashfs-tools for
+# Slurm's OCI container support (srun --container).
 need=()
-for pkg in slurm-wlm slurmdbd munge mariadb-server; do
+for pkg in slurm-wlm slurmdbd munge mariadb-server runc squashfs-tools; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -114,7 +115,7 @@ set -E
 trap 'say "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 trap 'rc=$?; if [ $rc -ne 0 ]; then say "start failed; stopping what was started"; bash "$here/stop.sh" >/dev/null 2>&1; fi' EXIT
 mkdir -p "$DIR"/{log,pids,spool,ctld}
-rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge
+rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge "${DIR:?}"/runc
 : > "$DIR/daemons"
 : > "$MANIFEST"
 record() { echo "$1 $2" >> "$DIR/daemons"; }
@@ -136,7 +137,7 @@ mkdir -p /etc/slurm
 aside=()
 for f in /etc/slurm/* /etc/slurm/.[!.]*; do
     [ -e "$f" ] || [ -L "$f" ] || continue
-    case ${f##*/} in slurm.conf | slurmdbd.conf | gres.conf) rm -f "$f"; continue ;; esac
+    case ${f##*/} in slurm.conf | slurmdbd.conf | gres.conf | oci.conf) rm -f "$f"; continue ;; esac
     mkdir -p "$DIR/aside"
     mv "$f" "$DIR/aside/"
     aside+=("${f##*/}")
@@ -222,7 +223,16 @@ for g in $(seq 0 $((LOCAL_SLURM_GPUS - 1))); do
     [ -c "$DIR/fake-gpu/gpu$g" ] || mknod "$DIR/fake-gpu/gpu$g" c 1 3
 done
 echo "Name=gpu File=$DIR/fake-gpu/gpu[0-$((LOCAL_SLURM_GPUS - 1))]" > /etc/slurm/gres.conf
-written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf
+# Slurm's OCI support: `srun --container=<bundle>` runs each task with runc (state in $DIR/runc); the
+# container id is unique per node, user, job, step and task.
+id='%n.%u.%j.%s.%t'
+cat > /etc/slurm/oci.conf <<EOF
+RunTimeQuery="runc --root=$DIR/runc state $id"
+RunTimeKill="runc --root=$DIR/runc kill -a $id"
+RunTimeDelete="runc --root=$DIR/runc delete --force $id"
+RunTimeRun="runc --root=$DIR/runc run $id --bundle %b"
+EOF
+written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf /etc/slurm/oci.conf
 
 # Node names resolve to their loopback addresses (a minimal system may have no /etc/hosts yet).
 touch /etc/hosts

@@ -44,13 +44,14 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError
+from reproflow.errors import ParamError, ReproflowError
 from reproflow.families.aceso import mcore, resnet_ops, transformer_ops
 from reproflow.families.aceso.costmodel import Config
 from reproflow.families.aceso.models import RESNET, is_layer_start, model
 from reproflow.families.aceso.plans import read_config, read_json
 from reproflow.families.aceso.tp import Act, Env, Group, OpDef, gather, split, weight_seed
 from reproflow.family import Measurement
+from reproflow.paths import project_root
 from reproflow.results import atomic_write
 
 MB = 2**20
@@ -92,7 +93,15 @@ def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Seq
 
 def resolve_config(path: Path, plan: str) -> Path:
     """`path` itself (a .json file), or for a search folder (--config-save-path) the config its newest
-    search ranked first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron)."""
+    search ranked first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron).
+    A relative path that is not under the working directory is looked up in the checkout, as suites
+    are (the committed configs of workflows/configs/ from any working directory, or in an image)."""
+    if not path.is_absolute() and not path.exists():
+        try:
+            committed = project_root() / path
+        except ReproflowError:
+            committed = path
+        path = committed if committed.exists() else path
     if path.suffix == ".json":
         return path
     manifests = sorted(path.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
