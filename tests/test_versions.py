@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sysconfig
 
 from conftest import ROOT
 
@@ -51,7 +52,10 @@ def test_every_line_pins_one_package():
 
 
 def test_the_tests_run_exactly_the_locked_versions():
-    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    # Only what pip installed into this environment: setuptools puts its own vendored copies (jaraco, wheel,
+    # ...) on sys.path once something imports it, and those are part of setuptools, not installs.
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)}
     installed = {n: v for n, v in installed.items() if n not in UNPINNED}
     pins = locked()
     problems = differences(installed, pins) + [f"{n} {v} is locked but not installed" for n, v in pins.items()
