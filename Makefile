@@ -20,7 +20,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput
 
-.PHONY: help venv lock demo reproduce archive test faults clean-room lint figures sbatch bench containers clean $(FIGURES)
+.PHONY: help venv lock demo reproduce archive test faults clean-room lint figures sbatch bench bench-gpu containers clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -38,6 +38,7 @@ help:
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make lock     re-resolve every Python package into constraints.txt (the venv's and the images' versions)"
 	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost -> benchmarks/results/*.csv"
+	@echo "make bench-gpu  (GPU node) GEMM vs bare torch.mm and the bf16 peak -> benchmarks/results/gpu/gemm.csv"
 	@echo "make containers  build the images (FLAVOURS=gpu cpu) and squash them -> \$$APPS/reproflow-<flavour>.sqsh"
 
 # constraints.txt pins every package; the images install through the same file.
@@ -115,10 +116,15 @@ bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
 	$(BIN)/python benchmarks/aceso_bench.py --out benchmarks/results
 
+# On a GPU node: GEMM against a bare torch.mm loop and the dense bf16 peak (figures kept in benchmarks/results/gpu).
+bench-gpu: venv
+	$(BIN)/python benchmarks/gpu_bench.py --out benchmarks/results/gpu
+
 # FLAVOURS: gpu (the default; for the cluster) and/or cpu; APPS: where the squash files go.
 FLAVOURS ?= gpu
 containers:
 	bash containers/build.sh $(FLAVOURS)
 
 clean:
-	rm -rf $(RESULTS) $(REPORTS) $(LOGS) benchmarks/results reproflow-archive.tar.gz
+	rm -rf $(RESULTS) $(REPORTS) $(LOGS) reproflow-archive.tar.gz
+	find benchmarks/results -mindepth 1 -maxdepth 1 ! -name gpu -exec rm -rf {} + 2>/dev/null || true

@@ -23,14 +23,16 @@ from reproflow.report import (
 )
 
 SETTING = ["implementation", "world_size", "backend", "device", "dtype", "blocking"]
-METRICS = ["latency_p50_us", "latency_min_us", "latency_max_us", "algbw", "busbw", "wrong_elements"]
+METRICS = ["latency_p50_us", "latency_min_us", "latency_max_us", "time_us", "algbw", "busbw", "wrong_elements"]
 DEFINITIONS = (
     "Definitions: every implementation divides the total buffer size by the time and multiplies by the "
     "nccl-tests factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, "
     "reduce 1). The time differs: param at the AWS recipe's commit (6236487) takes rank 0's own mean time, "
     "reproflow the p50 across ranks (as param does since August 2023), so with skewed ranks param's "
     "algBW follows rank 0. param's all_gather_base, reduce_scatter_base and all_to_allv call the same "
-    "torch.distributed functions as reproflow's all_gather, reduce_scatter and all_to_all."
+    "torch.distributed functions as reproflow's all_gather, reduce_scatter and all_to_all. nccl-tests "
+    "(one process driving the node's GPUs) gives its mean time over iterations and GPUs (time_us), in "
+    "place for all_reduce, broadcast and reduce as torch's calls, out of place for the others."
 )
 
 

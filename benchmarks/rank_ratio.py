@@ -40,12 +40,18 @@ def bare_allreduce_busbw(ctx: RunContext, nbytes: int, iters: int, blocking: boo
     return nbytes / p50 / 1e9 * 2 * (n - 1) / n
 
 
-def bare_gemm_tflops(m: int, n: int, k: int, steps: int) -> float:
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def bare_gemm_tflops(m: int, n: int, k: int, steps: int, device: str = "cpu",
+                     dtype: torch.dtype = torch.float32) -> float:
+    """A plain torch.mm loop (synchronised before and after on a GPU)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
     torch.mm(a, b)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         torch.mm(a, b)
+    sync()
     return 2 * m * n * k / ((time.perf_counter() - start) / steps) / 1e12
 
 

@@ -47,7 +47,7 @@ ARG GDRCOPY_VERSION=v2.5
 ARG OPENMPI_VERSION=5.0.8
 ARG APEX_REF=25.07
 ARG PARAM_COMMIT=6236487e8969838822b52298c2a2318f6ac47bbd
-ARG NCCL_TESTS_VERSION=v2.16.4
+ARG NCCL_TESTS_VERSION=v2.19.6
 # A100 (p4d) and H100/H200 (p5, p5e)
 ARG CUDA_ARCHS="8.0 9.0"
 ARG NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90"
@@ -89,6 +89,8 @@ ENV PATH=/opt/openmpi/bin:/opt/amazon/efa/bin:${PATH} \
 RUN pip uninstall -y mpich \
  && MPICC=/opt/openmpi/bin/mpicc pip install --no-binary mpi4py --force-reinstall --no-deps mpi4py \
  && ompi_info --parsable --all | grep -q "mpi_built_with_cuda_support:value:true"
+# That Open MPI reads GPU memory, so spatial parallelism's halo exchange hands it CUDA tensors.
+ENV REPROFLOW_MPI_CUDA_AWARE=1
 # NVIDIA apex with its C++ and CUDA extensions (Megatron-LM's fused kernels), then DeepSpeed (the locked
 # version) rebuilt with its fused Adam and CPU Adam ops.
 RUN git clone --depth 1 --branch "${APEX_REF}" https://github.com/NVIDIA/apex.git /tmp/apex \
@@ -102,7 +104,9 @@ RUN git clone --depth 1 --branch "${APEX_REF}" https://github.com/NVIDIA/apex.gi
 RUN git clone https://github.com/facebookresearch/param.git /opt/param \
  && git -C /opt/param checkout "${PARAM_COMMIT}" && rm -rf /opt/param/.git \
  && git clone --depth 1 --branch "${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests.git /opt/nccl-tests \
- && make -C /opt/nccl-tests -j "$(nproc)" MPI=1 MPI_HOME=/opt/openmpi NCCL_HOME=/opt/nccl/build \
+ && make -C /opt/nccl-tests -j "$(nproc)" MPI=0 NCCL_HOME=/opt/nccl/build \
+        CUDA_HOME=/usr/local/cuda NVCC_GENCODE="${NVCC_GENCODE}" \
+ && make -C /opt/nccl-tests -j "$(nproc)" MPI=1 NAME_SUFFIX=_mpi MPI_HOME=/opt/openmpi NCCL_HOME=/opt/nccl/build \
         CUDA_HOME=/usr/local/cuda NVCC_GENCODE="${NVCC_GENCODE}"
 ENV PARAM_DIR=/opt/param PARAM_COMMIT=${PARAM_COMMIT} NCCL_TESTS_DIR=/opt/nccl-tests/build
 

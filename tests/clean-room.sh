@@ -107,6 +107,8 @@ run_in_root() {
         while [ "$1" != -- ]; do binds+=("$1"); shift; done; shift
         envs=("$@")
         hostname clean-room
+        # The root a mount point of its own, as / is on a booted machine (buildah remounts / private).
+        mount --bind "$root" "$root"
         mount -t proc proc "$root/proc"
         mount --rbind /sys "$root/sys"  # with its cgroup mounts, as a booted machine has (slurmd needs them)
         mount --rbind /dev "$root/dev"

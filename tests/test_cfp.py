@@ -185,3 +185,15 @@ def test_analysis_at_the_seeds_moe_size_holds_no_memory() -> None:
     assert a.mapped == [0, 1, 0, 3, 0, 1, 0, 3, 8]
     assert [a.search_space(k) for k in a.unique_segments()] == [[3, 4, 4, 3], [3], [3, 4, 4], [3]]
     assert a.flops() / 1e12 == pytest.approx(68.365, rel=1e-3)
+
+
+def test_one_device_plans_need_no_communication_and_no_shards():
+    """At world size 1 (one GPU) every partition is the whole tensor: the Alpa-style cost of any reshard is 0
+    (no bandwidth divides it), and DTensor gets Replicate (torch 2.11 refuses views of a dim sharded over 1)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from reproflow.families.cfp.alpa import reshard_s
+
+    assert reshard_s(None, graph.R, 1e6, 1, 0.0) == 0.0 and reshard_s(0, 1, 1e6, 1, 0.0) == 0.0
+    assert reshard_s(0, 1, 1e6, 2, 1e9) == pytest.approx(0.5e-3)
+    assert execute.placement(1, 1) == [Replicate()] and execute.placement(1, 4) == [Shard(1)]

@@ -351,3 +351,12 @@ def test_at_least_a_thousand_bad_inputs_without_a_traceback_or_an_injection():
         pytest.skip("the property tests above did not run (selected alone)")
     assert BAD_INPUTS["inputs"] >= 1000, BAD_INPUTS
     assert BAD_INPUTS["tracebacks"] == BAD_INPUTS["injections"] == 0, BAD_INPUTS
+
+
+def test_ranks_beyond_the_gpus_share_them_only_without_nccl():
+    from reproflow.context import gpu_of
+
+    assert [gpu_of(r, 2, "nccl") for r in (0, 1)] == [0, 1]
+    assert [gpu_of(r, 1, "gloo") for r in (0, 1, 2)] == [0, 0, 0]
+    with pytest.raises(ReproflowError, match=r"no GPU of its own.*launch.backend = 'gloo'"):
+        gpu_of(1, 1, "nccl")

@@ -42,6 +42,19 @@ def choose_device_and_backend(device: str, backend: str) -> tuple[str, str]:
     return device, backend
 
 
+def gpu_of(local_rank: int, gpus: int, backend: str) -> int:
+    """The GPU of a node's `local_rank`-th rank: its own, or shared round-robin when a node runs more
+    ranks than it has GPUs, which only gloo allows (NCCL refuses two ranks on one GPU)."""
+    if local_rank < gpus:
+        return local_rank
+    if backend == "nccl":
+        raise ReproflowError(
+            f"local rank {local_rank} has no GPU of its own ({gpus} on this node) and NCCL needs one GPU per "
+            "rank. Run at most one rank per GPU (launch.procs_per_node), or set launch.backend = 'gloo' to "
+            "share GPUs (spatial's comm_backend = 'mpi' moves its tensors over MPI either way).")
+    return local_rank % gpus
+
+
 # Set by MPI launchers for each rank: hydra/MPICH and srun --mpi=pmi2, PMIx, Open MPI, MVAPICH's mpirun_rsh.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 
@@ -102,8 +115,8 @@ class RunContext:
         host_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         device, backend = choose_device_and_backend(device, backend)
         if device == "cuda":
-            torch.cuda.set_device(local_rank)
-            dev = torch.device("cuda", local_rank)
+            dev = torch.device("cuda", gpu_of(local_rank, torch.cuda.device_count(), backend))
+            torch.cuda.set_device(dev)
         else:
             dev = torch.device("cpu")
         dist.init_process_group(

@@ -1,8 +1,9 @@
 """Running an original tool (param's comms.py, nccl-tests) inside a reproflow job.
 
-Every rank starts the tool once, as one rank of a new process group rendezvousing at rank 0's host
-on a fresh port, waits for it, and the ranks agree on the outcome: a tool that fails anywhere fails
-the point on every rank (PointFailed), and the job goes on with the next point.
+Either every rank starts the tool once, as one rank of a new process group rendezvousing at rank 0's
+host on a fresh port (param), or rank 0 alone starts it (nccl-tests' single-process binaries). The
+ranks then agree on the outcome: a tool that fails anywhere fails the point on every rank
+(PointFailed), and the job goes on with the next point.
 """
 
 from __future__ import annotations
@@ -75,20 +76,35 @@ def run_group(ctx: RunContext, argv: Sequence[str], env: Mapping[str, str] | Non
     child_env = dict(os.environ) | dict(env or {})
     child_env.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size), LOCAL_RANK=str(ctx.local_rank),
                      MASTER_ADDR=addr, MASTER_PORT=str(port))
-    try:
-        proc = subprocess.run(cmd, env=child_env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
-        output, problem = proc.stdout + proc.stderr, ""
-        if proc.returncode != 0:
-            tail = " | ".join(output.strip().splitlines()[-3:])
-            problem = f"exited with {proc.returncode}: {tail}"
-    except subprocess.TimeoutExpired:
-        output, problem = "", f"did not finish in {timeout_s:.0f} s"
-    except OSError as exc:
-        output, problem = "", str(exc)
+    output, problem = _run(cmd, child_env, cwd, timeout_s)
     detail = ctx.failures(problem)
     if detail:
         raise PointFailed(f"{os.path.basename(cmd[1] if len(cmd) > 1 else cmd[0])} {detail}")
     return ToolRun(" ".join(cmd), output)
+
+
+def run_on_rank0(ctx: RunContext, argv: Sequence[str], timeout_s: float = 600.0) -> ToolRun:
+    """Run `argv` once, on rank 0, while the other ranks wait (a tool that drives every GPU of the node
+    itself). Returns its output on rank 0 ('' elsewhere); raises PointFailed on every rank if it failed."""
+    output, problem = _run(list(argv), dict(os.environ), None, timeout_s) if ctx.rank == 0 else ("", "")
+    detail = ctx.failures(problem)
+    if detail:
+        raise PointFailed(f"{os.path.basename(argv[0])} {detail}")
+    return ToolRun(" ".join(argv), output)
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: str | None, timeout_s: float) -> tuple[str, str]:
+    """(output, problem) of one run of `cmd`; problem is '' when it exited 0."""
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "", f"did not finish in {timeout_s:.0f} s"
+    except OSError as exc:
+        return "", str(exc)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        return output, f"exited with {proc.returncode}: " + " | ".join(output.strip().splitlines()[-3:])
+    return output, ""
 
 
 def read_output(ctx: RunContext, parse: Callable[[], T] | None, tool: str) -> T | None:

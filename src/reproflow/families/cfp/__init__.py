@@ -30,7 +30,9 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     bad = [b for b in wanted if b not in BASELINES]
     if bad:
         raise ParamError(f"baselines has {', '.join(bad)}.", f"a comma-separated list of {', '.join(BASELINES)}")
-    if any(b.startswith("zero") for b in wanted) and not torch_baselines.deepspeed_available():
+    # Only the search runs baselines: an analysis or profile point runs anywhere.
+    if (params["mode"] == "search" and any(b.startswith("zero") for b in wanted)
+            and not torch_baselines.deepspeed_available()):
         raise ParamError("baselines zero1-3 need DeepSpeed, which is not installed.",
                          "pip install '.[deepspeed]' (make does), or leave zero1, zero2, zero3 out of baselines")
 

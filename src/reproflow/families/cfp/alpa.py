@@ -39,6 +39,8 @@ def _bytes(node: fx.Node) -> float:
 
 def reshard_s(src: int | None, dst: int, nbytes: float, n: int, bandwidth: float) -> float:
     """Seconds to bring a tensor from partition src (None: partial sums) to dst."""
+    if n == 1:  # one device holds everything: nothing moves
+        return 0.0
     if src is None:  # all-reduce to replicated, reduce-scatter to a split
         return (2 if dst == R else 1) * (n - 1) / n * nbytes / bandwidth
     if src in (dst, R):

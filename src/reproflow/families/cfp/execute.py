@@ -29,8 +29,10 @@ from reproflow.families.cfp.graph import Analysis, R
 LR = 1e-3
 
 
-def placement(p: int) -> list[Any]:
-    return [Replicate()] if p == R else [Shard(p)]
+def placement(p: int, mesh_size: int = 2) -> list[Any]:
+    """DTensor placements of partition p. On a one-device mesh every partition is the whole tensor, so
+    Replicate: some torch releases (2.11) refuse views of a dimension sharded even over one device."""
+    return [Replicate()] if p == R or mesh_size == 1 else [Shard(p)]
 
 
 @dataclass
@@ -112,7 +114,7 @@ class Runner:
         self.free_after: dict[int, list[fx.Node]] = {}
         for nd, i in last.items():
             self.free_after.setdefault(i, []).append(nd)
-        self.values = [distribute_tensor(v.detach().clone(), mesh, placement(p)) for v, p in
+        self.values = [distribute_tensor(v.detach().clone(), mesh, placement(p, mesh.size())) for v, p in
                        zip([*cap.params.values(), *cap.inputs], self.holder_places, strict=True)]
 
     def _wrap(self, x: Any) -> Any:
@@ -183,7 +185,7 @@ class Runner:
         lhs, rhs = self.forced[nd]
         i = 1 if graph.op_name(nd) == "addmm" else 0
         for j, p in ((i, lhs), (i + 1, rhs)):
-            want = placement(p)
+            want = placement(p, self.mesh.size())
             if tuple(args[j].placements) != tuple(want):
                 args[j] = args[j].redistribute(self.mesh, want)
         return tuple(args)

@@ -213,10 +213,10 @@ def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]
             times = []
             for _ in range(repeats + 1):
                 t = (DTensor.from_local(full / mesh.size(), mesh, [Partial()], run_check=False) if src == P
-                     else distribute_tensor(full, mesh, execute.placement(src)))
+                     else distribute_tensor(full, mesh, execute.placement(src, mesh.size())))
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
-                t.redistribute(mesh, execute.placement(dst)).to_local().sum().item()
+                t.redistribute(mesh, execute.placement(dst, mesh.size())).to_local().sum().item()
                 times.append(time.perf_counter() - t0)
             out[f"{src},{dst}"] = statistics.median(times[1:])
     return out

@@ -19,12 +19,12 @@ import torch.distributed as dist
 
 from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
-from reproflow.families.param_comms import original
+from reproflow.families.param_comms import nccl_tests, original
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
 from reproflow.timing import STATS, rank_stats, time_per_op
 
-IMPLEMENTATIONS = ("reproflow", "param")
+IMPLEMENTATIONS = ("reproflow", "param", "nccl-tests")
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 # Collectives whose buffer is split across ranks: at least one element per rank.
@@ -99,6 +99,8 @@ def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
     """The original tool must be present where the job runs."""
     if params["implementation"] == "param":
         original.runtime_check(params, ctx.backend)
+    elif params["implementation"] == "nccl-tests":
+        nccl_tests.runtime_check(params, ctx)
 
 
 class _Buffers:
@@ -180,6 +182,8 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Sweep the message sizes of one collective with the chosen implementation."""
     if params["implementation"] == "param":
         return original.run(ctx, params)
+    if params["implementation"] == "nccl-tests":
+        return nccl_tests.run(ctx, params)
     return measure(ctx, params)
 
 
@@ -227,12 +231,14 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
         f"{'size (B)':>14} {'nElementsPerRank':>17} {'Latency(us):p50':>16} {'p75':>10} {'p95':>10} "
         f"{'Min':>10} {'Max':>10} {'AlgBW(GB/s)':>12} {'BusBW(GB/s)':>12}" + (f" {'#wrong':>7}" if checked else ""),
     ]
-    fmt: Callable[[float], str] = lambda v: f"{v:10.1f}"  # noqa: E731
+    fmt: Callable[[float | None], str] = lambda v: f"{'-':>10}" if v is None else f"{v:10.1f}"  # noqa: E731
     for size in sorted(by_size):
         v = by_size[size]
+        # nccl-tests gives one mean time (time_us), no percentiles across ranks.
         line = (
-            f"{size:>14d} {per_rank[size]:>17d} {v['latency_p50_us']:>16.1f} {fmt(v['latency_p75_us'])} "
-            f"{fmt(v['latency_p95_us'])} {fmt(v['latency_min_us'])} {fmt(v['latency_max_us'])} "
+            f"{size:>14d} {per_rank[size]:>17d} {v.get('latency_p50_us', v.get('time_us', 0.0)):>16.1f} "
+            f"{fmt(v.get('latency_p75_us'))} {fmt(v.get('latency_p95_us'))} {fmt(v.get('latency_min_us'))} "
+            f"{fmt(v.get('latency_max_us'))} "
             f"{v['algbw']:>12.3f} {v['busbw']:>12.3f}"
         )
         if "wrong_elements" in v:
@@ -256,8 +262,8 @@ FAMILY = Family(
         Param("dtype", "str", "float32", "element type (param --data-type)", choices=tuple(DTYPES)),
         Param("root", "int", 0, "root rank of broadcast and reduce (param --root)", minimum=0),
         Param("check", "bool", True, "after timing, run once on known data and count wrong elements"),
-        Param("implementation", "str", "reproflow", "who measures: reproflow, or the original param comms.py "
-              "from $PARAM_DIR", choices=IMPLEMENTATIONS),
+        Param("implementation", "str", "reproflow", "who measures: reproflow, the original param comms.py "
+              "from $PARAM_DIR, or nccl-tests from $NCCL_TESTS_DIR (one node, GPUs)", choices=IMPLEMENTATIONS),
     ),
     run=run,
     table=table,

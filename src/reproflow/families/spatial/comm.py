@@ -7,6 +7,7 @@ The reference runs everything over MPI (MVAPICH2-GDR). torch's CPU build has no 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,10 +20,17 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def mpi_reads_gpu_memory() -> bool:
+    """Whether MPI is told it takes CUDA buffers ($REPROFLOW_MPI_CUDA_AWARE=1: a CUDA-aware Open MPI,
+    MVAPICH2-GDR). Otherwise device tensors travel through host copies, which every MPI takes."""
+    return os.environ.get("REPROFLOW_MPI_CUDA_AWARE", "0") == "1"
+
+
 class MpiComm:
     """mpi4py's COMM_WORLD. Waits poll with a short sleep: on an oversubscribed machine a spinning
     MPI wait would take the cores the computing ranks need. A wait longer than `timeout_s` raises
-    (under `python -m mpi4py` that aborts the job) instead of waiting forever for a dead rank."""
+    (under `python -m mpi4py` that aborts the job) instead of waiting forever for a dead rank.
+    A request is (MPI request, tensor, host copy to write back into the tensor on completion or None)."""
 
     name = "mpi"
 
@@ -35,25 +43,30 @@ class MpiComm:
         self.size = self.world.Get_size()
         self.device = device
         self.timeout_s = timeout_s
+        self.staged = device.type == "cuda" and not mpi_reads_gpu_memory()
 
-    def _sync(self) -> None:
-        # MPI reads device buffers directly; queued kernels must have written them first.
+    def _buffer(self, t: torch.Tensor) -> torch.Tensor:
+        # MPI reads device buffers directly; queued kernels must have written them first. An MPI that
+        # cannot read GPU memory gets a host copy instead (the copy waits for those kernels too).
+        if self.staged:
+            return t.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        return t
 
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         """Start sending contiguous `t` to `dst`."""
-        self._sync()
-        return (self.world.Isend(_bytes(t), dest=dst, tag=tag), t)
+        buf = self._buffer(t)
+        return (self.world.Isend(_bytes(buf), dest=dst, tag=tag), buf, None)
 
     def irecv(self, t: torch.Tensor, src: int, tag: int) -> Any:
         """Start receiving into contiguous `t` from `src`."""
-        self._sync()
-        return (self.world.Irecv(_bytes(t), source=src, tag=tag), t)
+        buf = torch.empty(t.shape, dtype=t.dtype) if self.staged else self._buffer(t)
+        return (self.world.Irecv(_bytes(buf), source=src, tag=tag), t, buf if self.staged else None)
 
     def wait(self, requests: Sequence[Any]) -> None:
         """Wait for every request."""
-        reqs = [r for r, _ in requests]
+        reqs = [r for r, _, _ in requests]
         pause, deadline = 0.0, time.monotonic() + self.timeout_s
         while not self._mpi.Request.Testall(reqs):
             if time.monotonic() > deadline:
@@ -61,6 +74,9 @@ class MpiComm:
                                    "rank has died or hangs")
             time.sleep(pause)
             pause = min(1e-3, pause * 2 or 2e-5)
+        for _, t, host in requests:
+            if host is not None:
+                t.copy_(host)
 
     def group(self, members: Sequence[Sequence[int]]) -> Any:
         """Collective over all ranks: a communicator for the member list holding this rank (or None)."""
@@ -71,9 +87,9 @@ class MpiComm:
 
     def all_reduce(self, t: torch.Tensor, group: Any) -> None:
         """Sum contiguous `t` in place over `group`."""
-        self._sync()
-        req = group.Iallreduce(self._mpi.IN_PLACE, t, op=self._mpi.SUM)
-        self.wait([(req, t)])
+        buf = self._buffer(t)
+        req = group.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        self.wait([(req, t, buf if self.staged else None)])
 
 
 class TorchComm:

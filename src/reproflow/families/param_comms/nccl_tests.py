@@ -1,0 +1,223 @@
+"""NVIDIA nccl-tests (`all_reduce_perf` and friends) run as they are from $NCCL_TESTS_DIR, and their parsers.
+
+The single-process binaries (built with MPI=0) run on rank 0 with `-g <ranks>`, one GPU per rank of
+the job, while the job's ranks wait: so a point spans one node. (The gpu image also has the MPI build,
+`<binary>_mpi`, for a run across nodes as its own `srun --mpi=pmix` step.) reproflow's options map to
+nccl-tests' flags; sizes are total buffer sizes in both. Rows take the placement that torch's call
+uses: in place for all_reduce, broadcast and reduce, out of place for the others. nccl-tests' time is
+its mean over the iterations (and over its GPUs), so rows carry `time_us` rather than percentiles.
+Text output and `-J` JSON output (nccl-tests 2.18 and later) parse to the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reproflow.context import RunContext
+from reproflow.errors import ParamError
+from reproflow.family import Measurement
+from reproflow.tools import ToolOutputError, read_output, run_on_rank0
+
+BINARY = {
+    "all_reduce": "all_reduce_perf",
+    "all_gather": "all_gather_perf",
+    "reduce_scatter": "reduce_scatter_perf",
+    "all_to_all": "alltoall_perf",
+    "broadcast": "broadcast_perf",
+    "reduce": "reduce_perf",
+    "send_recv": "sendrecv_perf",
+}
+NCCL_DTYPE = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double",
+              "int32": "int32", "int64": "int64"}
+IN_PLACE = frozenset({"all_reduce", "broadcast", "reduce"})
+PLACEMENTS = ("out_of_place", "in_place")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One placement's columns: mean time (us), algBW and busBW (GB/s), wrong elements (None: unchecked)."""
+
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: float | None
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    """One size of an nccl-tests sweep."""
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    root: int
+    timings: dict[str, Timing]
+
+
+@dataclass(frozen=True)
+class NcclRun:
+    """A whole sweep: its rows and the versions it names."""
+
+    rows: list[NcclRow]
+    version: str
+
+
+def sweep_length(minimum: int, maximum: int, factor: int, step: int) -> int:
+    """How many sizes nccl-tests' loop visits (size *= factor when factor > 1, else size += step)."""
+    n, size = 0, minimum
+    while size <= maximum:
+        n += 1
+        size = size * factor if factor > 1 else size + max(step, 1)
+    return n
+
+
+def _check_complete(rows: list[NcclRow], expected: int, what: str) -> None:
+    if len(rows) != expected:
+        raise ToolOutputError(f"{what}: its sweep has {expected} sizes but {len(rows)} result rows: the output is "
+                              "truncated, or the run stopped early")
+
+
+_HEADER = re.compile(r"#\s*nThread \d+ nGpus \d+ minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\)")
+_VERSION = re.compile(r"#\s*nccl-tests version (\S+)(?: nccl-headers=\d+ nccl-library=(\d+))?")
+
+
+def _nccl_version(code: int) -> str:
+    """NCCL's version code (22809) as 2.28.9."""
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def _number(field: str, line: int) -> float | None:
+    if field == "N/A":
+        return None
+    try:
+        return float(field)
+    except ValueError:
+        raise ToolOutputError(f"line {line}: {field!r} is not a number") from None
+
+
+def parse_text(text: str) -> NcclRun:
+    """The rows nccl-tests printed, checked against the sweep its header announced."""
+    header = _HEADER.search(text)
+    if header is None:
+        raise ToolOutputError("no '# nThread ... minBytes ... maxBytes ... step:' line: this is not nccl-tests "
+                              "output, or it stopped before its sweep")
+    minimum, maximum, step = int(header.group(1)), int(header.group(2)), int(header.group(3))
+    factor, stepbytes = (step, 0) if header.group(4) == "factor" else (1, step)
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields or line.lstrip().startswith("#") or not fields[0].isdigit():
+            continue
+        if len(fields) != 13:
+            raise ToolOutputError(f"line {number}: expected 13 columns (size count type redop root, then time "
+                                  f"algbw busbw #wrong out of place and in place), got {len(fields)}: {line.strip()!r}")
+        values = [_number(f, number) for f in fields[5:]]
+        timings = {}
+        for i, placement in enumerate(PLACEMENTS):
+            time_us, algbw, busbw, wrong = values[4 * i:4 * i + 4]
+            if time_us is None or algbw is None or busbw is None:
+                raise ToolOutputError(f"line {number}: no time or bandwidth in {line.strip()!r}")
+            timings[placement] = Timing(time_us, algbw, busbw, wrong)
+        rows.append(NcclRow(int(fields[0]), int(fields[1]), fields[2], fields[3], int(fields[4]), timings))
+    _check_complete(rows, sweep_length(minimum, maximum, factor, stepbytes), "nccl-tests text")
+    if "# Avg bus bandwidth" not in text:
+        raise ToolOutputError("no '# Avg bus bandwidth' line: the run did not finish")
+    version = _VERSION.search(text)
+    named = "unknown"
+    if version:
+        named = version.group(1) + (f" (NCCL {_nccl_version(int(version.group(2)))})" if version.group(2) else "")
+    return NcclRun(rows, named)
+
+
+def parse_json(text: str) -> NcclRun:
+    """The rows of nccl-tests' `-J` file, checked against the sweep its config announced."""
+    try:
+        doc = json.loads(text)
+        config = doc["config"]
+        expected = sweep_length(int(config["minimum_bytes"]), int(config["maximum_bytes"]),
+                                int(config.get("step_factor", 1)), int(config.get("step_bytes", 0)))
+        rows = []
+        for r in doc["results"]:
+            timings = {p: Timing(float(r[p]["time"]), float(r[p]["alg_bw"]), float(r[p]["bus_bw"]),
+                                 None if r[p].get("nwrong") in (None, "N/A") else float(r[p]["nwrong"]))
+                       for p in PLACEMENTS}
+            rows.append(NcclRow(int(r["size"]), int(r["count"]), str(r["type"]), str(r["redop"]),
+                                int(str(r["root"]).strip()), timings))
+    except json.JSONDecodeError as exc:
+        raise ToolOutputError(f"nccl-tests JSON is not complete JSON ({exc.msg} at character {exc.pos}): the run "
+                              "stopped while writing it") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ToolOutputError(f"nccl-tests JSON lacks or garbles a field ({exc!r}): not a -J file of nccl-tests "
+                              "2.18 or later") from None
+    _check_complete(rows, expected, "nccl-tests JSON")
+    version = doc.get("nccl_version")
+    return NcclRun(rows, "unknown" if version is None else f"NCCL {_nccl_version(int(version))}")
+
+
+def binaries() -> Path:
+    """$NCCL_TESTS_DIR, or ParamError saying how to provide it."""
+    value = os.environ.get("NCCL_TESTS_DIR", "")
+    if value and (Path(value) / BINARY["all_reduce"]).is_file():
+        return Path(value)
+    raise ParamError(f"implementation 'nccl-tests' needs $NCCL_TESTS_DIR pointing at nccl-tests' build folder "
+                     f"(NCCL_TESTS_DIR={value!r}); the gpu image sets it, or build them: make -C nccl-tests MPI=0.")
+
+
+def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    """GPUs, one node, and the binaries where the job runs."""
+    if ctx.device.type != "cuda":
+        raise ParamError("implementation 'nccl-tests' needs GPUs (NCCL); this job runs on CPUs.",
+                         "implementation 'reproflow' or 'param' with gloo")
+    if len(set(ctx.hosts())) > 1:
+        raise ParamError(f"implementation 'nccl-tests' runs its single-process binaries on one node (-g <ranks>); "
+                         f"this job spans {len(set(ctx.hosts()))}. Run the MPI build across nodes as its own step: "
+                         f"srun --mpi=pmix $NCCL_TESTS_DIR/{BINARY[params['collective']]}_mpi -g 1 ...",
+                         "launch.nodes = 1")
+    binaries()
+
+
+def argv(params: Mapping[str, Any], world_size: int, binary: Path, json_path: str) -> list[str]:
+    """nccl-tests' command line for one point."""
+    step = ["-f", str(params["step_factor"])] if params["step_bytes"] == 0 else [
+        "-f", "1", "-i", str(params["step_bytes"])]
+    return [str(binary), "-b", str(params["begin_size"]), "-e", str(params["end_size"]), *step,
+            "-g", str(world_size), "-w", str(params["warmup_iters"]), "-n", str(params["iters"]),
+            "-c", "1" if params["check"] else "0", "-z", "1" if params["blocking"] else "0",
+            "-d", NCCL_DTYPE[params["dtype"]], "-r", str(params["root"]), "-J", json_path]
+
+
+def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    """Run the collective's binary for the point's sweep on rank 0 and turn its JSON into rows."""
+    binary = binaries() / BINARY[params["collective"]]
+    with tempfile.TemporaryDirectory(prefix="nccl-tests-") as tmp:
+        json_path = os.path.join(tmp, "result.json")
+        result = run_on_rank0(ctx, argv(params, ctx.world_size, binary, json_path))
+
+        def parse() -> NcclRun:
+            text = parse_text(result.output)
+            if not os.path.exists(json_path):  # nccl-tests before 2.18 has no -J
+                return text
+            return NcclRun(parse_json(Path(json_path).read_text()).rows, text.version)
+
+        parsed = read_output(ctx, parse if ctx.rank == 0 else None, "nccl-tests")
+    if parsed is None:
+        return []
+    placement = "in_place" if params["collective"] in IN_PLACE else "out_of_place"
+    tool = {"tool_version": parsed.version, "command": result.command, "placement": placement}
+    out: list[Measurement] = []
+    for row in parsed.rows:
+        t = row.timings[placement]
+        coords = {"size_bytes": row.size_bytes, "elements_per_rank": row.count} | tool
+        out += [Measurement("time_us", t.time_us, "us", coords), Measurement("algbw", t.algbw, "GB/s", coords),
+                Measurement("busbw", t.busbw, "GB/s", coords)]
+        if params["check"] and t.wrong is not None:
+            out.append(Measurement("wrong_elements", t.wrong, "count", coords))
+    return out

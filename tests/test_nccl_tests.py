@@ -1,0 +1,142 @@
+"""nccl-tests as the third param comms implementation: parsers on output recorded on an NVIDIA H200
+(tests/data/nccl-tests/README.md), damaged output, flags, and where it refuses to run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT
+
+from reproflow.errors import ParamError
+from reproflow.families.param_comms import FAMILY, table
+from reproflow.families.param_comms.nccl_tests import (
+    BINARY,
+    argv,
+    parse_json,
+    parse_text,
+    runtime_check,
+    sweep_length,
+)
+from reproflow.family import Measurement
+from reproflow.params import resolve
+from reproflow.tools import ToolOutputError
+
+DATA = ROOT / "tests" / "data" / "nccl-tests"
+ALL_REDUCE = (DATA / "all_reduce_perf.txt").read_text()
+
+
+@pytest.mark.parametrize("binary", sorted(BINARY.values()))
+def test_every_recorded_binary_parses_whole(binary):
+    run = parse_text((DATA / f"{binary}.txt").read_text())
+    sizes = [r.size_bytes for r in run.rows]
+    assert sizes[1:] == [8 * 2**i for i in range(1, 28)]  # -b 8 -e 1G -f 2
+    # all_gather, reduce_scatter and alltoall round the 8-byte first size down to an empty buffer.
+    assert sizes[0] == (0 if binary in ("all_gather_perf", "reduce_scatter_perf", "alltoall_perf") else 8)
+    assert run.version == "2.19.6 (NCCL 2.28.9)"
+    for row in run.rows:
+        for t in row.timings.values():
+            assert t.time_us > 0 and t.wrong in (0.0, None)
+
+
+def test_columns_land_where_nccl_tests_prints_them():
+    last = parse_text(ALL_REDUCE).rows[-1]  # 1073741824 268435456 float sum -1 503.10 2134.2 0.00 0 0.63 2e+06 0.00 0
+    assert (last.size_bytes, last.count, last.dtype, last.redop, last.root) == (2**30, 2**28, "float", "sum", -1)
+    assert (last.timings["out_of_place"].time_us, last.timings["out_of_place"].algbw) == (503.10, 2134.2)
+    assert last.timings["in_place"].algbw == 2e6 and last.timings["in_place"].wrong == 0
+    # One GPU: all_reduce's busBW factor 2(n-1)/n is 0, broadcast's is 1.
+    assert all(t.busbw == 0 for r in parse_text(ALL_REDUCE).rows for t in r.timings.values())
+    bcast = parse_text((DATA / "broadcast_perf.txt").read_text())
+    assert all(r.timings["out_of_place"].busbw == r.timings["out_of_place"].algbw for r in bcast.rows)
+
+
+def test_unchecked_columns_read_as_none():
+    # alltoall prints #wrong N/A in place (it has no in-place form).
+    run = parse_text((DATA / "alltoall_perf.txt").read_text())
+    assert {r.timings["in_place"].wrong for r in run.rows} == {None}
+
+
+@pytest.mark.parametrize("binary", ["all_reduce_perf", "all_gather_perf"])
+def test_json_output_gives_the_rows_of_the_text(binary):
+    text, doc = parse_text((DATA / f"{binary}.txt").read_text()), parse_json((DATA / f"{binary}.json").read_text())
+    assert doc.version == "NCCL 2.28.9"
+    assert [(r.size_bytes, r.count, r.dtype) for r in doc.rows] == [(r.size_bytes, r.count, r.dtype) for r in text.rows]
+    for j, t in zip(doc.rows, text.rows, strict=True):  # the text rounds what the JSON holds
+        for p in ("out_of_place", "in_place"):
+            assert j.timings[p].time_us == pytest.approx(t.timings[p].time_us, abs=0.006)
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda t: t[: t.index("  1073741824")], "truncated"),                   # last row missing
+        (lambda t: t[: t.index("  1073741824") + 60], "expected 13 columns"),    # cut inside the last row
+        (lambda t: t.replace("503.10", "5o3.10"), "not a number"),
+        (lambda t: t.replace("# Avg bus bandwidth", "# Avg bus"), "did not finish"),
+        (lambda t: t.replace("# nThread", "# nthread"), "not nccl-tests output"),
+        (lambda t: (ROOT / "tests" / "data" / "param" / "comms_all_reduce_w2_gloo.txt").read_text(),
+         "not nccl-tests output"),
+        (lambda t: "", "not nccl-tests output"),
+    ],
+)
+def test_damaged_text_gives_a_clear_error_and_no_rows(damage, words):
+    with pytest.raises(ToolOutputError, match=words):
+        parse_text(damage(ALL_REDUCE))
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda t: t[: len(t) // 2], "not complete JSON"),
+        (lambda t: json.dumps(json.loads(t) | {"results": json.loads(t)["results"][:-1]}), "truncated"),
+        (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "config"}), "lacks or garbles"),
+    ],
+)
+def test_damaged_json_gives_a_clear_error(damage, words):
+    with pytest.raises(ToolOutputError, match=words):
+        parse_json(damage((DATA / "all_reduce_perf.json").read_text()))
+
+
+def test_sweep_length_follows_the_tools_loop():
+    assert sweep_length(8, 1 << 30, 2, 0) == 28
+    assert sweep_length(1024, 4096, 1, 1024) == 4
+    assert sweep_length(5, 4, 2, 0) == 0
+
+
+def test_options_map_to_nccl_tests_flags():
+    params = resolve(FAMILY.params, {"collective": "reduce", "begin_size": "1M", "end_size": "64M", "step_factor": 4,
+                                     "iters": 7, "warmup_iters": 2, "blocking": True, "dtype": "bfloat16",
+                                     "root": 1, "check": False, "implementation": "nccl-tests"})
+    cmd = argv(params, 8, Path("/opt/nccl-tests/build/reduce_perf"), "/tmp/r.json")
+    assert cmd[0] == "/opt/nccl-tests/build/reduce_perf"
+    assert dict(zip(cmd[1::2], cmd[2::2], strict=True)) == {
+        "-b": "1048576", "-e": "67108864", "-f": "4", "-g": "8", "-w": "2", "-n": "7", "-c": "0", "-z": "1",
+        "-d": "bfloat16", "-r": "1", "-J": "/tmp/r.json"}
+    stepped = argv(resolve(FAMILY.params, {"step_bytes": "1M", "implementation": "nccl-tests"}), 2, Path("x"), "j")
+    assert stepped[stepped.index("-f") + 1] == "1" and stepped[stepped.index("-i") + 1] == "1048576"
+
+
+def _ctx(device: str, hosts: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(device=torch.device(device), hosts=lambda: hosts)
+
+
+def test_refuses_cpus_several_nodes_and_missing_binaries(monkeypatch, tmp_path):
+    params = resolve(FAMILY.params, {"implementation": "nccl-tests"})
+    with pytest.raises(ParamError, match="needs GPUs"):
+        runtime_check(params, _ctx("cpu", ["node1"]))
+    with pytest.raises(ParamError, match=r"spans 2.*srun --mpi=pmix"):
+        runtime_check(params, _ctx("cuda", ["node1", "node2"]))
+    monkeypatch.setenv("NCCL_TESTS_DIR", str(tmp_path))
+    with pytest.raises(ParamError, match="NCCL_TESTS_DIR"):
+        runtime_check(params, _ctx("cuda", ["node1", "node1"]))
+
+
+def test_table_shows_the_mean_time_and_no_percentiles():
+    coords = {"size_bytes": 1024, "elements_per_rank": 256}
+    rows = [Measurement("time_us", 4.5, "us", coords), Measurement("algbw", 0.2, "GB/s", coords),
+            Measurement("busbw", 0.0, "GB/s", coords)]
+    text = table(resolve(FAMILY.params, {"implementation": "nccl-tests"}), rows)
+    assert "(nccl-tests," in text and "4.5" in text and " - " in text
