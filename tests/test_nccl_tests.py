@@ -139,4 +139,4 @@ def test_table_shows_the_mean_time_and_no_percentiles():
     rows = [Measurement("time_us", 4.5, "us", coords), Measurement("algbw", 0.2, "GB/s", coords),
             Measurement("busbw", 0.0, "GB/s", coords)]
     text = table(resolve(FAMILY.params, {"implementation": "nccl-tests"}), rows)
-    assert "(nccl-tests," in text and "4.5" in text and " - " in text
+    assert "(nccl-tests," in text and "Time(us):mean" in text and "4.5" in text and " - " in text

@@ -225,16 +225,17 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
             per_rank[m.coords["size_bytes"]] = m.coords["elements_per_rank"]
     mode = "blocking" if params["blocking"] else "non-blocking"
     checked = any("wrong_elements" in v for v in by_size.values())
+    # nccl-tests gives one mean time per size (time_us), no percentiles across ranks.
+    time_head = "Time(us):mean" if params["implementation"] == "nccl-tests" else "Latency(us):p50"
     lines = [
         f"COMMS-RES-{params['collective']}-{params['dtype']} ({params['implementation']}, {mode}, "
         f"{params['iters']} iters, {params['warmup_iters']} warm-up)",
-        f"{'size (B)':>14} {'nElementsPerRank':>17} {'Latency(us):p50':>16} {'p75':>10} {'p95':>10} "
+        f"{'size (B)':>14} {'nElementsPerRank':>17} {time_head:>16} {'p75':>10} {'p95':>10} "
         f"{'Min':>10} {'Max':>10} {'AlgBW(GB/s)':>12} {'BusBW(GB/s)':>12}" + (f" {'#wrong':>7}" if checked else ""),
     ]
     fmt: Callable[[float | None], str] = lambda v: f"{'-':>10}" if v is None else f"{v:10.1f}"  # noqa: E731
     for size in sorted(by_size):
         v = by_size[size]
-        # nccl-tests gives one mean time (time_us), no percentiles across ranks.
         line = (
             f"{size:>14d} {per_rank[size]:>17d} {v.get('latency_p50_us', v.get('time_us', 0.0)):>16.1f} "
             f"{fmt(v.get('latency_p75_us'))} {fmt(v.get('latency_p95_us'))} {fmt(v.get('latency_min_us'))} "

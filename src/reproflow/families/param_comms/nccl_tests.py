@@ -6,7 +6,7 @@ the job, while the job's ranks wait: so a point spans one node. (The gpu image a
 nccl-tests' flags; sizes are total buffer sizes in both. Rows take the placement that torch's call
 uses: in place for all_reduce, broadcast and reduce, out of place for the others. nccl-tests' time is
 its mean over the iterations (and over its GPUs), so rows carry `time_us` rather than percentiles.
-Text output and `-J` JSON output (nccl-tests 2.18 and later) parse to the same rows.
+Text output and `-J` JSON output (nccl-tests 2.18 and later) parse to the same rows; a run reads both.
 """
 
 from __future__ import annotations
@@ -202,9 +202,10 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         result = run_on_rank0(ctx, argv(params, ctx.world_size, binary, json_path))
 
         def parse() -> NcclRun:
+            # The text is checked too and names the nccl-tests version; the JSON holds unrounded figures.
             text = parse_text(result.output)
-            if not os.path.exists(json_path):  # nccl-tests before 2.18 has no -J
-                return text
+            if not os.path.exists(json_path):
+                raise ToolOutputError(f"{binary.name} wrote no -J file: nccl-tests before 2.18 has no JSON output")
             return NcclRun(parse_json(Path(json_path).read_text()).rows, text.version)
 
         parsed = read_output(ctx, parse if ctx.rank == 0 else None, "nccl-tests")
