@@ -16,6 +16,7 @@ not run: it needs JAX and Alpa's own runtime, which reproflow does not reimpleme
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,6 +162,85 @@ def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], ou
     return save_figure(fig, out, name)
 
 
+def _manifest(folder: Path, name: str = "search-*.json") -> dict | None:
+    """The newest search manifest (or the artifact's scores, name="artifact.json") of one size."""
+    files = sorted(folder.glob(name), key=lambda p: p.stat().st_mtime)
+    return json.loads(files[-1].read_text()) if files else None
+
+
+def predicted(root: Path, setting: str, out: Path, published: Path | None) -> str:
+    """The search step's result for every size (figure 7's shape from predictions): the predicted
+    iteration of Aceso's best config and of the Megatron-LM plan, their throughput ratio beside the
+    published measured one, the search wall time, and the artifact's own search scored the same way
+    where it was given (reproduce --artifact-configs)."""
+    models = ("scale-layer",) if setting == "scale" else MODELS
+    lines, panels = [], []
+    for model in models:
+        rows = []
+        for size in _sizes(root / "aceso" / "search" / model):
+            folder = root / "aceso" / "search" / model / size
+            m = _manifest(folder)
+            if m is None or not m.get("best_ms") or not m.get("megatron_ms"):
+                continue
+            art = _manifest(folder, "artifact.json") or {}
+            explored = sum(d.get("explored") or 0 for d in m.get("depths", []))
+            rows.append({"size": size, "megatron_ms": m["megatron_ms"], "aceso_ms": m["best_ms"],
+                         "artifact_ms": art.get("best_ms"), "search_s": m.get("search_s"),
+                         "artifact_search_s": art.get("search_s"), "explored": explored or None})
+        if not rows:
+            continue
+        table = pd.DataFrame(rows).set_index("size")
+        table["aceso_over_megatron"] = table["megatron_ms"] / table["aceso_ms"]
+        table["artifact_over_megatron"] = table["megatron_ms"] / table["artifact_ms"].astype(float)
+        ref = _published(published, "e2e_thpt_scale_scale-layer.csv" if setting == "scale"
+                         else f"e2e_norm_thpt_large_{model}.csv")
+        if ref is not None:
+            ref_ratio = ref.loc["aceso"] / ref.loc["megatron"]
+            table["published_aceso_over_megatron"] = [float(ref_ratio[s]) if s in ref_ratio else float("nan")
+                                                      for s in table.index]
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / f"predicted_{setting}_{model}.csv", float_format="%.2f")
+        lines.append(f"-------- [{model}] Predicted iteration (s) and throughput over Megatron-LM --------")
+        lines.append(f"{'Size':<12}{'Megatron-LM':>12}{'Aceso':>9}{'ratio':>7}{'published':>10}"
+                     f"{'artifact':>10}{'ratio':>7}{'search s':>10}{'explored':>10}")
+        for size, r in table.iterrows():
+            pub = r.get("published_aceso_over_megatron", float("nan"))
+            art = r["artifact_ms"]
+            lines.append(
+                f"{size:<12}{r['megatron_ms'] / 1000:>12.2f}{r['aceso_ms'] / 1000:>9.2f}"
+                f"{r['aceso_over_megatron']:>7.2f}{'-' if pd.isna(pub) else f'{pub:.2f}':>10}"
+                f"{'-' if pd.isna(art) else f'{float(art) / 1000:.2f}':>10}"
+                f"{'-' if pd.isna(art) else f'{r.artifact_over_megatron:.2f}':>7}"
+                f"{'-' if pd.isna(r['search_s']) else f'{r.search_s:.1f}':>10}"
+                f"{'-' if pd.isna(r['explored']) else f'{int(r.explored)}':>10}")
+        panels.append((model, table))
+    if not panels:
+        return ""
+    lines.append("ratio: predicted throughput of Aceso's config over the Megatron-LM plan's (both from the profiled "
+                 "database); published: the paper's measured ratio (32 x V100); artifact: the artifact's own search, "
+                 "run on the same database and scored with the reference model")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
+    for ax, (model, table) in zip(axes[0], panels, strict=True):
+        x = range(len(table))
+        series = [("aceso_over_megatron", "reproflow's search (predicted)", "#d62728", None)]
+        if "published_aceso_over_megatron" in table:
+            series.append(("published_aceso_over_megatron", "published (measured)", "#ff9896", "//"))
+        if table["artifact_ms"].notna().any():
+            series.append(("artifact_over_megatron", "artifact's search (predicted)", "#9467bd", None))
+        width = 0.8 / len(series)
+        for k, (col, label, color, hatch) in enumerate(series):
+            ax.bar([i + k * width for i in x], table[col].astype(float), width, color=color, hatch=hatch,
+                   label=label)
+        ax.axhline(1.0, color="#7f7f7f", lw=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in x], list(table.index), fontsize=7)
+        ax.set_title(model)
+        ax.set_ylabel("throughput over Megatron-LM")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"Aceso {setting}: searched configs over the Megatron-LM plan", fontsize=9)
+    save_figure(fig, out, f"fig7_predicted_{setting}")
+    return "\n".join(lines)
+
+
 def _summary_seconds(folder: Path) -> float | None:
     files = sorted(folder.glob("*summary*"), key=lambda p: p.stat().st_mtime)
     if not files:
@@ -173,9 +253,7 @@ def search_cost(root: Path, setting: str, out: Path, published: Path | None) -> 
     models = ("scale-layer",) if setting == "scale" else MODELS
     lines, panels = [], []
     for model in models:
-        sizes = _sizes(root / "aceso" / "search" / model)
-        if setting == "large":
-            sizes = sizes[1:]  # the reference skips the single-GPU size
+        sizes = _sizes(root / "aceso" / "search" / model)  # the single-GPU size has no summary: it is not searched
         values = {s: _summary_seconds(root / "aceso" / "search" / model / s) for s in sizes}
         values = {s: v for s, v in values.items() if v is not None}
         if not values:

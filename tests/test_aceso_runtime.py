@@ -196,12 +196,14 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
     import tomllib
     from conftest import ROOT
 
-    from reproflow.families.aceso.cli import SMALL, profile_suite
+    from reproflow.families.aceso.cli import profile_suite
+    from reproflow.families.aceso.settings import SETTINGS
 
     committed = tomllib.loads((ROOT / "workflows" / "aceso-small-profile.toml").read_text())["experiment"]
     generated = []
-    for t in SMALL["reference"]:
-        for exp in tomllib.loads(profile_suite(t.model, t.size, list(t.mbs), [1, 2, 4], t.seq_len, 3, 10,
+    for t in SETTINGS["small"]:
+        mbs = sorted(set(t.search.mbs) | set(t.megatron_mbs))  # the Megatron-LM plan's too (WRN: 8)
+        for exp in tomllib.loads(profile_suite(t.model, t.size, mbs, [1, 2, 4], t.seq_len, 3, 10,
                                                "0-64"))["experiment"]:
             generated.append({**exp, "name": f"{t.model}-{exp['name']}"})
     assert committed == generated

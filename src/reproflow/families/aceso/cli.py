@@ -15,17 +15,17 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.cli import generated_suite_options, run_generated_suite
 from reproflow.errors import ParamError, ReproflowError
 from reproflow.families.aceso import mcore
-from reproflow.families.aceso.costmodel import Config, CostModel
+from reproflow.families.aceso.costmodel import KINDS, Config, CostModel
 from reproflow.families.aceso.database import read_database
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
 from reproflow.families.aceso.search import Options, Result, search
+from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS, SETTINGS, Setting
 from reproflow.results import atomic_write
 from reproflow.suite import suite_toml
 
@@ -45,6 +45,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end-num-stages", type=int, default=None, help="default: min(GPUs, 16)")
     p.add_argument("--profiled-time-path", type=Path, required=True, help="the profiled database folder")
     p.add_argument("--config-save-path", type=Path, required=True, help="where config JSONs go")
+    p.add_argument("--model", dest="cost_model", choices=KINDS, default="runtime",
+                   help="performance model: runtime (default: also the gradient all-reduce and optimizer step, "
+                   "which need the database's all_reduce and optimizer tables) or reference (Aceso's own)")
 
 
 class _Setup:
@@ -55,22 +58,40 @@ class _Setup:
             self.model: Model = model(args.model_name, args.model_size, args.num_layers)
         except ValueError as exc:
             raise ReproflowError(f"--model-name/--model-size/--num-layers: {exc}") from None
-        self.mbs = args.micro_batch_size or ([16, 32, 48, 64] if args.model_name == "resnet" else [1, 2, 4, 8])
+        self.args = args
+        self.mbs = args.micro_batch_size or list(RESNET_MBS if args.model_name == "resnet" else GPT_MBS)
         self.gpus = args.num_nodes * args.num_gpus_per_node
         self.max_tp = args.max_tp or self.model.max_tp(args.num_gpus_per_node)
-        self.db = read_database(args.profiled_time_path, self.model, self.mbs, self.max_tp)
+        self.cost = self.cost_model(self.mbs, args.memory_limit)
+        self.db = self.cost.db
         self.ops = self.model.full_op_list(self.db.ops)
-        self.cost = CostModel(self.db, args.num_gpus_per_node, args.memory_limit)
         self.depths = range(args.start_num_stages, (args.end_num_stages or min(self.gpus, 16)) + 1)
         self.name = f"{self.model.name}_{self.model.size}"
         args.config_save_path.mkdir(parents=True, exist_ok=True)
 
+    def cost_model(self, mbs: list[int], memory_limit: float) -> CostModel:
+        """The chosen performance model on the database's tables for these micro-batch sizes."""
+        a = self.args
+        db = read_database(a.profiled_time_path, self.model, mbs, self.max_tp)
+        return CostModel(db, a.num_gpus_per_node, memory_limit, kind=a.cost_model,
+                         peak_mem_in_backward=getattr(a, "peak_mem_in_backward", 0.0))
+
+    def megatron_cost(self) -> tuple[CostModel, float]:
+        """The model and memory limit of the Megatron-LM plan (the artifact gives some baselines their own)."""
+        a = self.args
+        mbs, limit = getattr(a, "megatron_micro_batch_size", None), getattr(a, "megatron_memory_limit", None)
+        if not mbs and limit is None:
+            return self.cost, a.memory_limit
+        limit = a.memory_limit if limit is None else limit
+        return self.cost_model(mbs or self.mbs, limit), limit
+
 
 def _megatron_line(setup: _Setup, args: argparse.Namespace) -> tuple[str, Config | None, float]:
-    plans = megatron_plans(setup.cost, setup.ops, args.global_batch_size, setup.gpus, setup.max_tp, setup.depths)
-    best = best_feasible(plans, args.memory_limit)
+    cost, limit = setup.megatron_cost()
+    plans = megatron_plans(cost, setup.ops, args.global_batch_size, setup.gpus, setup.max_tp, setup.depths)
+    best = best_feasible(plans, limit)
     if best is None:
-        return "Megatron-LM uniform plans: none fits the memory limit", None, 0.0
+        return f"Megatron-LM uniform plans: none fits {limit:.0f} MB", None, 0.0
     thpt = best.prediction.throughput(args.global_batch_size)
     return (f"Megatron-LM uniform plan: pp {best.pp} tp {best.tp} dp {best.dp} micro-batch {best.micro_bs} "
             f"recompute {'all' if best.recompute else 'none'}: {best.prediction.iteration_ms / 1000:.2f} s, "
@@ -95,7 +116,8 @@ def _write_megatron(setup: _Setup, args: argparse.Namespace, config: Config, ms:
 
 SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",
                "num_gpus_per_node", "memory_limit", "max_tp", "start_num_stages", "end_num_stages", "max_num_hops",
-               "time_budget_total")
+               "time_budget_total", "cost_model", "megatron_memory_limit", "megatron_micro_batch_size",
+               "op_group_size", "peak_mem_in_backward", "finetune_after_trial", "sort_metric")
 
 
 def database_sha256(path: Path) -> str:
@@ -131,7 +153,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
     suffix = args.config_suffix or f"{_dt.datetime.now():%Y-%m-%d-%H-%M-%S}"
     opts = Options(args.global_batch_size, tuple(setup.mbs), args.num_nodes, args.num_gpus_per_node,
-                   args.memory_limit, setup.max_tp, args.max_num_hops, args.time_budget_total)
+                   args.memory_limit, setup.max_tp, args.max_num_hops, args.time_budget_total,
+                   op_group_size=args.op_group_size, finetune_after_trial=args.finetune_after_trial,
+                   sort_metric=args.sort_metric)
     print(f"searching {setup.name} ({len(setup.ops)} ops) on {args.num_nodes} x {args.num_gpus_per_node} GPUs, "
           f"depths {setup.depths.start}-{setup.depths.stop - 1}, {args.time_budget_total:g} s budget per depth",
           flush=True)
@@ -164,9 +188,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     line, mega_config, mega_ms = _megatron_line(setup, args)
     print(line)
     mega = _write_megatron(setup, args, mega_config, mega_ms).name if mega_config is not None else None
+    depths = [{"num_stages": r.num_stages, "ms": round(r.best.time, 2) if r.best else None, "explored": r.explored,
+               "seconds": round(r.seconds, 2), "to_best_s": round(r.seconds_to_best, 2)} for r in results]
     atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "search_s": round(wall, 2),
                                        "configs": [f"{setup.name}_{r.num_stages}stages_{suffix}.json"
-                                                   for r in found], "megatron": mega}, indent=2, default=str) + "\n")
+                                                   for r in found], "megatron": mega,
+                                       "best_ms": round(found[0].best.time, 2) if found and found[0].best else None,
+                                       "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
+                                       "written": time.time()}, indent=2, default=str) + "\n")
     if found:
         best = found[0].best
         assert best is not None
@@ -197,7 +226,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         value = getattr(args, name)
         if value is None or value == "":
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = "--model" if name == "cost_model" else "--" + name.replace("_", "-")
         if isinstance(value, list):
             argv += [flag, *(str(v) for v in value)]
         else:
@@ -386,40 +415,50 @@ def cmd_database(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class Target:
-    """One model of a setting: what the reference's scripts profile, search and train."""
-
-    model: str
-    size: str
-    global_bs: int
-    mbs: tuple[int, ...]
-    seq_len: int = 0  # 0: the size's sequence (image side for Wide-ResNet)
-
-
-# The reference's small setting (1 node x 4 GPUs, 12000 MB, 200 s of search), and the same three models
-# shrunk to run on 4 CPU processes in minutes.
-SMALL = {
-    "reference": (Target("gpt", "1_3B", 512, (1, 2, 4, 8)), Target("t5", "770M", 512, (1, 2, 4, 8)),
-                  Target("resnet", "1B", 768, (16, 32, 48, 64))),
-    "tiny": (Target("gpt", "tiny", 16, (1, 2, 4, 8), 64), Target("t5", "tiny", 16, (1, 2, 4, 8), 64),
-             Target("resnet", "tiny", 32, (4, 8, 16), 32)),
-}
+def _search_args(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node: int, args: argparse.Namespace,
+                 after: list[str], from_results: Path | None = None) -> argparse.Namespace:
+    """`aceso search`'s options for one row of the artifact's settings (and this command's overrides)."""
+    o = s.search
+    memory = args.memory_limit if getattr(args, "memory_limit", None) is not None else o.memory_limit
+    mega_memory = args.memory_limit if getattr(args, "memory_limit", None) is not None else s.megatron_memory_limit
+    return argparse.Namespace(
+        model_name=s.model, model_size=s.size, num_layers=s.num_layers, global_batch_size=s.global_bs,
+        micro_batch_size=list(o.mbs), num_nodes=nodes, num_gpus_per_node=gpus_per_node, memory_limit=memory,
+        max_tp=None, start_num_stages=1, end_num_stages=None, profiled_time_path=db, config_save_path=where,
+        max_num_hops=o.max_hops, num_of_saved_configs=o.saved_configs, log_path=None, config_suffix="",
+        time_budget_total=args.time_budget_total if args.time_budget_total is not None else o.budget_s,
+        processes=args.processes, force=getattr(args, "force", False), submit=args.submit,
+        from_results=from_results, after=after,
+        cost_model=args.cost_model, megatron_memory_limit=mega_memory, megatron_micro_batch_size=list(s.megatron_mbs),
+        op_group_size=o.op_group_size, peak_mem_in_backward=o.peak_mem_in_backward,
+        finetune_after_trial=o.finetune_after_trial, sort_metric=o.sort_metric)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    """The reference's small setting end to end, one command: for each model, profile its ops,
-    search configs, train the best config and the Megatron-LM uniform plan with the same runtime
-    (the plan also on megatron-core's tensor-parallel layers where megatron-core is installed), then
-    print the end-to-end, search-cost and performance-model tables. With --submit the three
-    steps of each model are Slurm jobs chained with afterok dependencies; run the result scripts
-    (`reproflow aceso e2e small` ...) when they have finished."""
+    """One of the artifact's settings, one command, with the artifact's own settings for every model.
+
+    small: for each model, profile its ops, search configs, train the best config and the Megatron-LM
+    uniform plan with the same runtime (the plan also on megatron-core's tensor-parallel layers where
+    megatron-core is installed), then print the end-to-end, search-cost and performance-model tables.
+    With --submit the three steps of each model are Slurm jobs chained with afterok dependencies; run
+    the result scripts (`reproflow aceso e2e small` ...) when they have finished.
+
+    large, scale: the search step of the large-scale experiments on a profiled database (the artifact
+    asks reviewers without GPUs to reproduce exactly this): every model and size of its scripts,
+    Aceso's search and the Megatron-LM plan, predicted throughput normalised to Megatron-LM beside the
+    published measured one, and search cost beside the published. CPU only; --submit makes each
+    search a CPU-only Slurm job."""
+    if args.log_path is None:
+        args.log_path = Path("aceso-logs" if args.setting == "small" else "aceso-logs-large")
+    if args.cost_model is None:
+        args.cost_model = "runtime" if args.setting == "small" else "reference"
+    if args.setting != "small":
+        return _reproduce_search(args)
     root: Path = args.log_path
     if root.resolve().is_relative_to(Path(args.results).resolve()):
         raise ReproflowError(f"--log-path {root} is inside --results {args.results}: the profiles and runtime CSVs "
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
-    targets = [t for t in SMALL[args.sizes] if t.model in args.models]
-    budget = args.time_budget_total if args.time_budget_total is not None else (5 if args.sizes == "tiny" else 200)
+    targets = [t for t in SETTINGS["tiny" if args.sizes == "tiny" else "small"] if t.model in args.models]
     gpn, nodes = args.num_gpus_per_node, args.num_nodes
     tps = [t for t in (1, 2, 4, 8) if t <= gpn]
     shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
@@ -435,8 +474,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         where = root / "aceso" / "search" / t.model / t.size
         print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
               f"{'GPUs' if args.submit else 'local ranks'} ====", flush=True)
+        profiled = sorted(set(t.search.mbs) | set(t.megatron_mbs))
         prof = argparse.Namespace(**shared, after=[], prof_model_name=t.model, prof_model_size=t.size,
-                                  prof_tp_size=tps, prof_mbs_list=list(t.mbs), prof_seq_len=t.seq_len,
+                                  prof_tp_size=tps, prof_mbs_list=profiled, prof_seq_len=t.seq_len,
                                   prof_warmup_times=2 if args.sizes == "tiny" else 3,
                                   prof_repeat_times=5 if args.sizes == "tiny" else 10,
                                   prof_comm_sizes="0-4" if args.sizes == "tiny" else "0-64",
@@ -446,14 +486,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"then: reproflow aceso search ... --config-save-path {where}; reproflow aceso train --config "
                   f"{where} --plan aceso megatron")
             continue
-        search_args = argparse.Namespace(
-            model_name=t.model, model_size=t.size, num_layers=None, global_batch_size=t.global_bs,
-            micro_batch_size=list(t.mbs), num_nodes=nodes, num_gpus_per_node=gpn, memory_limit=args.memory_limit,
-            max_tp=None, start_num_stages=1, end_num_stages=None, profiled_time_path=root / "profiled-time",
-            config_save_path=where, max_num_hops=7, time_budget_total=budget, num_of_saved_configs=1,
-            log_path=None, config_suffix="", processes=0, force=False, submit=args.submit,
-            from_results=args.results if args.submit else None,
-            after=[prof.submitted] if prof.submitted else [])
+        search_args = _search_args(t, root / "profiled-time", where, nodes, gpn, args,
+                                   [prof.submitted] if prof.submitted else [], args.results if args.submit else None)
         cmd_search(search_args)
         if args.until == "search":
             continue
@@ -471,6 +505,101 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce_search(args: argparse.Namespace) -> int:
+    """large | scale: Aceso's search and the Megatron-LM plan for every model and size, then the tables."""
+    rows = [s for s in SETTINGS[args.setting] if s.model in args.models or args.setting == "scale"]
+    if args.model_sizes:
+        rows = [s for s in rows if s.label in args.model_sizes]
+        missing = set(args.model_sizes) - {s.label for s in rows}
+        if missing:
+            known = ", ".join(s.label for s in SETTINGS[args.setting])
+            raise ReproflowError(f"--model-sizes {' '.join(sorted(missing))}: not in the {args.setting} setting "
+                                 f"(it has {known}).")
+    if args.profiled_time_path is None or not args.profiled_time_path.is_dir():
+        raise ReproflowError(f"--profiled-time-path {args.profiled_time_path}: not a folder. Give the profiled "
+                             "database, e.g. the artifact's profiler/profiled-time-eurosys/.")
+    root: Path = args.log_path
+    if args.dry_run:
+        for s in rows:
+            o = s.search
+            print(f"{s.model} {s.label}: {s.nodes} x {s.gpus_per_node} GPUs, global batch {s.global_bs}, "
+                  + (f"the given single-GPU config (micro-batch {s.single_gpu[0]})" if s.single_gpu else
+                     f"Aceso: {o.memory_limit:.0f} MB, micro-batches {list(o.mbs)}, {o.budget_s:g} s, {o.max_hops} "
+                     f"hops; Megatron-LM plan: {s.megatron_memory_limit:.0f} MB, micro-batches {list(s.megatron_mbs)}"))
+        return 0
+    for s in rows:
+        where = root / "aceso" / "search" / s.model / s.label
+        print(f"==== {s.model} {s.label}: {s.nodes} x {s.gpus_per_node} GPUs, global batch {s.global_bs} ====",
+              flush=True)
+        if s.single_gpu is not None:
+            _single_gpu_config(s, args.profiled_time_path, where, args.cost_model)
+        else:
+            cmd_search(_search_args(s, args.profiled_time_path, where, s.nodes, s.gpus_per_node, args, args.after))
+        if args.artifact_configs is not None:
+            _score_artifact(s, args, where)
+    if args.submit:
+        print(f"when the jobs are done: reproflow aceso predicted {args.setting} --log-path {root} "
+              "(and search-cost)")
+        return 0
+    for name in ("predicted", "search-cost"):
+        cmd_results(argparse.Namespace(script=name, setting=args.setting, log_path=root,
+                                       out=args.out or root / "results", published=args.published))
+    return 0
+
+
+def _uniform_cost(s: Setting, db_path: Path, cost_model: str) -> tuple[Model, CostModel, list[str]]:
+    m = model(s.model, s.size, s.num_layers)
+    db = read_database(db_path, m, list(s.megatron_mbs), m.max_tp(s.gpus_per_node))
+    cost = CostModel(db, s.gpus_per_node, s.megatron_memory_limit, kind=cost_model)
+    return m, cost, m.full_op_list(db.ops)
+
+
+def _single_gpu_config(s: Setting, db_path: Path, where: Path, cost_model: str) -> None:
+    """The artifact's given single-GPU config (its `single_gpu_configs/`): one stage, every op but the
+    embedding and head recomputed; both systems train it, so it is Aceso's config and the plan."""
+    assert s.single_gpu is not None
+    mbs, recompute = s.single_gpu
+    m, cost, ops = _uniform_cost(s, db_path, cost_model)
+    plan = next(p for p in megatron_plans(cost, ops, s.global_bs, 1, 1, range(1, 2))
+                if p.micro_bs == mbs and p.recompute == recompute)
+    ms = plan.prediction.iteration_ms
+    where.mkdir(parents=True, exist_ok=True)
+    name = f"{m.name}_{s.label}_mbs{mbs}_recomp.json"
+    write_json(plan.config, where / name)
+    atomic_write(where / "search-single-gpu.json", json.dumps(
+        {"configs": [name], "megatron": name, "best_ms": round(ms, 2), "megatron_ms": round(ms, 2), "search_s": None,
+         "depths": [], "written": time.time()}, indent=2) + "\n")
+    print(f"the artifact's single-GPU config (micro-batch {mbs}, recompute): {ms / 1000:.2f} s, "
+          f"{plan.prediction.throughput(s.global_bs):.2f} samples/s, {plan.prediction.max_memory:.0f} MB")
+
+
+def _score_artifact(s: Setting, args: argparse.Namespace, where: Path) -> None:
+    """The artifact's own search output for this size (its configs folder), scored with the reference
+    model beside reproflow's: the best predicted iteration among its saved configs."""
+    folder = args.artifact_configs / s.model / s.label
+    files = sorted((folder / "top_configs").glob("*.json")) or sorted(folder.glob("*stages*.json"))
+    if not files:
+        print(f"no artifact configs under {folder}")
+        return
+    m, _, ops = _uniform_cost(s, args.profiled_time_path, "reference")
+    db = read_database(args.profiled_time_path, m, list(s.search.mbs), m.max_tp(s.gpus_per_node))
+    cost = CostModel(db, s.gpus_per_node, s.search.memory_limit, kind="reference")
+    scored = []
+    for f in files:
+        pred = cost.predict(read_json(f, m, ops))
+        if pred.max_memory <= s.search.memory_limit:
+            scored.append((pred.iteration_ms, f.name))
+    summary = sorted(folder.glob("*summary*.csv"))
+    search_s = float(summary[-1].read_text().splitlines()[1]) if summary else None
+    best = min(scored, default=None)
+    atomic_write(where / "artifact.json", json.dumps(
+        {"folder": str(folder), "best_ms": round(best[0], 2) if best else None, "config": best[1] if best else None,
+         "search_s": search_s}, indent=2) + "\n")
+    if best:
+        print(f"the artifact's own search: {best[0] / 1000:.2f} s ({best[1]}, reference model)"
+              + (f", searched in {search_s:.1f} s" if search_s is not None else ""))
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     """The reference's result scripts: tables printed and written as CSVs, and the paper's figure."""
     from reproflow.paths import project_root
@@ -480,7 +609,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     assert analysis is not None
     log = args.log_path or Path("aceso-logs" if args.setting == "small" else "aceso-logs-large")
     out = args.out or log / "results"
-    fn = {"e2e": analysis.e2e, "search-cost": analysis.search_cost, "perf-model-acc": analysis.perf_model_acc}
+    fn = {"e2e": analysis.e2e, "search-cost": analysis.search_cost, "perf-model-acc": analysis.perf_model_acc,
+          "predicted": analysis.predicted}
     text = fn[args.script](log, args.setting, out, args.published)
     print(text or f"no {args.script} data under {log}: run `reproflow aceso reproduce` (or train) first")
     print(f"tables and figures: {out}")
@@ -498,11 +628,22 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--max-num-hops", type=int, default=7)
     p.add_argument("--time-budget-total", type=float, default=10, help="seconds per pipeline depth")
     p.add_argument("--num-of-saved-configs", type=int, default=1)
+    p.add_argument("--op-group-size", type=int, default=1, help="ops moved together by an op migration")
+    p.add_argument("--peak-mem-in-backward", type=float, default=0.0,
+                   help="MB added to a stage's memory when choosing what to recompute")
+    p.add_argument("--finetune-after-trial", type=int, default=0,
+                   help="rounds of op-level tp/dp and algo tuning after each trial")
+    p.add_argument("--sort-metric", choices=("max_stage_time", "total_gpu_time"), default="max_stage_time",
+                   help="order in which a hop's results are searched further")
     p.add_argument("--log-path", type=Path, default=None, help="summary CSV folder (default: --config-save-path)")
     p.add_argument("--config-suffix", default="", help="file-name suffix (default: the start time)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--from-results", type=Path, default=None,
                    help="first write the database at --profiled-time-path from these profiler results")
+    p.add_argument("--megatron-memory-limit", type=float, default=None,
+                   help="MB per GPU for the Megatron-LM plan (default: --memory-limit)")
+    p.add_argument("--megatron-micro-batch-size", type=int, nargs="+", default=None,
+                   help="micro-batch sizes of the Megatron-LM plan (default: --micro-batch-size)")
     p.add_argument("--force", action="store_true", help="search again even if this database and these options "
                    "were searched before")
     p.add_argument("--submit", action="store_true", help="run as a CPU-only Slurm job (through submitit)")
@@ -547,21 +688,35 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="tensor-parallel linear layers: reproflow's and/or megatron-core's (one run each)")
     generated_suite_options(p)
     p.set_defaults(func=cmd_train)
-    p = tools.add_parser("reproduce", help="profile -> search -> train -> tables, one command (small setting)",
+    p = tools.add_parser("reproduce", help="one of the artifact's settings, one command: small (profile -> search "
+                         "-> train -> tables), large and scale (search on a profiled database -> tables)",
                          formatter_class=formatter, description=cmd_reproduce.__doc__)
-    p.add_argument("setting", choices=("small",), help="the reference's setting")
-    p.add_argument("--sizes", choices=tuple(SMALL), default="tiny",
-                   help="tiny: the three models shrunk for CPUs; reference: GPT-1.3B, T5-770M, WRN-1B (GPUs)")
+    p.add_argument("setting", choices=("small", "large", "scale"), help="the artifact's setting")
+    p.add_argument("--sizes", choices=("tiny", "reference"), default="tiny",
+                   help="small: tiny (the three models shrunk for CPUs) or reference (GPT-1.3B, T5-770M, WRN-1B: GPUs)")
     p.add_argument("--models", nargs="+", choices=("gpt", "t5", "resnet"), default=["gpt", "t5", "resnet"])
-    p.add_argument("--num-nodes", type=int, default=1)
-    p.add_argument("--num-gpus-per-node", type=int, default=4)
-    p.add_argument("--memory-limit", type=float, default=12000, help="MB per GPU")
-    p.add_argument("--time-budget-total", type=float, default=None, help="search seconds per depth (default: "
-                   "200, as the reference; 5 for tiny)")
+    p.add_argument("--model-sizes", nargs="+", default=[], metavar="SIZE",
+                   help="large and scale: only these sizes (e.g. 1_3B 13B, or 8layers 1024layers)")
+    p.add_argument("--profiled-time-path", type=Path, default=None,
+                   help="large and scale: the profiled database (the artifact's profiled-time-eurosys)")
+    p.add_argument("--artifact-configs", type=Path, default=None,
+                   help="large and scale: the artifact's own search output (its logs-large/aceso/configs), scored "
+                   "with the reference model beside reproflow's")
+    p.add_argument("--model", dest="cost_model", choices=KINDS, default=None,
+                   help="performance model (default: runtime for small, reference for large and scale, whose "
+                   "database has no optimizer tables)")
+    p.add_argument("--num-nodes", type=int, default=1, help="small: nodes")
+    p.add_argument("--num-gpus-per-node", type=int, default=4, help="small: GPUs (local ranks) per node")
+    p.add_argument("--memory-limit", type=float, default=None,
+                   help="MB per GPU for the search and the plan (default: the artifact's, per model)")
+    p.add_argument("--time-budget-total", type=float, default=None,
+                   help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
+    p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=int, default=5)
     p.add_argument("--until", choices=("search", "train"), default="train",
-                   help="search: profile and search only (figure 8, search cost); train: also train (figures 7, 9)")
-    p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of profiles, configs, CSVs")
+                   help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
+    p.add_argument("--log-path", type=Path, default=None,
+                   help="root of profiles, configs, CSVs (default: aceso-logs, or aceso-logs-large)")
     p.add_argument("--published", type=Path, default=None, help="the artifact's results/ref/ CSVs, drawn beside")
     p.add_argument("--out", type=Path, default=None, help="tables and figures (default: <log-path>/results)")
     p.add_argument("--no-megatron-core", action="store_true",
@@ -569,6 +724,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     generated_suite_options(p)
     p.set_defaults(func=cmd_reproduce)
     for name, what in (("e2e", "end-to-end throughput (figure 7)"), ("search-cost", "search cost (figure 8)"),
+                       ("predicted", "predicted throughput of the searched configs against the Megatron-LM plan"),
                        ("perf-model-acc", "time and memory prediction accuracy (figure 9)")):
         p = tools.add_parser(name, help=f"the reference's result script: {what}", formatter_class=formatter,
                              description=cmd_results.__doc__)

@@ -28,6 +28,9 @@ F = {name: i for i, name in enumerate(FIELDS)}
 # Bits of (op, tp, dp, algo) of producer and consumer, then the size in 1/1000 MB: 63 bits in all.
 PAIR_BITS = (9, 5, 5, 1, 9, 5, 5, 1, 23)
 SHARED_ZERO_OPS = ("enc-attention-softmax", "bn1")
+# "reference": the reference's predictions exactly; "runtime": also what reproflow's runtime spends outside
+# the pipeline (the data-parallel gradient all-reduce and the optimizer step).
+KINDS = ("runtime", "reference")
 
 
 @dataclass
@@ -101,12 +104,18 @@ class Prediction:
 class CostModel:
     """Predictions for one model and database on a cluster shape, with the reference's options."""
 
-    def __init__(self, db: Database, gpus_per_node: int, memory_limit: float, *, shared_space: bool = True,
-                 reserved_space: bool = True, memory_pred: str = "MAX", flex_recompute: bool = True) -> None:
-        self.db, self.model = db, db.model
+    def __init__(self, db: Database, gpus_per_node: int, memory_limit: float, *, kind: str = "runtime",
+                 shared_space: bool = True, reserved_space: bool = True, memory_pred: str = "MAX",
+                 flex_recompute: bool = True, peak_mem_in_backward: float = 0.0) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"cost model {kind!r}: choose one of {', '.join(KINDS)}")
+        self.db, self.model, self.kind = db, db.model, kind
+        self.reference = kind == "reference"
         self.gpus_per_node, self.memory_limit = gpus_per_node, memory_limit
         self.shared_space, self.reserved_space, self.memory_pred = shared_space, reserved_space, memory_pred
         self.flex_recompute = flex_recompute
+        # MB the reference's --peak-mem-in-backward adds to a stage when deciding what to recompute
+        self.peak_mem_in_backward = peak_mem_in_backward
         self.resharding = self.model.family != "t5"
         self.index = db.index()
         self.mbs_index = {m: i for i, m in enumerate(db.mbs)}
@@ -168,8 +177,10 @@ class CostModel:
         rc = np.asarray(stage.recompute, dtype=bool)
         recomp = 0.0 if flat else float(v[F["forward-compute"]][rc].sum())
         size_in, size_out = float(v[F["input_size"], 0]), float(v[F["output_size"], -1])
-        in_comm = size_in / self.db.bandwidth(size_in, in_cross)
-        out_comm = size_out / self.db.bandwidth(size_out, out_cross)
+        if self.reference:  # the reference looks the last op's output up at the first op's TP size
+            size_out = float(self._lookup(ids[-1:], tp[:1], mbs[-1:], algo[-1:])[F["output_size"], 0])
+        in_comm = size_in / self.db.bandwidth(size_in, in_cross, self.reference)
+        out_comm = size_out / self.db.bandwidth(size_out, out_cross, self.reference)
         if self.resharding and not flat and len(ids) > 1:
             fwd_r, bwd_r = self._reshard_us(ids, tp, dp, algo, v[F["input_size"]])
             in_comm, out_comm = in_comm + fwd_r, out_comm + bwd_r
@@ -259,7 +270,7 @@ class CostModel:
         if not self.flex_recompute:
             return [1] * n
         rc = [0] * n
-        memory = self.stage_memory(stage, micro_bs, behind, rc).total
+        memory = self.stage_memory(stage, micro_bs, behind, rc).total + self.peak_mem_in_backward
         if memory <= self.memory_limit:
             return rc
         ids, tp, _, mbs, algo = self._arrays(stage, micro_bs)

@@ -76,15 +76,19 @@ class Database:
                 return sizes[key]
         return MISSING_COLLECTIVE_MS
 
-    def bandwidth(self, size_mb: float, cross_node: bool) -> float:
-        """P2P bandwidth in MB per microsecond for a message of `size_mb` (1 when nothing is sent)."""
+    def bandwidth(self, size_mb: float, cross_node: bool, reference: bool = False) -> float:
+        """P2P bandwidth in MB per microsecond for a message of `size_mb` (1 when nothing is sent).
+
+        Table entry i is 2^i MB, looked up one below log2 as the reference does. Under 1 MB the
+        reference's index is negative and counts from the end of the table (`reference`); otherwise
+        messages under 1 MB use the smallest entry."""
         band = self.inter_band if cross_node and self.inter_band else self.intra_band
         if size_mb <= 0 or not band:
             return 1.0
-        # Table entry i is 2^i MB, looked up one below log2 as the reference does; messages under
-        # 1 MB use the smallest entry (the reference indexes from the end of the table there).
         i = int(math.log(size_mb, 2))
-        i = max(i - 1 if i >= 1 else i, 0)
+        i = i - 1 if i >= 1 else i
+        if i < 0:
+            i = max(i, -len(band)) if reference else 0
         return band[min(i, len(band) - 1)] * 0.001
 
 

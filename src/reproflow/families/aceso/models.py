@@ -108,6 +108,12 @@ class Model:
                           "t5": ("encoder-embedding", "decoder-embedding", "t5-post-process"),
                           "resnet": ("conv1",)}[self.family])
 
+    def tunable(self, op: str) -> bool:
+        """Ops with a tensor-parallel form, whose tp/dp and algo the search's op-level tuning may change."""
+        if self.family == "resnet":
+            return "conv" in op or "downsample" in op
+        return op == "encoder-embedding" or any(k in op for k in ("attention-qkv", "attention-dense", "MLP-GEMM"))
+
     def json_fields(self) -> dict[str, object]:
         """The model part of Aceso's config JSON."""
         if self.family == "resnet":

@@ -50,6 +50,8 @@ class Options:
     op_group_size: int = 1
     max_op_move_steps: int = 5
     adaptive_times: int = 5
+    finetune_after_trial: int = 0
+    sort_metric: str = "max_stage_time"
 
     @property
     def num_gpus(self) -> int:
@@ -530,7 +532,7 @@ class DepthSearch:
                     self.unexplored.append(q)
             if better:
                 return min(better, key=lambda q: q.time)
-            for q in sorted(results, key=lambda q: q.time):
+            for q in sorted(results, key=self._sort_key):
                 seen.append(q)
                 nxt = self.hop(q, depth + 1, start_time, adaptive=False)
                 if nxt is not None:
@@ -538,6 +540,12 @@ class DepthSearch:
                         return nxt
                     seen.append(nxt)
         return self._best_of(seen)
+
+    def _sort_key(self, q: Point) -> float:
+        """Order of a hop's results: the slowest stage, or the GPU time of all stages (--sort-metric)."""
+        if self.opts.sort_metric == "total_gpu_time":
+            return sum(t * s.num_gpus for t, s in zip(q.pred.stage_ms, q.config.stages, strict=True))
+        return q.time
 
     def _best_of(self, points: list[Point]) -> Point | None:
         ok = [q for q in points if self.fits(q)]
@@ -570,6 +578,8 @@ class DepthSearch:
         adaptive = False
         while trials < self.opts.max_trials and not self.time_up():
             q = self.trial(p, self.best_time, adaptive) or p
+            for _ in range(self.opts.finetune_after_trial):
+                q = self.finetune(q)
             trials += 1
             adaptive = False
             if (q.time < self.best_time and self.fits(q)) or (memory > self.opts.memory_limit and q.memory < memory):
@@ -615,6 +625,77 @@ class DepthSearch:
                             p, improved = q, True
                             break
         return p
+
+    # --- op-level tuning (--finetune-after-trial) ----------------------------------------------
+    def finetune(self, p: Point) -> Point:
+        """Per stage: the best change of tp/dp over a run of consecutive ops, then the best algo per
+        tunable op; each kept when the stage gets faster and fits, as the reference's `finetune`."""
+        config, changed = p.config, False
+        for i in range(self.n):
+            for tune in (self._tune_dims, self._tune_algos):
+                s = config.stages[i]
+                if s.num_gpus == 1 or self.time_up():
+                    continue
+                behind = self.n - 1 - i
+                t0 = self.alone_ms(s, config.micro_bs)
+                new = tune(s, config.micro_bs, behind)
+                if new is not None and self.alone_ms(new, config.micro_bs) < t0 and self._fits_stage(
+                        new, config.micro_bs, behind):
+                    if not changed:
+                        config, changed = clone(config), True
+                    config.stages[i] = new
+        return self.evaluate(config) if changed else p
+
+    def _fits_stage(self, s: Stage, micro_bs: int, behind: int) -> bool:
+        return self.cost.stage_memory(s, micro_bs, behind).total <= self.opts.memory_limit
+
+    def _tune_dims(self, s: Stage, micro_bs: int, behind: int) -> Stage | None:
+        """From each tunable op, forwards and backwards, trade a factor 2 between tp and dp op by op
+        while the sizes allow; the fastest variant that fits (the least memory when none fits)."""
+        mbs, n = self.opts.mbs_list, len(s.ops)
+        variants = []
+        for start in range(n):
+            if not self.cost.model.tunable(s.ops[start]):
+                continue
+            for to_dp in (False, True):
+                for span in (range(start, n), range(start, -1, -1)):
+                    tp, dp = list(s.tp), list(s.dp)
+                    for k in span:
+                        if to_dp and tp[k] > 1 and micro_bs // (dp[k] * 2) in mbs:
+                            tp[k], dp[k] = tp[k] // 2, dp[k] * 2
+                        elif not to_dp and tp[k] < self.opts.max_tp and dp[k] > 1 and micro_bs // (dp[k] // 2) in mbs:
+                            tp[k], dp[k] = tp[k] * 2, dp[k] // 2
+                        else:
+                            break
+                    if tp == s.tp:
+                        continue
+                    self.explored += 1
+                    st = Stage(s.ops, tp, dp, s.algo, [0] * n)
+                    st.recompute = self.cost.choose_recompute(st, micro_bs, behind)
+                    variants.append((self.alone_ms(st, micro_bs), self.cost.stage_memory(st, micro_bs, behind).total,
+                                     st))
+        if not variants:
+            return None
+        fitting = [v for v in variants if v[1] < self.opts.memory_limit]
+        return min(fitting, key=lambda v: v[0])[2] if fitting else min(variants, key=lambda v: v[1])[2]
+
+    def _tune_algos(self, s: Stage, micro_bs: int, behind: int) -> Stage | None:
+        """Op by op, the other partition algorithm where it makes the stage faster (and fits)."""
+        algos = list(s.algo)
+        best_t = self.alone_ms(s, micro_bs)
+        over = self.cost.stage_memory(s, micro_bs, behind).total > self.opts.memory_limit
+        for k, op in enumerate(s.ops):
+            if not self.cost.model.tunable(op):
+                continue
+            for a in self.cost.model.algos:
+                if a == algos[k]:
+                    continue
+                self.explored += 1
+                trial = Stage(s.ops, s.tp, s.dp, [*algos[:k], a, *algos[k + 1:]], s.recompute)
+                t = self.alone_ms(trial, micro_bs)
+                if t < best_t and (over or self._fits_stage(trial, micro_bs, behind)):
+                    algos, best_t = trial.algo, t
+        return None if algos == s.algo else Stage(s.ops, s.tp, s.dp, algos, s.recompute)
 
     def _pop_candidate(self) -> Point | None:
         if not self.unexplored:
