@@ -93,6 +93,13 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     cost = CostModel(database, 2, 10000)
     plan = best_feasible(megatron_plans(cost, m.full_op_list(database.ops), 16, 2, 2, range(1, 3)), 10000)
     assert plan is not None and plan.prediction.iteration_ms > 0
+    # The runtime model adds each stage's gradient all-reduce and optimizer step (profiled per op) to the pipeline.
+    steps = {r[0]: float(r[1]) for r in list(csv.reader((db / "opt_gpt_tiny_tp1.csv").open()))[1:]}
+    assert steps["enc-MLP-GEMM-1"] > 0 and steps["enc-attention-softmax"] == 0  # no weights, no step
+    runtime = CostModel(database, 2, 10000, kind="runtime").predict(plan.config)
+    assert all(ms > 0 for ms in runtime.outside_ms)
+    assert runtime.iteration_ms == pytest.approx(plan.prediction.iteration_ms + max(runtime.outside_ms), rel=0.2)
+    assert runtime.iteration_ms > plan.prediction.iteration_ms
     search = reproflow("aceso", "search", "--model-name", "gpt", "--model-size", "tiny", "--global-batch-size", "16",
                        "--micro-batch-size", "1", "2", "--num-nodes", "1", "--num-gpus-per-node", "2",
                        "--memory-limit", "10000", "--profiled-time-path", str(db), "--config-save-path",
@@ -116,7 +123,7 @@ def test_profile_command_writes_the_database(tmp_path: Path) -> None:
     assert dry.returncode == 0 and "mbs=8,algo=0" in dry.stdout and not (tmp_path / "db").exists()
     proc = reproflow(*args)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in (tmp_path / "db").glob("*.csv")) == ["resnet_tiny_mbs8_tp1_algo0.csv",
-                                                                      "resnet_tiny_mbs8_tp1_algo1.csv"]
+    assert sorted(p.name for p in (tmp_path / "db").glob("*.csv")) == [
+        "opt_resnet_tiny_tp1.csv", "resnet_tiny_mbs8_tp1_algo0.csv", "resnet_tiny_mbs8_tp1_algo1.csv"]
     again = reproflow(*args)
     assert again.returncode == 0 and "0 to run, 2 already done" in again.stdout

@@ -50,10 +50,16 @@ def test_search_beats_or_matches_the_uniform_plan(name: str, size: str, gbs: int
 @needs_miniset
 def test_search_command_writes_the_reference_outputs(tmp_path: Path) -> None:
     out = tmp_path / "configs"
-    proc = reproflow("aceso", "search", "--model-name", "gpt", "--model-size", "1_3B", "--global-batch-size", "512",
-                     "--micro-batch-size", "1", "2", "4", "8", "--num-nodes", "1", "--num-gpus-per-node", "4",
-                     "--memory-limit", "12000", "--profiled-time-path", str(MINISET), "--config-save-path",
-                     f"{out}/", "--max-num-hops", "7", "--time-budget-total", "2", "--config-suffix", "t")
+    argv = ["aceso", "search", "--model-name", "gpt", "--model-size", "1_3B", "--global-batch-size", "512",
+            "--micro-batch-size", "1", "2", "4", "8", "--num-nodes", "1", "--num-gpus-per-node", "4",
+            "--memory-limit", "12000", "--profiled-time-path", str(MINISET), "--config-save-path",
+            f"{out}/", "--max-num-hops", "7", "--time-budget-total", "2", "--config-suffix", "t"]
+    # The artifact's database has no optimizer tables: the default (runtime) model says which file and what to do.
+    refused = reproflow(*argv)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"{MINISET / 'opt_gpt_1_3B_tp1.csv'}: missing; the runtime model of gpt_1_3B" in refused.stderr
+    assert "--model reference" in refused.stderr
+    proc = reproflow(*argv, "--model", "reference")
     assert proc.returncode == 0, proc.stderr
     assert "at least as fast as the uniform plan" in proc.stdout and "Megatron-LM uniform plan: pp 4" in proc.stdout
     (top,) = (out / "top_configs").glob("*.json")
@@ -67,7 +73,8 @@ def test_search_command_writes_the_reference_outputs(tmp_path: Path) -> None:
     assert (out / "gpt_1_3B_summary_t.csv").read_text().startswith("search_cost\n")
     predicted = reproflow("aceso", "predict", "--model-name", "gpt", "--model-size", "1_3B", "--global-batch-size",
                           "512", "--num-nodes", "1", "--num-gpus-per-node", "4", "--memory-limit", "12000",
-                          "--profiled-time-path", str(MINISET), "--config-save-path", str(out), "--config", str(top))
+                          "--profiled-time-path", str(MINISET), "--config-save-path", str(out), "--config", str(top),
+                          "--model", "reference")
     assert predicted.returncode == 0, predicted.stderr
     max_time = max(float(row[1]) for row in info[1:])
     assert f"iteration {max_time:.2f} ms" in predicted.stdout

@@ -315,6 +315,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.estimate or args.dry_run:
         for target in targets:
             print(f"{target.name}: {target.title} (steps: {', '.join(target.steps)})")
+        others = [t for t in plan.targets.values() if t not in targets]
+        for target in others:
+            print(f"{target.name}: {target.title} (not run: only when named, make {target.name}"
+                  + (", with REFERENCE" if target.needs_reference else "") + ")")
         print()
         rows = rp.estimate(steps, folders, args.executor)
         print(rp.format_estimate(rows, args.executor))

@@ -65,6 +65,10 @@ class Target:
     steps: tuple[str, ...]
     draw: tuple[str, ...] = ()
     reference: str = ""
+    # Run only when named (make <target>): too long for the whole reproduction.
+    default: bool = True
+    # Its steps read data from the reference folder (e.g. the artifact's profiled database).
+    needs_reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,12 @@ class Plan:
     targets: dict[str, Target]
 
     def select(self, only: Sequence[str]) -> tuple[list[Target], list[Step]]:
-        """The targets named in `only` (all when empty) and the steps they need, in plan order; a step
-        covered by another selected step (Aceso's search by its full run) is left out."""
+        """The targets named in `only` (every default one when empty) and the steps they need, in plan
+        order; a step covered by another selected step (Aceso's search by its full run) is left out."""
         unknown = [t for t in only if t not in self.targets]
         if unknown:
             raise ReproflowError(f"--only {', '.join(unknown)}: no such target. Targets: {', '.join(self.targets)}.")
-        targets = [t for name, t in self.targets.items() if not only or name in only]
+        targets = [t for name, t in self.targets.items() if name in only or (not only and t.default)]
         wanted = {s for t in targets for s in t.steps}
         steps = [s for name, s in self.steps.items() if name in wanted and s.covered_by not in wanted]
         return targets, steps
@@ -106,7 +110,7 @@ def load_plan(path: Path) -> Plan:
             target = Target(**{**raw, "steps": tuple(raw.get("steps", ())), "draw": tuple(raw.get("draw", ()))})
         except TypeError as exc:
             raise ReproflowError(f"{path}: target {i + 1} ({raw.get('name', '?')}): {exc}; fields are name, "
-                                 "family, title, steps, draw, reference.") from None
+                                 "family, title, steps, draw, reference, default, needs_reference.") from None
         missing = [s for s in target.steps if s not in steps]
         if missing:
             raise ReproflowError(f"{path}: target {target.name}: steps {', '.join(missing)} are not defined "
@@ -428,6 +432,11 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     from reproflow.report import build_reports
 
     targets, steps = plan.select(only)
+    needy = [t.name for t in targets if t.needs_reference]
+    if needy and folders.reference is None:
+        raise ReproflowError(f"target {', '.join(needy)} reads the artifact's data from the reference folder: give "
+                             "--reference (make REFERENCE=...) a folder holding aceso/profiled-time-eurosys and "
+                             "aceso/reference-results (the artifact's profiler/profiled-time-eurosys and results/ref).")
     rows = estimate(steps, folders, executor)
     progress = Progress(rows, out)
     out(f"reproflow reproduce: {len(targets)} target(s), {len(steps)} step(s), {executor}; about "

@@ -443,7 +443,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     With --submit the three steps of each model are Slurm jobs chained with afterok dependencies; run
     the result scripts (`reproflow aceso e2e small` ...) when they have finished.
 
-    large, scale: the search step of the large-scale experiments on a profiled database (the artifact
+    small --sizes reference --profiled-time-path DB, large, scale: the search step of the artifact's
+    experiments on a profiled database (the artifact
     asks reviewers without GPUs to reproduce exactly this): every model and size of its scripts,
     Aceso's search and the Megatron-LM plan, predicted throughput normalised to Megatron-LM beside the
     published measured one, and search cost beside the published. CPU only; --submit makes each
@@ -452,7 +453,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         args.log_path = Path("aceso-logs" if args.setting == "small" else "aceso-logs-large")
     if args.cost_model is None:
         args.cost_model = "runtime" if args.setting == "small" else "reference"
-    if args.setting != "small":
+    if args.setting != "small" or args.profiled_time_path is not None:
         return _reproduce_search(args)
     root: Path = args.log_path
     if root.resolve().is_relative_to(Path(args.results).resolve()):
@@ -508,6 +509,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def _reproduce_search(args: argparse.Namespace) -> int:
     """large | scale: Aceso's search and the Megatron-LM plan for every model and size, then the tables."""
     rows = [s for s in SETTINGS[args.setting] if s.model in args.models or args.setting == "scale"]
+    if args.setting == "small" and args.sizes == "tiny":
+        raise ReproflowError("--profiled-time-path with the small setting searches the artifact's own models: add "
+                             "--sizes reference (tiny models are profiled here, without --profiled-time-path).")
     if args.model_sizes:
         rows = [s for s in rows if s.label in args.model_sizes]
         missing = set(args.model_sizes) - {s.label for s in rows}
@@ -698,7 +702,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--model-sizes", nargs="+", default=[], metavar="SIZE",
                    help="large and scale: only these sizes (e.g. 1_3B 13B, or 8layers 1024layers)")
     p.add_argument("--profiled-time-path", type=Path, default=None,
-                   help="large and scale: the profiled database (the artifact's profiled-time-eurosys)")
+                   help="large and scale (and small --sizes reference, search only): the profiled database "
+                   "(the artifact's profiled-time-eurosys, or -miniset for small)")
     p.add_argument("--artifact-configs", type=Path, default=None,
                    help="large and scale: the artifact's own search output (its logs-large/aceso/configs), scored "
                    "with the reference model beside reproflow's")

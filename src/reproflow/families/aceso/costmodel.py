@@ -8,11 +8,15 @@ micro batches takes max over stages of (M - 1) t_s + sum_j t_j. Memory per stage
 the fp32 master copy for fp16 models) + gradients + optimizer state + activations kept for the
 stages behind + the peak of one micro-batch + reserved (allocator) memory, as the reference.
 
-Where this model differs from the reference on purpose:
-* the output P2P time looks up the last op at its own TP size (the reference uses the first op's);
-* stage time inside the search uses the true cross-node flags (the reference assumes intra-node
-  there and only in its final report uses them).
-Like the reference, it does not model the data-parallel gradient all-reduce.
+Two kinds (`kind`):
+* "reference": the reference's predictions exactly, quirks included (the last op's output is looked up
+  at the first op's TP size; messages under 1 MB index the P2P table from its end).
+* "runtime": what reproflow's runtime does. The last op's output at its own TP size, messages under
+  1 MB at the smallest P2P entry, and after the pipeline, per stage, the data-parallel gradient
+  all-reduce of each (tp, dp) group of ops (the profiled all_reduce table) and the optimizer step (the
+  profiled Adam step of each op): on the reference's V100s these were small beside the pipeline, on
+  CPU ranks they are a third to a half of an iteration, and a model without them searches for the
+  wrong thing.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reproflow.families.aceso.database import FIELDS, Database
+from reproflow.errors import ReproflowError
+from reproflow.families.aceso.database import FIELDS, Database, optimizer_file
 from reproflow.families.aceso.models import Model, is_layer_start, op_spec, reshard
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -88,6 +93,7 @@ class Prediction:
     eff_loss_ms: list[float] = field(default_factory=list)
     recompute_ms: list[float] = field(default_factory=list)
     efficiency: list[float] = field(default_factory=list)
+    outside_ms: list[float] = field(default_factory=list)  # after the pipeline: gradient all-reduce, optimizer
 
     @property
     def iteration_ms(self) -> float:
@@ -104,13 +110,21 @@ class Prediction:
 class CostModel:
     """Predictions for one model and database on a cluster shape, with the reference's options."""
 
-    def __init__(self, db: Database, gpus_per_node: int, memory_limit: float, *, kind: str = "runtime",
+    def __init__(self, db: Database, gpus_per_node: int, memory_limit: float, *, kind: str = "reference",
                  shared_space: bool = True, reserved_space: bool = True, memory_pred: str = "MAX",
                  flex_recompute: bool = True, peak_mem_in_backward: float = 0.0) -> None:
         if kind not in KINDS:
             raise ValueError(f"cost model {kind!r}: choose one of {', '.join(KINDS)}")
         self.db, self.model, self.kind = db, db.model, kind
         self.reference = kind == "reference"
+        if not self.reference:
+            missing = [tp for tp in db.tps if tp not in db.optimizer_us]
+            if missing:
+                f = db.path / optimizer_file(db.model, missing[0])
+                raise ReproflowError(f"{f}: missing; the runtime model of {db.model.file_stem} needs the optimizer "
+                                     f"step of every op at TP {', '.join(map(str, missing))} (reproflow's profiler "
+                                     "writes it). Profile the model here, or use --model reference (Aceso's model, "
+                                     "which leaves the optimizer and the gradient all-reduce out).")
         self.gpus_per_node, self.memory_limit = gpus_per_node, memory_limit
         self.shared_space, self.reserved_space, self.memory_pred = shared_space, reserved_space, memory_pred
         self.flex_recompute = flex_recompute
@@ -309,9 +323,9 @@ class CostModel:
         return rc
 
     def _stage(self, stage: Stage, micro_bs: int, behind: int, in_cross: bool,
-               out_cross: bool) -> tuple[float, float, float, float, float, float, StageMemory]:
-        """(time, compute, ideal, efficiency loss, recompute, efficiency) in ms and memory of one stage, memoised
-        (a search evaluates the same stage in many configs)."""
+               out_cross: bool) -> tuple[float, float, float, float, float, float, StageMemory, float]:
+        """(time, compute, ideal, efficiency loss, recompute, efficiency) in ms, memory, and time outside the
+        pipeline of one stage, memoised (a search evaluates the same stage in many configs)."""
         key = (tuple(stage.ops), tuple(stage.tp), tuple(stage.dp), tuple(stage.algo), tuple(stage.recompute),
                micro_bs, behind, in_cross, out_cross)
         hit = self._memo.get(key)
@@ -322,11 +336,26 @@ class CostModel:
         ffwd, fbwd, fin, fout, _ = self.stage_time(stage, micro_bs, in_cross, out_cross, flat=True)
         out = (t, (fwd + bwd + rc) / 1000, (ffwd + fbwd) / stage.num_gpus / 1000,
                ((fwd + bwd) - (ffwd + fbwd) / stage.num_gpus) / 1000, rc / 1000,
-               (ffwd + fbwd + fin + fout) / 1000 / (t * stage.num_gpus), self.stage_memory(stage, micro_bs, behind))
+               (ffwd + fbwd + fin + fout) / 1000 / (t * stage.num_gpus), self.stage_memory(stage, micro_bs, behind),
+               0.0 if self.reference else self.outside_ms(stage, micro_bs))
         if len(self._memo) > 200000:
             self._memo.clear()
         self._memo[key] = out
         return out
+
+    def outside_ms(self, stage: Stage, micro_bs: int) -> float:
+        """What the runtime does after the pipeline, per iteration: one all-reduce of the gradients of
+        each (tp, dp) group of ops over its DP group (across nodes when the stage spans them), then an
+        Adam step over the stage's weights (the profiled per-op steps)."""
+        ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs)
+        weights = self._lookup(ids, tp, mbs, algo)[F["weights"]]
+        buckets: dict[tuple[int, int], float] = {}
+        for t, d, w in zip(tp.tolist(), dp.tolist(), weights.tolist(), strict=True):
+            buckets[(t, d)] = buckets.get((t, d), 0.0) + w
+        cross = stage.num_gpus > self.gpus_per_node
+        reduce = sum(self.db.all_reduce_ms(d, mb, cross) for (_, d), mb in buckets.items() if d > 1)
+        step = sum(float(self.db.optimizer_us[t][i]) for t, i in zip(tp.tolist(), ids.tolist(), strict=True)) / 1000
+        return reduce + step
 
     def predict(self, config: Config) -> Prediction:
         """Every stage's time and memory, the pipeline time, and the policy's breakdowns."""
@@ -340,6 +369,6 @@ class CostModel:
             rows.append(self._stage(stage, config.micro_bs, n - 1 - i, in_cross, before % self.gpus_per_node == 0))
         stage_ms = [r[0] for r in rows]
         total = sum(stage_ms)
-        return Prediction(stage_ms, [t * (m - 1) + total for t in stage_ms], [r[6] for r in rows],
-                          [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
-                          [r[5] for r in rows])
+        return Prediction(stage_ms, [t * (m - 1) + total + r[7] for t, r in zip(stage_ms, rows, strict=True)],
+                          [r[6] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                          [r[4] for r in rows], [r[5] for r in rows], [r[7] for r in rows])

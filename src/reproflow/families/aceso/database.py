@@ -5,6 +5,8 @@
   times in microseconds, sizes in MB (2^20 bytes), three decimals.
 * `prim_{model}_{size}_{collective}_{N}gpus.csv`: `data_size(MB),time(ms)`, one row per integer MB.
 * `p2p_intra_node.csv`, `p2p_inter_node.csv`: a row of sizes in MB, then a row of GB/s.
+* `opt_{model}_{size}_tp{T}.csv` (reproflow's, not the reference's): `op_name,optimizer-step`, the
+  microseconds of one Adam step over each op's weights at TP size T; the runtime model needs it.
 
 Entries that were not profiled read as 1e6, as in the reference, so a config that needs them is
 never chosen; a collective size missing from its table costs 100000 ms.
@@ -44,6 +46,13 @@ def collective_file(model: Model, prim: str, gpus: int) -> str:
     return f"prim_{model.file_stem}_{prim}_{gpus}gpus.csv"
 
 
+def optimizer_file(model: Model, tp: int) -> str:
+    return f"opt_{model.file_stem}_tp{tp}.csv"
+
+
+OPTIMIZER_HEADER = ("op_name", "optimizer-step")
+
+
 @dataclass
 class Database:
     """Op profiles as arrays [field][op, mbs index, log2(tp), algo], plus collectives and P2P bandwidth."""
@@ -57,6 +66,8 @@ class Database:
     intra_band: list[float] = field(default_factory=list)  # GB/s at 1, 2, 4, ... MB
     inter_band: list[float] = field(default_factory=list)
     fp32: bool = False  # profiled in float32 (reproflow on CPU): no fp16 master copies to model
+    optimizer_us: dict[int, np.ndarray] = field(default_factory=dict)  # per TP size: Adam step per distinct op
+    path: Path = Path()
 
     @property
     def memory_ratios(self) -> tuple[int, int]:
@@ -75,6 +86,24 @@ class Database:
             if key in sizes:
                 return sizes[key]
         return MISSING_COLLECTIVE_MS
+
+    def all_reduce_ms(self, gpus: int, size_mb: float, cross_node: bool) -> float:
+        """A gradient all-reduce of `size_mb` over `gpus` ranks: the profiled table, interpolated between
+        its whole-MB sizes and extended past its largest along the line through its two largest; across
+        nodes (no table), a ring's 2 (n - 1) / n of the data over the inter-node P2P bandwidth."""
+        table = self.collectives.get("all_reduce", {}).get(gpus)
+        if cross_node or not table:
+            if not cross_node:
+                raise ReproflowError(f"{self.path / collective_file(self.model, 'all_reduce', gpus)}: missing; the "
+                                     f"runtime model of {self.model.file_stem} needs the gradient all-reduce over "
+                                     f"{gpus} GPUs. Profile the collectives, or use --model reference.")
+            return 2 * (gpus - 1) / gpus * size_mb / self.bandwidth(size_mb, True) / 1000
+        sizes = np.array(sorted(float(k) for k in table))
+        times = np.array([table[f"{x:.0f}"] for x in sizes])
+        if size_mb <= sizes[-1] or len(sizes) < 2:
+            return float(np.interp(size_mb, sizes, times))
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        return float(times[-1] + slope * (size_mb - sizes[-1]))
 
     def bandwidth(self, size_mb: float, cross_node: bool, reference: bool = False) -> float:
         """P2P bandwidth in MB per microsecond for a message of `size_mb` (1 when nothing is sent).
@@ -120,13 +149,21 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
                     table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
     precision = path / PRECISION_FILE
     fp32 = precision.is_file() and precision.read_text().strip() == "float32"
-    db = Database(model, ops, list(mbs_list), tps, table, fp32=fp32 or not model.fp16)
+    db = Database(model, ops, list(mbs_list), tps, table, fp32=fp32 or not model.fp16, path=path)
     for prim in COLLECTIVES:
         for gpus in tps[1:]:
             f = path / collective_file(model, prim, gpus)
             if f.is_file():
                 db.collectives.setdefault(prim, {})[gpus] = {row[0]: float(row[1]) for row in
                                                              _rows(f, COLLECTIVE_HEADER)}
+    for tp in tps:
+        f = path / optimizer_file(model, tp)
+        if f.is_file():
+            us = np.full(len(ops), np.nan)
+            for row in _rows(f, OPTIMIZER_HEADER):
+                if row[0] in where:
+                    us[where[row[0]]] = float(row[1])
+            db.optimizer_us[tp] = us
     for name, attr in (("p2p_intra_node.csv", "intra_band"), ("p2p_inter_node.csv", "inter_band")):
         f = path / name
         if f.is_file():
@@ -170,6 +207,7 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
         rows = rows.assign(kind="ops")
     written = []
     ops = rows[rows["kind"] == "ops"]
+    optimizer: dict[Path, list[tuple[str, float]]] = {}
     for (name, size, mbs, tp, algo), sub in _groups(ops, ["model", "size", "mbs", "tp", "algo"]):
         sub = _newest(sub)
         wide = sub.pivot_table(index=["op_index", "op"], columns="metric", values="value").reset_index()
@@ -180,6 +218,13 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
         write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS])
                               for _, r in wide.sort_values("op_index").iterrows()])
         written.append(path)
+        opt = out / optimizer_file(Model(str(name), str(size), 1), int(tp))
+        if "optimizer-step" in wide.columns and opt not in optimizer:  # the smallest micro-batch, algo 0
+            optimizer[opt] = [(str(r["op"]), float(r["optimizer-step"]))
+                              for _, r in wide.sort_values("op_index").iterrows()]
+    for opt, table in optimizer.items():
+        atomic_write(opt, ",".join(OPTIMIZER_HEADER) + "\n" + "".join(f"{op},{us:.3f}\n" for op, us in table))
+        written.append(opt)
     if not ops.empty and "device" in ops.columns:
         path = out / PRECISION_FILE
         atomic_write(path, ("float32" if set(ops["device"]) == {"cpu"} else "float16") + "\n")

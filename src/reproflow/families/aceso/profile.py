@@ -143,6 +143,10 @@ def profile_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
         bwd_reserved = max(0.0, torch.cuda.memory_reserved(ctx.device) - res1)
     ctx.barrier()
     bwd = time_steps(ctx.sync, lambda: torch.autograd.backward(outs, grads, retain_graph=True), warmup, repeats)
+    # The runtime's optimizer (Adam over the stage's weights) costs per op what it costs on the op's own.
+    params = [w for w in weights.values() if w.grad is not None]
+    ctx.barrier()
+    optimizer = time_steps(ctx.sync, torch.optim.Adam(params).step, warmup, repeats) if params else 0.0
     return {
         "forward-compute": _mean_over_ranks(ctx, fwd) * 1e6,
         "backward-compute": _mean_over_ranks(ctx, bwd) * 1e6,
@@ -152,6 +156,7 @@ def profile_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
         "activations": activations / MB,
         "fwd_reserved": fwd_reserved / MB,
         "bwd_reserved": bwd_reserved / MB,
+        "optimizer-step": _mean_over_ranks(ctx, optimizer) * 1e6,
     }
 
 
@@ -228,7 +233,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         torch.manual_seed(1234 + index)
         values = profile_op(ctx, tp, op, index, dtype, params["warmup"], params["repeats"])
         coords = {"op": op.name, "op_index": index, "tp": tp.size}
-        units = {"forward-compute": "us", "backward-compute": "us"}
+        units = {"forward-compute": "us", "backward-compute": "us", "optimizer-step": "us"}
         out += [Measurement(k, v, units.get(k, "MB"), coords) for k, v in values.items()]
         ctx.log(f"  {op.name}: fwd {values['forward-compute']:.1f} us, bwd {values['backward-compute']:.1f} us")
     return out
