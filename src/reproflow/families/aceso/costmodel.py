@@ -21,7 +21,9 @@ Two kinds (`kind`):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,57 @@ class Stage:
     dp: list[int]
     algo: list[int]
     recompute: list[int]
+    # The per-op lists as arrays, with the lists they were made from: a search replaces lists, never
+    # changes them in place, so the arrays hold while the lists are the same objects.
+    _arrays: tuple = field(default=(), compare=False, repr=False)
+
+    def arrays(self, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(database row, tp, dp, algo) per op as integer arrays, made once per set of lists."""
+        lists = (self.ops, self.tp, self.dp, self.algo)
+        if self._arrays and all(a is b for a, b in zip(self._arrays[0], lists, strict=True)) \
+                and self._arrays[1] is index:
+            return self._arrays[2]
+        arr = (np.fromiter((index[o] for o in self.ops), dtype=np.intp, count=len(self.ops)),
+               np.asarray(self.tp, dtype=np.intp), np.asarray(self.dp, dtype=np.intp),
+               np.asarray(self.algo, dtype=np.intp))
+        self._arrays = (lists, index, arr, {})
+        return arr
+
+    def looked_up(self) -> dict:
+        """The cost model's table lookups of these arrays, by micro-batch (valid with the arrays)."""
+        return self._arrays[3]
+
+    def digest(self, index: dict[str, int]) -> bytes:
+        """A short key of the ops and their tp, dp and algo (memo keys: the lists may be thousands long)."""
+        self.arrays(index)
+        looked = self.looked_up()
+        key = looked.get("digest")
+        if key is None:
+            ids, tp, dp, algo = self.arrays(index)
+            packed = (ids << 16 | tp << 8 | dp << 1 | algo).astype(np.int32)  # op < 2^15, tp and dp < 2^7
+            key = looked["digest"] = hashlib.blake2b(packed.tobytes(), digest_size=16).digest()
+        return key
+
+    @staticmethod
+    def joined(a: Stage, b: Stage, tp: list[int], dp: list[int], recompute: list[int]) -> Stage:
+        """`a`'s ops then `b`'s, with these tp, dp and recompute lists (arrays joined when both have them)."""
+        new = Stage(a.ops + b.ops, tp, dp, a.algo + b.algo, recompute)
+        if a._arrays and b._arrays and a._arrays[1] is b._arrays[1] and a._arrays[0][0] is a.ops \
+                and b._arrays[0][0] is b.ops and a._arrays[0][3] is a.algo and b._arrays[0][3] is b.algo:
+            arr = (np.concatenate((a._arrays[2][0], b._arrays[2][0])), np.asarray(tp, dtype=np.intp),
+                   np.asarray(dp, dtype=np.intp), np.concatenate((a._arrays[2][3], b._arrays[2][3])))
+            new._arrays = ((new.ops, new.tp, new.dp, new.algo), a._arrays[1], arr, {})
+        return new
+
+    def part(self, sl: slice) -> Stage:
+        """The ops of `sl` as a stage of their own (the arrays sliced, not rebuilt)."""
+        new = Stage(self.ops[sl], self.tp[sl], self.dp[sl], self.algo[sl], self.recompute[sl])
+        if self._arrays:
+            lists, index, arr, looked = self._arrays
+            if all(a is b for a, b in zip(lists, (self.ops, self.tp, self.dp, self.algo), strict=True)):
+                new._arrays = ((new.ops, new.tp, new.dp, new.algo), index, tuple(a[sl] for a in arr),
+                               {k: v[:, sl] for k, v in looked.items() if k != "digest"})
+        return new
 
     @property
     def num_gpus(self) -> int:
@@ -136,8 +189,10 @@ class CostModel:
         self.no_recompute = self.model.no_recompute()
         # Activation weight per distinct op when tensors share storage (the reference's rules).
         self.share = np.array([self._share(op) for op in db.ops])
+        self.starts = np.array([is_layer_start(op) for op in db.ops])
+        self.recomputable = np.array([not is_layer_start(op) and "-relu" not in op and op not in self.no_recompute
+                                      for op in db.ops])
         self._memo: dict[tuple, tuple] = {}
-        self._id_memo: dict[tuple, np.ndarray] = {}
         self._pair_memo: dict[tuple, tuple[float, float]] = {}
         self._log2 = np.zeros(max(db.tps) + 1, dtype=np.intp)
         self._log2[db.tps] = np.arange(len(db.tps))
@@ -153,17 +208,6 @@ class CostModel:
             return 0.0
         return 1.0
 
-    def _ids(self, ops: list[str]) -> np.ndarray:
-        """Database row of each op, memoised per op sequence (stages are slices of one model)."""
-        key = tuple(ops)
-        ids = self._id_memo.get(key)
-        if ids is None:
-            ids = np.fromiter((self.index[o] for o in ops), dtype=np.intp, count=len(ops))
-            if len(self._id_memo) > 50000:
-                self._id_memo.clear()
-            self._id_memo[key] = ids
-        return ids
-
     def _lookup(self, ids: np.ndarray, tp: np.ndarray, mbs: np.ndarray, algo: np.ndarray) -> np.ndarray:
         """[field, op] values of the stage's ops."""
         m = self._mbs_lut[np.minimum(mbs, len(self._mbs_lut) - 1)]
@@ -173,10 +217,21 @@ class CostModel:
         return self.db.table[:, ids, m, self._log2[tp], algo]
 
     def _arrays(self, stage: Stage, micro_bs: int, flat: bool = False) -> tuple[np.ndarray, ...]:
-        n = len(stage.ops)
-        tp = np.ones(n, dtype=np.intp) if flat else np.asarray(stage.tp, dtype=np.intp)
-        dp = np.ones(n, dtype=np.intp) if flat else np.asarray(stage.dp, dtype=np.intp)
-        return self._ids(stage.ops), tp, dp, micro_bs // dp, np.asarray(stage.algo, dtype=np.intp)
+        ids, tp, dp, algo = stage.arrays(self.index)
+        if flat:
+            tp = dp = np.ones(len(ids), dtype=np.intp)
+        return ids, tp, dp, micro_bs // dp, algo
+
+    def _values(self, stage: Stage, micro_bs: int, flat: bool = False) -> np.ndarray:
+        """[field, op] values of a stage's ops, looked up once per stage and micro-batch."""
+        stage.arrays(self.index)  # rebuilt (with no lookups) if the stage's lists were replaced
+        looked = stage.looked_up()
+        key = (micro_bs, flat)
+        v = looked.get(key)
+        if v is None:
+            ids, tp, _, mbs, algo = self._arrays(stage, micro_bs, flat)
+            v = looked[key] = self._lookup(ids, tp, mbs, algo)
+        return v
 
     def stage_time(self, stage: Stage, micro_bs: int, in_cross: bool, out_cross: bool,
                    flat: bool = False) -> tuple[float, float, float, float, float]:
@@ -185,8 +240,15 @@ class CostModel:
         `flat` evaluates the same ops at tp = dp = 1 on the whole micro-batch (the ideal compute)."""
         if not stage.ops:
             return 0.0, 0.0, 0.0, 0.0, 0.0
+        key = ("time", stage.digest(self.index), bytes(stage.recompute), micro_bs, in_cross, out_cross, flat)
+        hit = self._memo.get(key)
+        return hit if hit is not None else self._remember(key, self._stage_time(stage, micro_bs, in_cross, out_cross,
+                                                                                flat))
+
+    def _stage_time(self, stage: Stage, micro_bs: int, in_cross: bool, out_cross: bool,
+                    flat: bool) -> tuple[float, float, float, float, float]:
         ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs, flat)
-        v = self._lookup(ids, tp, mbs, algo)
+        v = self._values(stage, micro_bs, flat)
         fwd, bwd = float(v[F["forward-compute"]].sum()), float(v[F["backward-compute"]].sum())
         rc = np.asarray(stage.recompute, dtype=bool)
         recomp = 0.0 if flat else float(v[F["forward-compute"]][rc].sum())
@@ -234,17 +296,18 @@ class CostModel:
             self._pair_memo[key] = hit
         return hit
 
-    def stage_memory(self, stage: Stage, micro_bs: int, behind: int, recompute: list[int] | None = None) -> StageMemory:
+    def stage_memory(self, stage: Stage, micro_bs: int, behind: int,
+                     recompute: list[int] | np.ndarray | None = None) -> StageMemory:
         """Memory of one stage with `behind` stages after it (their micro-batches keep activations here)."""
-        ops, rc = stage.ops, stage.recompute if recompute is None else recompute
-        ids, tp, _, mbs, algo = self._arrays(stage, micro_bs)
-        v = self._lookup(ids, tp, mbs, algo)
+        rc = stage.recompute if recompute is None else recompute
+        ids = self._arrays(stage, micro_bs)[0]
+        v = self._values(stage, micro_bs)
         act = v[F["activations"]]
         share = self.share[ids]
         weights = float(v[F["weights"]].sum())
         inputs = float(v[F["input_size"], 0])
         activations = float((act * share).sum())
-        saved, peak = self._saved_and_peak(ops, rc, act, share)
+        saved, peak = self._saved_and_peak(ids, rc, act, share)
         reserved = 0.0
         if self.reserved_space:
             fwd_r = float(v[F["fwd_reserved"], :-1].max(initial=0.0))
@@ -254,28 +317,31 @@ class CostModel:
         kept = inputs + activations - saved
         return StageMemory(weights * (1 + master), weights, weights * optim, kept * behind, kept + peak, reserved)
 
-    @staticmethod
-    def _saved_and_peak(ops: list[str], rc: list[int], act: np.ndarray, share: np.ndarray) -> tuple[float, float]:
-        """Activations not kept because they are recomputed, and the largest recomputed segment."""
-        saved, segment, peak = 0.0, 0.0, 0.0
-        n = len(ops)
-        if n <= 1 or not any(rc):
+    def _saved_and_peak(self, ids: np.ndarray, rc: list[int] | np.ndarray, act: np.ndarray,
+                        share: np.ndarray) -> tuple[float, float]:
+        """Activations not kept because they are recomputed, and the largest recomputed segment.
+
+        The reference walks the ops: where op i and op i + 1 are both recomputed, op i's (shared-
+        weighted) activation joins the open segment and is not kept, unless op i + 1 starts a layer
+        (its input is the checkpoint); a segment closes after such an op (and at the stage's last pair)
+        or before a pair that is not recomputed; one still open at the end does not count. Here the same
+        walk is done on arrays, as a stage of a 1000-layer model has thousands of ops."""
+        n = len(ids)
+        r = np.asarray(rc, dtype=bool)
+        if n <= 1 or not r.any():
             return 0.0, 0.0
-        for i in range(n - 1):
-            if rc[i] and rc[i + 1]:
-                a = float(act[i]) * float(share[i])
-                starts = is_layer_start(ops[i + 1])
-                if share[i] != 1.0:
-                    saved += a
-                    segment += a
-                    continue
-                saved += 0.0 if starts else a
-                segment += a
-                if starts or i + 1 == n - 1:
-                    peak, segment = max(peak, segment), 0.0
-            elif segment > 0:
-                peak, segment = max(peak, segment), 0.0
-        return saved, peak
+        both = r[:-1] & r[1:]
+        a = act[:-1] * share[:-1]
+        plain = share[:-1] == 1.0
+        starts = self.starts[ids[1:]]
+        saved = float(a[both & ~plain].sum() + a[both & plain & ~starts].sum())
+        last = np.zeros(n - 1, dtype=bool)
+        last[-1] = True
+        closes = (both & plain & (starts | last)) | ~both
+        segment = np.concatenate(([0], np.cumsum(closes)[:-1]))
+        sums = np.bincount(segment, weights=np.where(both, a, 0.0))
+        closed = int(closes.sum())
+        return saved, float(sums[:closed].max(initial=0.0))
 
     def choose_recompute(self, stage: Stage, micro_bs: int, behind: int) -> list[int]:
         """The reference's flexible recompute: none if the stage fits, else the op groups (same op name
@@ -283,51 +349,61 @@ class CostModel:
         n = len(stage.ops)
         if not self.flex_recompute:
             return [1] * n
-        rc = [0] * n
+        key = ("recompute", stage.digest(self.index), micro_bs, behind)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._remember(key, self._choose_recompute(stage, micro_bs, behind))
+        return list(hit)
+
+    def _remember(self, key: tuple, value: Any) -> Any:
+        """Memoise a stage-level result (a search evaluates the same stages in many configs)."""
+        if len(self._memo) > 200000:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    def _choose_recompute(self, stage: Stage, micro_bs: int, behind: int) -> list[int]:
+        n = len(stage.ops)
+        rc = np.zeros(n, dtype=np.int64)
         memory = self.stage_memory(stage, micro_bs, behind, rc).total + self.peak_mem_in_backward
         if memory <= self.memory_limit:
-            return rc
-        ids, tp, _, mbs, algo = self._arrays(stage, micro_bs)
-        act, share = self._lookup(ids, tp, mbs, algo)[F["activations"]], self.share[ids]
-        groups: dict[str, list[int]] = {}
-        for i, op in enumerate(stage.ops):
-            groups.setdefault(op, []).append(i)
-        sizes = {op: [float(act[i]) * (behind + 1) for i in idx] for op, idx in groups.items()}
-        done: set[str] = set()
+            return rc.tolist()
+        ids = self._arrays(stage, micro_bs)[0]
+        act, share = self._values(stage, micro_bs)[F["activations"]], self.share[ids]
+        distinct, first, group = np.unique(ids, return_index=True, return_inverse=True)
+        order = np.argsort(first)  # groups in order of first appearance: ties go to the earliest
+        sizes = act * (behind + 1)
+        totals = np.bincount(group, weights=sizes, minlength=len(distinct))
+        done = ~((totals > 0) & self.recomputable[distinct])
         saved, peak = 0.0, 0.0
         while memory > self.memory_limit:
-            candidates = [op for op in groups if op not in done and sum(sizes[op]) > 0 and not is_layer_start(op)
-                          and "-relu" not in op and op not in self.no_recompute]
-            if not candidates:
+            open_ = ~done[order]
+            if not open_.any():
                 break
-            best = max(candidates, key=lambda op: sum(sizes[op]))
-            done.add(best)
-            nxt = groups[best][0] + 1
+            best = order[np.argmax(np.where(open_, totals[order], -np.inf))]
+            done[best] = True
+            members = np.flatnonzero(group == best)
+            nxt = members[0] + 1
             if nxt >= n:
                 break
-            done.add(stage.ops[nxt])
-            excess, take, got = memory - self.memory_limit, 0, 0.0
-            if sum(sizes[best]) < excess:
-                take = len(groups[best])
-            else:
-                while got <= excess and take < len(groups[best]):
-                    got += sizes[best][take]
-                    take += 1
-            for i in groups[best][:take]:
-                rc[i] = 1
-                if i < n - 1:
-                    rc[i + 1] = 1
-            new_saved, new_peak = self._saved_and_peak(stage.ops, rc, act, share)
+            done[group[nxt]] = True
+            excess = memory - self.memory_limit
+            take = len(members)
+            if totals[best] >= excess:
+                take = min(int(np.searchsorted(np.cumsum(sizes[members]), excess, side="right")) + 1, take)
+            chosen = members[:take]
+            rc[chosen] = 1
+            rc[chosen[chosen < n - 1] + 1] = 1
+            new_saved, new_peak = self._saved_and_peak(ids, rc, act, share)
             memory += -(new_saved - saved) * (behind + 1) + (new_peak - peak)
             saved, peak = new_saved, new_peak
-        return rc
+        return rc.tolist()
 
     def _stage(self, stage: Stage, micro_bs: int, behind: int, in_cross: bool,
                out_cross: bool) -> tuple[float, float, float, float, float, float, StageMemory, float]:
         """(time, compute, ideal, efficiency loss, recompute, efficiency) in ms, memory, and time outside the
         pipeline of one stage, memoised (a search evaluates the same stage in many configs)."""
-        key = (tuple(stage.ops), tuple(stage.tp), tuple(stage.dp), tuple(stage.algo), tuple(stage.recompute),
-               micro_bs, behind, in_cross, out_cross)
+        key = (stage.digest(self.index), bytes(stage.recompute), micro_bs, behind, in_cross, out_cross)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -338,17 +414,14 @@ class CostModel:
                ((fwd + bwd) - (ffwd + fbwd) / stage.num_gpus) / 1000, rc / 1000,
                (ffwd + fbwd + fin + fout) / 1000 / (t * stage.num_gpus), self.stage_memory(stage, micro_bs, behind),
                0.0 if self.reference else self.outside_ms(stage, micro_bs))
-        if len(self._memo) > 200000:
-            self._memo.clear()
-        self._memo[key] = out
-        return out
+        return self._remember(key, out)
 
     def outside_ms(self, stage: Stage, micro_bs: int) -> float:
         """What the runtime does after the pipeline, per iteration: one all-reduce of the gradients of
         each (tp, dp) group of ops over its DP group (across nodes when the stage spans them), then an
         Adam step over the stage's weights (the profiled per-op steps)."""
-        ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs)
-        weights = self._lookup(ids, tp, mbs, algo)[F["weights"]]
+        ids, tp, dp, _, _ = self._arrays(stage, micro_bs)
+        weights = self._values(stage, micro_bs)[F["weights"]]
         buckets: dict[tuple[int, int], float] = {}
         for t, d, w in zip(tp.tolist(), dp.tolist(), weights.tolist(), strict=True):
             buckets[(t, d)] = buckets.get((t, d), 0.0) + w

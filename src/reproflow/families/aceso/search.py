@@ -109,8 +109,7 @@ def _filter(exclude: list[Action], time_: tuple = ANY, memory: tuple = ANY, comm
 
 
 def clone(config: Config) -> Config:
-    return Config(config.model, config.global_bs, config.micro_bs,
-                  [Stage(list(s.ops), list(s.tp), list(s.dp), list(s.algo), list(s.recompute)) for s in config.stages])
+    return Config(config.model, config.global_bs, config.micro_bs, [s.part(slice(None)) for s in config.stages])
 
 
 @dataclass
@@ -257,7 +256,7 @@ class DepthSearch:
         """Time or memory of stage `b` after moving `moved` boundary ops out, or scaling tp/dp."""
         s = config.stages[b]
         sl = slice(0, len(s.ops) - moved) if partner is not None and b < partner else slice(moved, None)
-        st = Stage(s.ops[sl], list(s.tp[sl]), list(s.dp[sl]), s.algo[sl], list(s.recompute[sl]))
+        st = s.part(sl)
         if scale:
             factor = 2 if scale == "inc" else 0.5
             if dim == "tp":
@@ -272,24 +271,25 @@ class DepthSearch:
         return self.alone_ms(st, config.micro_bs)
 
     def move_once(self, config: Config, b: int, toward: int, step: int) -> Config:
-        """Move `step` boundary ops from stage `b` to its neighbour on the side of `toward`."""
+        """Move `step` boundary ops from stage `b` to its neighbour on the side of `toward`; the moved
+        ops take the receiving stage's boundary tp and dp and keep their algo."""
         if step == 0 or len(config.stages[b].ops) <= step or b == toward:
             return config
         new = clone(config)
         s = new.stages[b]
         if b < toward:
             r = new.stages[b + 1]
-            r.ops, r.algo = s.ops[-step:] + r.ops, s.algo[-step:] + r.algo
-            r.tp, r.dp = [r.tp[0]] * step + r.tp, [r.dp[0]] * step + r.dp
-            r.recompute = [0] * step + r.recompute
-            s.ops, s.algo, s.tp, s.dp, s.recompute = (x[:-step] for x in (s.ops, s.algo, s.tp, s.dp, s.recompute))
+            moved = s.part(slice(len(s.ops) - step, None))
+            new.stages[b + 1] = Stage.joined(moved, r, [r.tp[0]] * step + r.tp, [r.dp[0]] * step + r.dp,
+                                             [0] * step + r.recompute)
+            new.stages[b] = s.part(slice(0, len(s.ops) - step))
             self.recompute(new, b + 1)
         else:
             left = new.stages[b - 1]
-            left.ops, left.algo = left.ops + s.ops[:step], left.algo + s.algo[:step]
-            left.tp, left.dp = left.tp + [left.tp[-1]] * step, left.dp + [left.dp[-1]] * step
-            left.recompute = left.recompute + [0] * step
-            s.ops, s.algo, s.tp, s.dp, s.recompute = (x[step:] for x in (s.ops, s.algo, s.tp, s.dp, s.recompute))
+            moved = s.part(slice(0, step))
+            new.stages[b - 1] = Stage.joined(left, moved, left.tp + [left.tp[-1]] * step,
+                                             left.dp + [left.dp[-1]] * step, left.recompute + [0] * step)
+            new.stages[b] = s.part(slice(step, None))
             self.recompute(new, b - 1)
         self.recompute(new, b)
         return new
