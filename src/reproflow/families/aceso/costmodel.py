@@ -22,6 +22,7 @@ Two kinds (`kind`):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,29 +320,39 @@ class CostModel:
 
     def _saved_and_peak(self, ids: np.ndarray, rc: list[int] | np.ndarray, act: np.ndarray,
                         share: np.ndarray) -> tuple[float, float]:
-        """Activations not kept because they are recomputed, and the largest recomputed segment.
-
-        The reference walks the ops: where op i and op i + 1 are both recomputed, op i's (shared-
-        weighted) activation joins the open segment and is not kept, unless op i + 1 starts a layer
-        (its input is the checkpoint); a segment closes after such an op (and at the stage's last pair)
-        or before a pair that is not recomputed; one still open at the end does not count. Here the same
-        walk is done on arrays, as a stage of a 1000-layer model has thousands of ops."""
-        n = len(ids)
+        """Activations not kept because they are recomputed, and the largest recomputed segment."""
         r = np.asarray(rc, dtype=bool)
-        if n <= 1 or not r.any():
+        if len(ids) <= 1 or not r.any():
             return 0.0, 0.0
-        both = r[:-1] & r[1:]
+        return self._walk(ids, act, share)(r)
+
+    def _walk(self, ids: np.ndarray, act: np.ndarray, share: np.ndarray) -> Callable[[np.ndarray], tuple[float, float]]:
+        """The reference's walk over a stage's ops, for any recompute flags of those ops.
+
+        Where op i and op i + 1 are both recomputed, op i's (shared-weighted) activation joins the open
+        segment and is not kept, unless op i + 1 starts a layer (its input is the checkpoint); a segment
+        closes after such an op (and at the stage's last pair) or before a pair that is not recomputed;
+        one still open at the end does not count. On arrays, with what does not depend on the flags
+        worked out once: a stage of a 1000-layer model has thousands of ops."""
         a = act[:-1] * share[:-1]
         plain = share[:-1] == 1.0
         starts = self.starts[ids[1:]]
-        saved = float(a[both & ~plain].sum() + a[both & plain & ~starts].sum())
-        last = np.zeros(n - 1, dtype=bool)
-        last[-1] = True
-        closes = (both & plain & (starts | last)) | ~both
-        segment = np.concatenate(([0], np.cumsum(closes)[:-1]))
-        sums = np.bincount(segment, weights=np.where(both, a, 0.0))
-        closed = int(closes.sum())
-        return saved, float(sums[:closed].max(initial=0.0))
+        not_kept = ~plain | ~starts
+        ends = plain & starts
+        ends[-1:] = plain[-1:]
+
+        def walk(r: np.ndarray) -> tuple[float, float]:
+            both = r[:-1] & r[1:]
+            if not both.any():
+                return 0.0, 0.0
+            saved = float(a @ (both & not_kept))
+            closes = np.flatnonzero((both & ends) | ~both)
+            if not len(closes):
+                return saved, 0.0
+            total = np.cumsum(np.where(both, a, 0.0))[closes]
+            return saved, float(max(total[0], np.diff(total).max(initial=0.0)))
+
+        return walk
 
     def choose_recompute(self, stage: Stage, micro_bs: int, behind: int) -> list[int]:
         """The reference's flexible recompute: none if the stage fits, else the op groups (same op name
@@ -370,6 +381,7 @@ class CostModel:
             return rc.tolist()
         ids = self._arrays(stage, micro_bs)[0]
         act, share = self._values(stage, micro_bs)[F["activations"]], self.share[ids]
+        walk = self._walk(ids, act, share)
         distinct, first, group = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first)  # groups in order of first appearance: ties go to the earliest
         sizes = act * (behind + 1)
@@ -394,7 +406,7 @@ class CostModel:
             chosen = members[:take]
             rc[chosen] = 1
             rc[chosen[chosen < n - 1] + 1] = 1
-            new_saved, new_peak = self._saved_and_peak(ids, rc, act, share)
+            new_saved, new_peak = walk(rc.astype(bool))
             memory += -(new_saved - saved) * (behind + 1) + (new_peak - peak)
             saved, peak = new_saved, new_peak
         return rc.tolist()
