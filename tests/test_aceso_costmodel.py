@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reproflow.errors import ReproflowError
@@ -228,3 +229,39 @@ def test_profiler_ops_are_the_reference_ops() -> None:
         if o.kind == "downsample" and o.project:
             assert o.carry is not None
             assert weights[o.name] == pytest.approx(o.carry[0] * o.c_out * 4 / 2**20, abs=1e-2), o.name
+
+
+def _walk_by_loop(starts: list[bool], rc: list[int], act: list[float], share: list[float]) -> tuple[float, float]:
+    """The reference's op-by-op walk (`get_activations_v3` / `get_peak_activations`), as a plain loop."""
+    saved = segment = peak = 0.0
+    n = len(rc)
+    for i in range(n - 1):
+        if rc[i] and rc[i + 1]:
+            a = act[i] * share[i]
+            if share[i] != 1.0:
+                saved, segment = saved + a, segment + a
+                continue
+            saved += 0.0 if starts[i + 1] else a
+            segment += a
+            if starts[i + 1] or i + 1 == n - 1:
+                peak, segment = max(peak, segment), 0.0
+        elif segment > 0:
+            peak, segment = max(peak, segment), 0.0
+    return saved, peak
+
+
+def test_the_recompute_walk_on_arrays_is_the_reference_loop(tiny) -> None:
+    """Saved and peak activations of random recompute flags over a stage: the array walk the search
+    uses at depth gives the loop's numbers."""
+    import random
+
+    _, db, ops = tiny
+    cost = CostModel(db, 4, 1e9)
+    rng = random.Random(7)
+    ids = np.array([db.ops.index(o) for o in ops])
+    for _ in range(200):
+        act = np.array([rng.choice((0.0, 0.5, 1.0, 2.0, 3.5)) for _ in ops])
+        share = np.array([rng.choice((0.0, 1.0, 1.0, 1.5)) for _ in ops])
+        rc = [rng.choice((0, 1, 1)) for _ in ops]
+        expected = _walk_by_loop([bool(cost.starts[i]) for i in ids], rc, act.tolist(), share.tolist())
+        assert cost._saved_and_peak(ids, rc, act, share) == pytest.approx(expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from conftest import reproflow
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import read_database
 from reproflow.families.aceso.models import model
-from reproflow.families.aceso.plans import best_feasible, megatron_plans
+from reproflow.families.aceso.plans import best_feasible, config_from_counts, megatron_plans
 from reproflow.families.aceso.search import Options, search
 
 MINISET = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso" / "profiled-time-miniset"
@@ -89,3 +90,59 @@ def test_search_command_names_a_missing_database(tmp_path: Path) -> None:
                     "--num-nodes", "1", "--num-gpus-per-node", "2", "--profiled-time-path", str(tmp_path),
                     "--config-save-path", str(tmp_path / "c"))
     assert bad.returncode == 2 and "gpt has no size '2B'" in bad.stderr
+
+
+EUROSYS = MINISET.parent / "profiled-time-eurosys"
+PUBLISHED = MINISET.parent / "reference-results"
+
+
+@pytest.mark.skipif(not EUROSYS.is_dir(), reason=f"the artifact's eurosys database is not at {EUROSYS}")
+def test_large_setting_search_step_on_the_artifacts_database(tmp_path: Path) -> None:
+    """`aceso reproduce large`: the given single-GPU config, Aceso's search and the artifact's Megatron-LM
+    plan per size, the predicted ratio beside the published one; an artifact's search output (here
+    reproflow's own, in the same layout) is scored with the reference model beside it."""
+    logs = tmp_path / "logs"
+    argv = ["aceso", "reproduce", "large", "--profiled-time-path", str(EUROSYS), "--models", "gpt",
+            "--model-sizes", "350M", "1_3B", "--time-budget-total", "1", "--log-path", str(logs),
+            "--published", str(PUBLISHED)]
+    run = reproflow(*argv)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines()
+            if line.startswith(("350M", "1_3B")) and len(line.split()) == 9}
+    assert rows["350M"][1:5] == ["200.71", "200.71", "1.00", "1.00"]  # the artifact predicts 200.71 s for it too
+    assert rows["1_3B"][1] == "126.04" and float(rows["1_3B"][3]) >= 1.0 and rows["1_3B"][4] == "1.22"
+    assert (logs / "results" / "predicted_large_gpt.csv").is_file()
+    assert (logs / "results" / "fig7_predicted_large.png").is_file()
+    scored = reproflow(*argv, "--artifact-configs", str(logs / "aceso" / "search"))
+    assert scored.returncode == 0 and "reused: this database" in scored.stdout
+    row = next(line.split() for line in scored.stdout.splitlines() if line.startswith("1_3B") and
+               len(line.split()) == 9)
+    assert row[5] == row[2] and row[6] == row[3]  # the same configs score the same
+    bad = reproflow(*argv[:-6], "--model-sizes", "1_5B")
+    assert bad.returncode == 2 and "--model-sizes 1_5B: not in the large setting" in bad.stderr
+
+
+@needs_miniset
+def test_op_level_tuning_keeps_stages_legal() -> None:
+    """--finetune-after-trial (the artifact's Wide-ResNet setting): tp/dp traded over runs of ops and
+    algos switched per op; every stage it returns keeps tp x dp = its GPUs and profiled micro-batches."""
+    from reproflow.families.aceso.search import DepthSearch
+
+    m = model("resnet", "1B")
+    mbs = (16, 32, 48, 64)
+    db = read_database(MINISET, m, list(mbs), 4)
+    cost = CostModel(db, 4, 12000)
+    s = DepthSearch(cost, m.full_op_list(db.ops), Options(768, mbs, 1, 4, 12000, 4, budget_s=30,
+                                                          finetune_after_trial=1), 1)
+    s.start = time.monotonic()
+    ops = m.full_op_list(db.ops)
+    n = len(ops)
+    config = config_from_counts(m, 768, 64, ops, [n], [2] * n, [2] * n, [0] * n, [0] * n)
+    s.recompute(config, 0)
+    stage = config.stages[0]
+    for tuned in (s._tune_dims(stage, config.micro_bs, 0), s._tune_algos(stage, config.micro_bs, 0)):
+        assert tuned is not None
+        assert all(t * d == stage.num_gpus and config.micro_bs // d in mbs for t, d in zip(tuned.tp, tuned.dp,
+                                                                                           strict=True))
+    p = s.evaluate(config)
+    assert s.finetune(p).time <= p.time

@@ -34,6 +34,12 @@ def test_every_family_has_a_target_and_every_target_a_make_target() -> None:
     # make fig8 measures the search only; make reproduce runs Aceso once.
     assert [s.name for s in plan.select(["fig8"])[1]] == ["aceso-search"]
     assert "aceso-search" not in [s.name for s in plan.select([])[1]]
+    # The large-scale search steps run only when named, and only with the artifact's data.
+    assert not {"aceso-large", "aceso-scale"} & {t.name for t in plan.select([])[0]}
+    assert [s.name for s in plan.select(["aceso-large"])[1]] == ["aceso-large"]
+    proc = reproflow("reproduce", "--only", "aceso-large", "--results", "r", "--logs", "l", "--reports", "p")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "give --reference (make REFERENCE=...)" in proc.stderr and "profiled-time-eurosys" in proc.stderr
 
 
 def test_plan_errors_name_the_entry_and_the_field(tmp_path: Path) -> None:
@@ -68,6 +74,11 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     assert error.status == HOLDS and error.measured == pytest.approx(0.05)
     _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "alpa": [0.0], "aceso": [5.0]}, ["tiny"])
     assert claims(pd.DataFrame(), tmp_path)[0].status == HOLDS
+    # The search returned the Megatron-LM plan itself: one config measured twice counts as 1, not as noise.
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "alpa": [0.0], "aceso": [3.8]}, ["tiny"])
+    _wide(tmp_path / "aceso" / "e2e_same_config_small_t5.csv", {"same_config": [1.0]}, ["tiny"])
+    speed = claims(pd.DataFrame(), tmp_path)[0]
+    assert speed.status == HOLDS and speed.measured == 1.0 and "t5 tiny 1.00x (the same config)" in speed.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

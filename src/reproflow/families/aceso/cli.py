@@ -23,7 +23,7 @@ from reproflow.families.aceso import mcore
 from reproflow.families.aceso.costmodel import KINDS, Config, CostModel
 from reproflow.families.aceso.database import read_database
 from reproflow.families.aceso.models import Model, model
-from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
+from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_config, read_json, write_json
 from reproflow.families.aceso.search import Options, Result, search
 from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS, SETTINGS, Setting
 from reproflow.results import atomic_write
@@ -188,6 +188,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     line, mega_config, mega_ms = _megatron_line(setup, args)
     print(line)
     mega = _write_megatron(setup, args, mega_config, mega_ms).name if mega_config is not None else None
+    same = bool(found and mega and read_config(save / mega) == read_config(
+        save / f"{setup.name}_{found[0].num_stages}stages_{suffix}.json"))
+    if same:
+        print("Aceso's search returned the Megatron-LM plan itself (the same config)")
     depths = [{"num_stages": r.num_stages, "ms": round(r.best.time, 2) if r.best else None, "explored": r.explored,
                "seconds": round(r.seconds, 2), "to_best_s": round(r.seconds_to_best, 2)} for r in results]
     atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "search_s": round(wall, 2),
@@ -195,6 +199,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                                                    for r in found], "megatron": mega,
                                        "best_ms": round(found[0].best.time, 2) if found and found[0].best else None,
                                        "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
+                                       "same_as_megatron": same,
                                        "written": time.time()}, indent=2, default=str) + "\n")
     if found:
         best = found[0].best

@@ -133,8 +133,9 @@ def profile_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
         activations = alloc1 - alloc0
         fwd_reserved = max(0.0, (res1 - res0) - (alloc1 - alloc0))
     ctx.barrier()
-    with torch.no_grad():
-        fwd = time_steps(ctx.sync, forward, warmup, repeats)
+    # With autograd recording, as the runtime (and the reference's profiler) runs the forward pass: on
+    # small ops the graph's bookkeeping is a good part of the time.
+    fwd = time_steps(ctx.sync, forward, warmup, repeats)
     outs = [o for o in outputs if o.requires_grad]
     grads = [torch.randn_like(o) for o in outs]
     torch.autograd.backward(outs, grads, retain_graph=True)  # first pass: allocates the gradients
