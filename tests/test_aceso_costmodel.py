@@ -265,3 +265,17 @@ def test_the_recompute_walk_on_arrays_is_the_reference_loop(tiny) -> None:
         rc = [rng.choice((0, 1, 1)) for _ in ops]
         expected = _walk_by_loop([bool(cost.starts[i]) for i in ids], rc, act.tolist(), share.tolist())
         assert cost._saved_and_peak(ids, rc, act, share) == pytest.approx(expected)
+
+
+def test_gradient_all_reduce_reads_the_profiled_table(tiny, tmp_path: Path) -> None:
+    """Inside the table: interpolated; past it: the least-squares line (a noisy table can fall at its
+    end); no table for the group: an error naming the file and the fix; across nodes: a ring."""
+    m, _, _ = tiny
+    write_collective_table(tmp_path / "prim_gpt_scale-layer_all_reduce_4gpus.csv",
+                           [(0, 1.0), (1, 6.0), (2, 3.0), (3, 7.0), (4, 6.5)])
+    db = read_database(tmp_path, m, [1, 2], max_tp=4)
+    assert db.all_reduce_ms(4, 1.5, cross_node=False) == pytest.approx(4.5)
+    assert db.all_reduce_ms(4, 28.0, cross_node=False) == pytest.approx(2.3 + 1.2 * 28)  # the fit: 2.3 + 1.2 x
+    with pytest.raises(ReproflowError, match=r"prim_gpt_scale-layer_all_reduce_2gpus\.csv: missing.*--model reference"):
+        db.all_reduce_ms(2, 8.0, cross_node=False)
+    assert db.all_reduce_ms(16, 8.0, cross_node=True) == pytest.approx(2 * 15 / 16 * 8.0 / 0.008 / 1000)

@@ -485,7 +485,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                                   prof_tp_size=tps, prof_mbs_list=profiled, prof_seq_len=t.seq_len,
                                   prof_warmup_times=2 if args.sizes == "tiny" else 3,
                                   prof_repeat_times=5 if args.sizes == "tiny" else 10,
-                                  prof_comm_sizes="0-4" if args.sizes == "tiny" else "0-64",
+                                  # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
+                                  prof_comm_sizes="0-4,8,16,32" if args.sizes == "tiny" else "0-64",
                                   prof_path=root / "profiled-time")
         cmd_profile(prof)
         if args.dry_run:

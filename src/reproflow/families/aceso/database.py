@@ -89,8 +89,9 @@ class Database:
 
     def all_reduce_ms(self, gpus: int, size_mb: float, cross_node: bool) -> float:
         """A gradient all-reduce of `size_mb` over `gpus` ranks: the profiled table, interpolated between
-        its whole-MB sizes and extended past its largest along the line through its two largest; across
-        nodes (no table), a ring's 2 (n - 1) / n of the data over the inter-node P2P bandwidth."""
+        its whole-MB sizes and, past its largest, the least-squares line through it (a table measured on
+        busy cores is not monotonic); across nodes (no table), a ring's 2 (n - 1) / n of the data over
+        the inter-node P2P bandwidth."""
         table = self.collectives.get("all_reduce", {}).get(gpus)
         if cross_node or not table:
             if not cross_node:
@@ -102,8 +103,8 @@ class Database:
         times = np.array([table[f"{x:.0f}"] for x in sizes])
         if size_mb <= sizes[-1] or len(sizes) < 2:
             return float(np.interp(size_mb, sizes, times))
-        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-        return float(times[-1] + slope * (size_mb - sizes[-1]))
+        slope, intercept = np.polyfit(sizes, times, 1)
+        return float(max(intercept + max(slope, 0.0) * size_mb, times[-1]))
 
     def bandwidth(self, size_mb: float, cross_node: bool, reference: bool = False) -> float:
         """P2P bandwidth in MB per microsecond for a message of `size_mb` (1 when nothing is sent).
