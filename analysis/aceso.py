@@ -226,8 +226,10 @@ def predicted(root: Path, setting: str, out: Path, published: Path | None) -> st
         panels.append((model, table))
     if not panels:
         return ""
+    where = {"small": "the artifact README's expected output, 1 x 4 GPUs", "large": "figure 7, up to 4 x 8 V100",
+             "scale": "1 x 8 V100"}[setting]
     lines.append("ratio: predicted throughput of Aceso's config over the Megatron-LM plan's (both from the profiled "
-                 "database); published: the paper's measured ratio (32 x V100); artifact: the artifact's own search, "
+                 f"database); published: the paper's measured ratio ({where}); artifact: the artifact's own search, "
                  "run on the same database and scored with the reference model")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
     for ax, (model, table) in zip(axes[0], panels, strict=True):
