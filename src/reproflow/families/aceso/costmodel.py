@@ -176,9 +176,10 @@ class CostModel:
             if missing:
                 f = db.path / optimizer_file(db.model, missing[0])
                 raise ReproflowError(f"{f}: missing; the runtime model of {db.model.file_stem} needs the optimizer "
-                                     f"step of every op at TP {', '.join(map(str, missing))} (reproflow's profiler "
-                                     "writes it). Profile the model here, or use --model reference (Aceso's model, "
-                                     "which leaves the optimizer and the gradient all-reduce out).")
+                                     f"step of every op at TP {', '.join(map(str, missing))}, which reproflow's "
+                                     "profiler writes (profiles made before it: profile again into a new "
+                                     "--results folder). Or use --model reference (Aceso's model, without the "
+                                     "optimizer and gradient all-reduce).")
         self.gpus_per_node, self.memory_limit = gpus_per_node, memory_limit
         self.shared_space, self.reserved_space, self.memory_pred = shared_space, reserved_space, memory_pred
         self.flex_recompute = flex_recompute
