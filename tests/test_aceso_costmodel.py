@@ -279,3 +279,20 @@ def test_gradient_all_reduce_reads_the_profiled_table(tiny, tmp_path: Path) -> N
     with pytest.raises(ReproflowError, match=r"prim_gpt_scale-layer_all_reduce_2gpus\.csv: missing.*--model reference"):
         db.all_reduce_ms(2, 8.0, cross_node=False)
     assert db.all_reduce_ms(16, 8.0, cross_node=True) == pytest.approx(2 * 15 / 16 * 8.0 / 0.008 / 1000)
+
+
+def test_runtime_model_adds_each_messages_fixed_cost(tiny, tmp_path: Path) -> None:
+    """The runtime model: a stage's P2P input and output each cost the link's latency beside size /
+    bandwidth; without the latency table (a profile from before it) it names the file."""
+    m, _, ops = tiny
+    for tp in (1, 2):
+        (tmp_path / f"opt_gpt_scale-layer_tp{tp}.csv").write_text("op_name,optimizer-step\n" + "".join(
+            f"{op},1.0\n" for op in DISTINCT))
+    with pytest.raises(ReproflowError, match=r"p2p_latency\.csv: missing.*--model reference"):
+        CostModel(read_database(tmp_path, m, [1, 2], max_tp=2), 4, 1e9, kind="runtime")
+    (tmp_path / "p2p_latency.csv").write_text("link,latency(us)\nintra,100.0\n")
+    db = read_database(tmp_path, m, [1, 2], max_tp=2)
+    middle = one_tp(ops[1:15])
+    _, _, cin, cout, _ = CostModel(db, 4, 1e9).stage_time(middle, 1, False, False)
+    _, _, rin, rout, _ = CostModel(db, 4, 1e9, kind="runtime").stage_time(middle, 1, False, False)
+    assert (rin - cin, rout - cout) == pytest.approx((100.0, 100.0))

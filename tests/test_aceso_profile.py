@@ -76,6 +76,8 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
         assert all(float(r[1]) > 0 for r in table[1:])
     sizes, bandwidth = list(csv.reader((db / "p2p_intra_node.csv").open()))
     assert sizes == ["1", "2", "4"] and all(float(b) > 0 for b in bandwidth)
+    header, (link, latency) = list(csv.reader((db / "p2p_latency.csv").open()))
+    assert header == ["link", "latency(us)"] and link == "intra" and float(latency) > 0
     rows = list(csv.reader((db / "gpt_tiny_mbs2_tp1_algo0.csv").open()))
     assert tuple(rows[0]) == OP_COLUMNS and [r[0] for r in rows[1:]] == list(OPS)
     values = {r[0]: [float(x) for x in r[1:]] for r in rows[1:]}

@@ -12,7 +12,8 @@ Two kinds (`kind`):
 * "reference": the reference's predictions exactly, quirks included (the last op's output is looked up
   at the first op's TP size; messages under 1 MB index the P2P table from its end).
 * "runtime": what reproflow's runtime does. The last op's output at its own TP size, messages under
-  1 MB at the smallest P2P entry, and after the pipeline, per stage, the data-parallel gradient
+  1 MB at the smallest P2P entry, every message's fixed cost (the profiled one-element latency of
+  its link) beside its size over the bandwidth, and after the pipeline, per stage, the data-parallel gradient
   all-reduce of each (tp, dp) group of ops (the profiled all_reduce table) and the optimizer step (the
   profiled Adam step of each op): on the reference's V100s these were small beside the pipeline, on
   CPU ranks they are a third to a half of an iteration, and a model without them searches for the
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from reproflow.errors import ReproflowError
-from reproflow.families.aceso.database import FIELDS, Database, optimizer_file
+from reproflow.families.aceso.database import FIELDS, P2P_LATENCY_FILE, Database, optimizer_file
 from reproflow.families.aceso.models import Model, is_layer_start, op_spec, reshard
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -180,6 +181,10 @@ class CostModel:
                                      "profiler writes (profiles made before it: profile again into a new "
                                      "--results folder). Or use --model reference (Aceso's model, without the "
                                      "optimizer and gradient all-reduce).")
+        if not self.reference and db.intra_band and not db.latency_us:
+            raise ReproflowError(f"{db.path / P2P_LATENCY_FILE}: missing; the runtime model needs each link's message "
+                                 "latency beside its P2P bandwidth, which reproflow's profiler writes (profiles made "
+                                 "before it: profile again into a new --results folder). Or use --model reference.")
         self.gpus_per_node, self.memory_limit = gpus_per_node, memory_limit
         self.shared_space, self.reserved_space, self.memory_pred = shared_space, reserved_space, memory_pred
         self.flex_recompute = flex_recompute
@@ -259,10 +264,18 @@ class CostModel:
             size_out = float(self._lookup(ids[-1:], tp[:1], mbs[-1:], algo[-1:])[F["output_size"], 0])
         in_comm = size_in / self.db.bandwidth(size_in, in_cross, self.reference)
         out_comm = size_out / self.db.bandwidth(size_out, out_cross, self.reference)
+        if not self.reference and not flat:  # every message also pays its link's fixed cost
+            in_comm += self._latency(in_cross) if size_in > 0 else 0.0
+            out_comm += self._latency(out_cross) if size_out > 0 else 0.0
         if self.resharding and not flat and len(ids) > 1:
             fwd_r, bwd_r = self._reshard_us(ids, tp, dp, algo, v[F["input_size"]])
             in_comm, out_comm = in_comm + fwd_r, out_comm + bwd_r
         return fwd, bwd, in_comm, out_comm, recomp
+
+    def _latency(self, cross_node: bool) -> float:
+        """Microseconds a message costs whatever its size (the intra-node figure where no inter-node one)."""
+        lat = self.db.latency_us
+        return lat.get("inter", lat.get("intra", 0.0)) if cross_node else lat.get("intra", 0.0)
 
     def _reshard_us(self, ids: np.ndarray, tp: np.ndarray, dp: np.ndarray, algo: np.ndarray,
                     sizes: np.ndarray) -> tuple[float, float]:

@@ -5,6 +5,7 @@
   times in microseconds, sizes in MB (2^20 bytes), three decimals.
 * `prim_{model}_{size}_{collective}_{N}gpus.csv`: `data_size(MB),time(ms)`, one row per integer MB.
 * `p2p_intra_node.csv`, `p2p_inter_node.csv`: a row of sizes in MB, then a row of GB/s.
+* `p2p_latency.csv` (reproflow's): `link,latency(us)`, a one-element message per link (intra, inter).
 * `opt_{model}_{size}_tp{T}.csv` (reproflow's, not the reference's): `op_name,optimizer-step`, the
   microseconds of one Adam step over each op's weights at TP size T; the runtime model needs it.
 
@@ -51,6 +52,8 @@ def optimizer_file(model: Model, tp: int) -> str:
 
 
 OPTIMIZER_HEADER = ("op_name", "optimizer-step")
+# reproflow's too: the time of a one-element message per link, which the bandwidth table leaves out.
+P2P_LATENCY_FILE, P2P_LATENCY_HEADER = "p2p_latency.csv", ("link", "latency(us)")
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Database:
     inter_band: list[float] = field(default_factory=list)
     fp32: bool = False  # profiled in float32 (reproflow on CPU): no fp16 master copies to model
     optimizer_us: dict[int, np.ndarray] = field(default_factory=dict)  # per TP size: Adam step per distinct op
+    latency_us: dict[str, float] = field(default_factory=dict)  # per link (intra, inter): a message's fixed cost
     path: Path = Path()
 
     @property
@@ -165,6 +169,9 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
                 if row[0] in where:
                     us[where[row[0]]] = float(row[1])
             db.optimizer_us[tp] = us
+    f = path / P2P_LATENCY_FILE
+    if f.is_file():
+        db.latency_us = {row[0]: float(row[1]) for row in _rows(f, P2P_LATENCY_HEADER)}
     for name, attr in (("p2p_intra_node.csv", "intra_band"), ("p2p_inter_node.csv", "inter_band")):
         f = path / name
         if f.is_file():
@@ -236,11 +243,17 @@ def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
         path = out / collective_file(Model(str(name), str(size), 1), str(prim), int(gpus))
         write_collective_table(path, [(int(r["size_mb"]), float(r["value"])) for _, r in sub.iterrows()])
         written.append(path)
+    latency = []
     for (link,), sub in _groups(rows[rows["kind"] == "p2p"], ["link"]):
         sub = _newest(sub).sort_values("size_mb")
+        band = sub[sub["metric"] == "bandwidth"]
         path = out / f"p2p_{link}_node.csv"
-        write_p2p(path, [int(x) for x in sub["size_mb"]], [float(x) for x in sub["value"]])
+        write_p2p(path, [int(x) for x in band["size_mb"]], [float(x) for x in band["value"]])
         written.append(path)
+        latency += [f"{link},{float(v):.3f}\n" for v in sub[sub["metric"] == "latency"]["value"]]
+    if latency:
+        atomic_write(out / P2P_LATENCY_FILE, ",".join(P2P_LATENCY_HEADER) + "\n" + "".join(latency))
+        written.append(out / P2P_LATENCY_FILE)
     return written
 
 

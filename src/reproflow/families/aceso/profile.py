@@ -25,7 +25,7 @@ import torch.distributed as dist
 from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.errors import ParamError
 from reproflow.families.aceso import resnet_ops, transformer_ops
-from reproflow.families.aceso.database import FIELDS, OP_COLUMNS
+from reproflow.families.aceso.database import FIELDS, OP_COLUMNS, P2P_LATENCY_FILE
 from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.family import Measurement
@@ -204,6 +204,17 @@ def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     hosts = ctx.hosts()
     link = "intra" if hosts[0] == hosts[1] else "inter"
     out = []
+    one = torch.zeros(1, device=ctx.device, dtype=dtype)
+
+    def ping() -> None:
+        if ctx.rank == 0:
+            dist.send(one, 1)
+        elif ctx.rank == 1:
+            dist.recv(one, 0)
+    ctx.barrier()
+    # The cost of a message of any size (the runtime model adds it to every stage boundary it crosses).
+    latency = ctx.gather_floats(time_steps(ctx.sync, ping, params["warmup"], params["repeats"]))[1]
+    out.append(Measurement("latency", latency * 1e6, "us", {"size_mb": 0, "link": link}))
     mb = 1
     while mb <= params["p2p_max_mb"]:
         buf = torch.randn(mb * MB // torch.empty(0, dtype=dtype).element_size(), device=ctx.device, dtype=dtype)
@@ -217,7 +228,8 @@ def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         seconds = ctx.gather_floats(time_steps(ctx.sync, once, params["warmup"], params["repeats"]))[1]
         out.append(Measurement("bandwidth", mb / 1024 / seconds, "GB/s", {"size_mb": mb, "link": link}))
         mb *= 2
-    ctx.log("  p2p " + link + ": " + ", ".join(f"{m.coords['size_mb']} MB {m.value:.2f} GB/s" for m in out))
+    ctx.log(f"  p2p {link}: latency {out[0].value:.1f} us, " + ", ".join(f"{m.coords['size_mb']} MB {m.value:.2f} GB/s"
+                                                                      for m in out[1:]))
     return out
 
 
@@ -248,8 +260,10 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
         return "\n".join(lines)
     if params["kind"] == "p2p":
         link = rows[0].coords["link"] if rows else "?"
-        return (f"p2p_{link}_node.csv\n" + ",".join(str(m.coords["size_mb"]) for m in rows) + "\n"
-                + ",".join(f"{m.value:.2f}" for m in rows))
+        band = [m for m in rows if m.metric == "bandwidth"]
+        latency = "".join(f"\n{P2P_LATENCY_FILE}: {m.value:.1f} us" for m in rows if m.metric == "latency")
+        return (f"p2p_{link}_node.csv\n" + ",".join(str(m.coords["size_mb"]) for m in band) + "\n"
+                + ",".join(f"{m.value:.2f}" for m in band) + latency)
     by_op: dict[str, dict[str, float]] = {}
     for m in rows:
         by_op.setdefault(m.coords["op"], {})[m.metric] = m.value
