@@ -26,7 +26,7 @@ help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
 	@echo "              the report page and the claims; then print where everything is (ONLY=comms,fig8: those targets)"
 	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm: on Slurm), then $(REPORTS)/report.html"
-	@echo "              (self-contained) and report.md with every table, figure and claim; about 25 minutes on 2 cores"
+	@echo "              (self-contained) and report.md with every table, figure and claim; about 26 minutes on 2 cores"
 	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"
 	@echo "              (aceso-large, aceso-scale: the search step on the artifact's database, REFERENCE=<folder>"
 	@echo "              holding aceso/profiled-time-eurosys and aceso/reference-results; not part of make demo)"
