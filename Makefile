@@ -18,7 +18,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE))
 # One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
-	spatial-throughput aceso-large aceso-scale
+	spatial-throughput aceso-large
 
 .PHONY: help venv lock demo reproduce archive test faults clean-room lint figures sbatch bench bench-gpu containers clean $(FIGURES)
 
@@ -28,7 +28,7 @@ help:
 	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm: on Slurm), then $(REPORTS)/report.html"
 	@echo "              (self-contained) and report.md with every table, figure and claim; about 26 minutes on 2 cores"
 	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"
-	@echo "              (aceso-large, aceso-scale: the search step on the artifact's database, REFERENCE=<folder>"
+	@echo "              (aceso-large: the large and scale search steps on the artifact's database, REFERENCE=<folder>"
 	@echo "              holding aceso/profiled-time-eurosys and aceso/reference-results; not part of make demo)"
 	@echo "make archive  reproflow-archive.tar.gz: suites, sbatch scripts, results, logs, report"
 	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
