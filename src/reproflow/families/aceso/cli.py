@@ -591,9 +591,9 @@ def _score_artifact(s: Setting, args: argparse.Namespace, where: Path) -> None:
     if not files:
         print(f"no artifact configs under {folder}")
         return
-    m, _, ops = _uniform_cost(s, args.profiled_time_path, "reference")
+    m = model(s.model, s.size, s.num_layers)
     db = read_database(args.profiled_time_path, m, list(s.search.mbs), m.max_tp(s.gpus_per_node))
-    cost = CostModel(db, s.gpus_per_node, s.search.memory_limit, kind="reference")
+    cost, ops = CostModel(db, s.gpus_per_node, s.search.memory_limit, kind="reference"), m.full_op_list(db.ops)
     scored = []
     for f in files:
         pred = cost.predict(read_json(f, m, ops))

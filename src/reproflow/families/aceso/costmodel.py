@@ -43,6 +43,25 @@ KINDS = ("runtime", "reference")
 
 
 @dataclass
+class _Arrays:
+    """A stage's per-op lists as integer arrays, with the lists and the op index they were made from,
+    and the cost model's lookups of them (by micro-batch) and their digest."""
+
+    lists: tuple[list, ...]  # ops, tp, dp, algo
+    index: dict[str, int]
+    ids: np.ndarray
+    tp: np.ndarray
+    dp: np.ndarray
+    algo: np.ndarray
+    looked: dict = field(default_factory=dict)
+
+    def fits(self, stage: Stage, index: dict[str, int] | None = None) -> bool:
+        """Made from these very lists (a search replaces a stage's lists, never changes them in place)."""
+        return (index is None or self.index is index) and all(
+            a is b for a, b in zip(self.lists, (stage.ops, stage.tp, stage.dp, stage.algo), strict=True))
+
+
+@dataclass
 class Stage:
     """One pipeline stage: its ops and, per op, TP size, DP size, partition algorithm, recompute flag."""
 
@@ -51,30 +70,33 @@ class Stage:
     dp: list[int]
     algo: list[int]
     recompute: list[int]
-    # The per-op lists as arrays, with the lists they were made from: a search replaces lists, never
-    # changes them in place, so the arrays hold while the lists are the same objects.
-    _arrays: tuple = field(default=(), compare=False, repr=False)
+    _cache: _Arrays | None = field(default=None, compare=False, repr=False)
+
+    def _lists(self) -> tuple[list, ...]:
+        return self.ops, self.tp, self.dp, self.algo
+
+    def _valid(self, index: dict[str, int] | None = None) -> _Arrays | None:
+        return self._cache if self._cache is not None and self._cache.fits(self, index) else None
 
     def arrays(self, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(database row, tp, dp, algo) per op as integer arrays, made once per set of lists."""
-        lists = (self.ops, self.tp, self.dp, self.algo)
-        if self._arrays and all(a is b for a, b in zip(self._arrays[0], lists, strict=True)) \
-                and self._arrays[1] is index:
-            return self._arrays[2]
-        arr = (np.fromiter((index[o] for o in self.ops), dtype=np.intp, count=len(self.ops)),
-               np.asarray(self.tp, dtype=np.intp), np.asarray(self.dp, dtype=np.intp),
-               np.asarray(self.algo, dtype=np.intp))
-        self._arrays = (lists, index, arr, {})
-        return arr
+        c = self._valid(index)
+        if c is None:
+            c = self._cache = _Arrays(self._lists(), index,
+                                      np.fromiter((index[o] for o in self.ops), dtype=np.intp, count=len(self.ops)),
+                                      np.asarray(self.tp, dtype=np.intp), np.asarray(self.dp, dtype=np.intp),
+                                      np.asarray(self.algo, dtype=np.intp))
+        return c.ids, c.tp, c.dp, c.algo
 
-    def looked_up(self) -> dict:
-        """The cost model's table lookups of these arrays, by micro-batch (valid with the arrays)."""
-        return self._arrays[3]
+    def looked_up(self, index: dict[str, int]) -> dict:
+        """Where the cost model keeps its table lookups of these arrays (valid while the lists are)."""
+        self.arrays(index)
+        assert self._cache is not None
+        return self._cache.looked
 
     def digest(self, index: dict[str, int]) -> bytes:
         """A short key of the ops and their tp, dp and algo (memo keys: the lists may be thousands long)."""
-        self.arrays(index)
-        looked = self.looked_up()
+        looked = self.looked_up(index)
         key = looked.get("digest")
         if key is None:
             ids, tp, dp, algo = self.arrays(index)
@@ -86,21 +108,20 @@ class Stage:
     def joined(a: Stage, b: Stage, tp: list[int], dp: list[int], recompute: list[int]) -> Stage:
         """`a`'s ops then `b`'s, with these tp, dp and recompute lists (arrays joined when both have them)."""
         new = Stage(a.ops + b.ops, tp, dp, a.algo + b.algo, recompute)
-        if a._arrays and b._arrays and a._arrays[1] is b._arrays[1] and a._arrays[0][0] is a.ops \
-                and b._arrays[0][0] is b.ops and a._arrays[0][3] is a.algo and b._arrays[0][3] is b.algo:
-            arr = (np.concatenate((a._arrays[2][0], b._arrays[2][0])), np.asarray(tp, dtype=np.intp),
-                   np.asarray(dp, dtype=np.intp), np.concatenate((a._arrays[2][3], b._arrays[2][3])))
-            new._arrays = ((new.ops, new.tp, new.dp, new.algo), a._arrays[1], arr, {})
+        ca, cb = a._valid(), b._valid()
+        if ca is not None and cb is not None and ca.index is cb.index:
+            new._cache = _Arrays(new._lists(), ca.index, np.concatenate((ca.ids, cb.ids)),
+                                 np.asarray(tp, dtype=np.intp), np.asarray(dp, dtype=np.intp),
+                                 np.concatenate((ca.algo, cb.algo)))
         return new
 
     def part(self, sl: slice) -> Stage:
-        """The ops of `sl` as a stage of their own (the arrays sliced, not rebuilt)."""
+        """The ops of `sl` as a stage of their own (arrays and lookups sliced, not rebuilt)."""
         new = Stage(self.ops[sl], self.tp[sl], self.dp[sl], self.algo[sl], self.recompute[sl])
-        if self._arrays:
-            lists, index, arr, looked = self._arrays
-            if all(a is b for a, b in zip(lists, (self.ops, self.tp, self.dp, self.algo), strict=True)):
-                new._arrays = ((new.ops, new.tp, new.dp, new.algo), index, tuple(a[sl] for a in arr),
-                               {k: v[:, sl] for k, v in looked.items() if k != "digest"})
+        c = self._valid()
+        if c is not None:
+            new._cache = _Arrays(new._lists(), c.index, c.ids[sl], c.tp[sl], c.dp[sl], c.algo[sl],
+                                 {k: v[:, sl] for k, v in c.looked.items() if k != "digest"})
         return new
 
     @property
@@ -231,8 +252,7 @@ class CostModel:
 
     def _values(self, stage: Stage, micro_bs: int, flat: bool = False) -> np.ndarray:
         """[field, op] values of a stage's ops, looked up once per stage and micro-batch."""
-        stage.arrays(self.index)  # rebuilt (with no lookups) if the stage's lists were replaced
-        looked = stage.looked_up()
+        looked = stage.looked_up(self.index)  # empty again if the stage's lists were replaced
         key = (micro_bs, flat)
         v = looked.get(key)
         if v is None:

@@ -106,10 +106,3 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
 # Megatron-LM is 1.24 (GPT-1.3B), 1.52 (T5-770M), 1.20 (Wide-ResNet-1B).
 PUBLISHED_SMALL_THROUGHPUT = {"gpt": (6.98, 8.68), "t5": (9.94, 15.14), "resnet": (34.59, 41.52)}
 
-
-def setting(name: str, model: str, size: str = "", num_layers: int | None = None) -> Setting:
-    """The row of `name` for one model size (scale-layer: by depth)."""
-    for s in SETTINGS[name]:
-        if s.model == model and (s.size == size or (model == "scale-layer" and s.num_layers == num_layers)):
-            return s
-    raise KeyError(f"the {name} setting has no {model} {size or num_layers}")
