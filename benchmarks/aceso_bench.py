@@ -8,6 +8,9 @@
    on 1 node x 8 GPUs (batch 1024, 28000 MB), on a database this machine's profiler produced
    (`workflows/aceso-profile-scale.toml`, profiled first if missing; TP up to 2):
    <out>/aceso_scale_search.csv and .png, beside the reference's published search times.
+3. The cost of one evaluated config at depth: one pipeline depth of the artifact's own 1024-layer
+   scale-layer database (../shared, eurosys), 2, 4 and 8 stages, the reference model, a fixed
+   budget: configs explored, ms per config and the best found: <out>/aceso_depth_cost.csv.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
-from reproflow.families.aceso.search import Options, search
+from reproflow.families.aceso.search import DepthSearch, Options, search
 from reproflow.report import load_results, to_markdown
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
 MINISET = SHARED / "profiled-time-miniset"
+EUROSYS = SHARED / "profiled-time-eurosys"
 PUBLISHED = SHARED / "reference-results" / "search_cost_scale_scale-layer.csv"
 LAYERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 SMALL = [("gpt", "1_3B", 512, (1, 2, 4, 8)), ("t5", "770M", 512, (1, 2, 4, 8)), ("resnet", "1B", 768, (16, 32, 48, 64))]
@@ -46,6 +50,7 @@ def main() -> int:
     parser.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0], help="seconds per depth")
     parser.add_argument("--scale-budget", type=float, default=10.0, help="seconds per depth, scale experiment")
     parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS), help="scale experiment depths")
+    parser.add_argument("--depth-budget", type=float, default=10.0, help="seconds per depth-cost search")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +58,28 @@ def main() -> int:
         small(args.database, args.budgets, out)
     else:
         print(f"bench: aceso miniset search skipped: no miniset database at {args.database}", file=sys.stderr)
+    if EUROSYS.is_dir():
+        depth_cost(EUROSYS, args.depth_budget, out)
+    else:
+        print(f"bench: aceso depth cost skipped: no eurosys database at {EUROSYS}", file=sys.stderr)
     return scale(out, args.scale_budget, args.layers)
+
+
+def depth_cost(database: Path, budget: float, out: Path, layers: int = 1024) -> None:
+    """One depth's search alone (no process pool) at 2, 4 and 8 stages: what an evaluation costs."""
+    m = model("scale-layer", "scale-layer", layers)
+    db = read_database(database, m, [1, 2, 4, 8], 8)
+    ops = m.full_op_list(db.ops)
+    rows = []
+    for stages in (2, 4, 8):
+        print(f"bench: aceso depth cost, {layers} layers, {stages} stages, {budget:g} s ...", flush=True)
+        result = DepthSearch(CostModel(db, 8, 28000, kind="reference"), ops,
+                             Options(1024, (1, 2, 4, 8), 1, 8, 28000, 8, budget_s=budget), stages).run()
+        rows.append({"layers": layers, "ops": len(ops), "stages": stages, "budget_s": budget,
+                     "seconds": round(result.seconds, 2), "explored": result.explored,
+                     "ms_per_config": round(result.seconds / max(result.explored, 1) * 1000, 2),
+                     "best_ms": round(result.best.time, 2) if result.best else None})
+    _write(pd.DataFrame(rows), out / "aceso_depth_cost.csv")
 
 
 def small(database: Path, budgets: list[float], out: Path) -> None:
