@@ -171,10 +171,15 @@ def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], ou
     return save_figure(fig, out, name)
 
 
+def _newest_file(folder: Path, pattern: str) -> Path | None:
+    files = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else None
+
+
 def _manifest(folder: Path, name: str = "search-*.json") -> dict | None:
     """The newest search manifest (or the artifact's scores, name="artifact.json") of one size."""
-    files = sorted(folder.glob(name), key=lambda p: p.stat().st_mtime)
-    return json.loads(files[-1].read_text()) if files else None
+    found = _newest_file(folder, name)
+    return json.loads(found.read_text()) if found else None
 
 
 def predicted(root: Path, setting: str, out: Path, published: Path | None) -> str:
@@ -256,10 +261,8 @@ def predicted(root: Path, setting: str, out: Path, published: Path | None) -> st
 
 
 def _summary_seconds(folder: Path) -> float | None:
-    files = sorted(folder.glob("*summary*"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return None
-    return float(files[-1].read_text().splitlines()[1].split(",")[0])
+    found = _newest_file(folder, "*summary*")
+    return float(found.read_text().splitlines()[1].split(",")[0]) if found else None
 
 
 def search_cost(root: Path, setting: str, out: Path, published: Path | None) -> str:
