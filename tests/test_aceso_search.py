@@ -146,3 +146,25 @@ def test_op_level_tuning_keeps_stages_legal() -> None:
                                                                                            strict=True))
     p = s.evaluate(config)
     assert s.finetune(p).time <= p.time
+
+
+@pytest.mark.parametrize("shape", ["linear", "steps", "convex", "concave"])
+def test_fewest_ops_equals_a_scan_where_moving_ops_never_hurts(shape: str) -> None:
+    """The bracketing search for how many boundary ops to move returns what the reference's scan
+    0, 1, 2, ... returns, for every goal, on stages whose time falls as ops leave (any curve)."""
+    from reproflow.families.aceso.costmodel import Stage
+    from reproflow.families.aceso.search import DepthSearch
+
+    n = 300
+    curve = {"linear": lambda k: 1000.0 - 3 * k, "steps": lambda k: 1000.0 - 40 * (k // 13),
+             "convex": lambda k: (n - k) ** 2 / 90, "concave": lambda k: 1000.0 - k ** 2 / 90}[shape]
+    s = DepthSearch.__new__(DepthSearch)
+    s.opts = Options(8, (1,), 1, 2, 1000, 2, op_group_size=1)
+    config = type("C", (), {"stages": [Stage(["op"] * n, [1] * n, [1] * n, [0] * n, [0] * n)]})()
+    probes: list[int] = []
+    s.value_after = lambda _c, _b, _p, moved, _m: probes.append(moved) or curve(moved)
+    for goal in [curve(k) + d for k in range(0, n, 7) for d in (-0.5, 0.0, 0.5)] + [curve(n - 1) - 1, 1e9]:
+        scan = next((k for k in range(n) if curve(k) < goal), None)
+        probes.clear()
+        assert s._fewest_ops(config, 0, 1, goal, "time") == scan, goal
+        assert len(probes) <= 2 * n.bit_length() + 2  # never worse than a bisection by more than twice

@@ -57,8 +57,9 @@ class _Arrays:
 
     def fits(self, stage: Stage, index: dict[str, int] | None = None) -> bool:
         """Made from these very lists (a search replaces a stage's lists, never changes them in place)."""
-        return (index is None or self.index is index) and all(
-            a is b for a, b in zip(self.lists, (stage.ops, stage.tp, stage.dp, stage.algo), strict=True))
+        ops, tp, dp, algo = self.lists
+        return ((index is None or self.index is index) and ops is stage.ops and tp is stage.tp
+                and dp is stage.dp and algo is stage.algo)
 
 
 @dataclass
@@ -120,8 +121,22 @@ class Stage:
         new = Stage(self.ops[sl], self.tp[sl], self.dp[sl], self.algo[sl], self.recompute[sl])
         c = self._valid()
         if c is not None:
-            new._cache = _Arrays(new._lists(), c.index, c.ids[sl], c.tp[sl], c.dp[sl], c.algo[sl],
-                                 {k: v[:, sl] for k, v in c.looked.items() if k != "digest"})
+            whole = sl.indices(len(self.ops)) == (0, len(self.ops), 1)  # a copy keeps the digest too
+            looked = {k: v if k == "digest" else v[:, sl] for k, v in c.looked.items() if whole or k != "digest"}
+            new._cache = _Arrays(new._lists(), c.index, c.ids[sl], c.tp[sl], c.dp[sl], c.algo[sl], looked)
+        return new
+
+    def scaled(self, dim: str, up: bool) -> Stage:
+        """This stage with every op's tp (dim "tp") or dp (else) doubled (`up`) or halved (arrays kept)."""
+        sizes = self.tp if dim == "tp" else self.dp
+        changed = [x * 2 for x in sizes] if up else [x // 2 for x in sizes]
+        tp, dp = (changed, self.dp) if dim == "tp" else (self.tp, changed)
+        new = Stage(self.ops, tp, dp, self.algo, self.recompute)
+        c = self._valid()
+        if c is not None:
+            arr = (c.tp if dim == "tp" else c.dp) * 2 if up else (c.tp if dim == "tp" else c.dp) // 2
+            new._cache = _Arrays(new._lists(), c.index, c.ids, *((arr, c.dp) if dim == "tp" else (c.tp, arr)),
+                                 c.algo)
         return new
 
     @property
@@ -277,7 +292,7 @@ class CostModel:
         ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs, flat)
         v = self._values(stage, micro_bs, flat)
         fwd, bwd = float(v[F["forward-compute"]].sum()), float(v[F["backward-compute"]].sum())
-        rc = np.asarray(stage.recompute, dtype=bool)
+        rc = np.frombuffer(bytes(stage.recompute), dtype=bool)  # flags are 0 or 1; bytes() is the fast way in
         recomp = 0.0 if flat else float(v[F["forward-compute"]][rc].sum())
         size_in, size_out = float(v[F["input_size"], 0]), float(v[F["output_size"], -1])
         if self.reference:  # the reference looks the last op's output up at the first op's TP size
@@ -355,7 +370,7 @@ class CostModel:
     def _saved_and_peak(self, ids: np.ndarray, rc: list[int] | np.ndarray, act: np.ndarray,
                         share: np.ndarray) -> tuple[float, float]:
         """Activations not kept because they are recomputed, and the largest recomputed segment."""
-        r = np.asarray(rc, dtype=bool)
+        r = rc.astype(bool) if isinstance(rc, np.ndarray) else np.frombuffer(bytes(rc), dtype=bool)
         if len(ids) <= 1 or not r.any():
             return 0.0, 0.0
         return self._walk(ids, act, share)(r)
@@ -380,10 +395,10 @@ class CostModel:
             if not both.any():
                 return 0.0, 0.0
             saved = float(a @ (both & not_kept))
-            closes = np.flatnonzero((both & ends) | ~both)
+            closes = np.flatnonzero(ends | ~both)
             if not len(closes):
                 return saved, 0.0
-            total = np.cumsum(np.where(both, a, 0.0))[closes]
+            total = np.cumsum(a * both)[closes]
             return saved, float(max(total[0], np.diff(total).max(initial=0.0)))
 
         return walk
@@ -416,11 +431,14 @@ class CostModel:
         ids = self._arrays(stage, micro_bs)[0]
         act, share = self._values(stage, micro_bs)[F["activations"]], self.share[ids]
         walk = self._walk(ids, act, share)
-        distinct, first, group = np.unique(ids, return_index=True, return_inverse=True)
-        order = np.argsort(first)  # groups in order of first appearance: ties go to the earliest
+        # Groups are database ops (a stage has a few distinct ones, thousands of times over), kept in
+        # order of first appearance: ties go to the earliest.
+        first = np.full(len(self.recomputable), n)
+        np.minimum.at(first, ids, np.arange(n))
+        order = np.argsort(first, kind="stable")[:int((first < n).sum())]
         sizes = act * (behind + 1)
-        totals = np.bincount(group, weights=sizes, minlength=len(distinct))
-        done = ~((totals > 0) & self.recomputable[distinct])
+        totals = np.bincount(ids, weights=sizes, minlength=len(first))
+        done = ~((totals > 0) & self.recomputable)
         saved, peak = 0.0, 0.0
         while memory > self.memory_limit:
             open_ = ~done[order]
@@ -428,11 +446,11 @@ class CostModel:
                 break
             best = order[np.argmax(np.where(open_, totals[order], -np.inf))]
             done[best] = True
-            members = np.flatnonzero(group == best)
+            members = np.flatnonzero(ids == best)
             nxt = members[0] + 1
             if nxt >= n:
                 break
-            done[group[nxt]] = True
+            done[ids[nxt]] = True
             excess = memory - self.memory_limit
             take = len(members)
             if totals[best] >= excess:
