@@ -28,6 +28,7 @@ Dropout masks depend on the partition (as Megatron's): compare partitions with d
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -395,7 +396,9 @@ class Stage:
         return xs
 
     def forward(self, micro: int, inputs: tuple[torch.Tensor, ...], saved: list[int]) -> tuple[torch.Tensor, ...]:
-        """The stage's ops on one micro-batch; `saved` gets the bytes autograd keeps for it."""
+        """The stage's ops on one micro-batch; in the instrumented iteration `saved` gets the bytes autograd
+        keeps for it (a Python hook per saved tensor costs time on small ops, so timed iterations go
+        without it; every iteration keeps the same tensors)."""
         seen: set[int] = set()
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -409,10 +412,11 @@ class Stage:
         xs = tuple(split(x, self.groups.tp(self.plan, first.tp), a.split) if a.split is not None else x
                    for x, a in zip(inputs, first.op.ins, strict=True))
         self.forwarding = True
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        counted = self.op_us is not None
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if counted else contextlib.nullcontext():
             for start, end, recomputed in self.segments:
                 if recomputed:
-                    for x in xs:  # a checkpoint keeps its inputs
+                    for x in xs if counted else ():  # a checkpoint keeps its inputs
                         pack(x)
                     xs = checkpoint(self._run, start, end, micro, *xs, use_reentrant=False)
                 else:
