@@ -4,14 +4,27 @@ Each family's `analysis/<family>.py` may define `claims(frame, reports) -> list[
 result rows (and the tables already written under `reports`) it states each claim of its paper as a
 ratio with a threshold, so a claim holds or does not hold on whatever machine measured it, and is
 "not measured" when the rows it needs are missing. The paper's own ratio sits beside the measured one.
+
+Where the rows hold repeated samples (iterations, repeats), a claim carries a confidence interval of
+its ratio (`ratio_interval`: a Welch t-interval on the logarithms, i.e. on the ratio of geometric
+means) and its verdict is three-valued: it holds when the whole interval is on the claim's side of the
+threshold, does not hold when the whole interval is on the other side, and is inconclusive when the
+interval straddles it; a single noisy ratio would decide by chance.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
+import numpy as np
+from scipy import stats
+
+HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED = "holds", "does not hold", "inconclusive", "not measured"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED)
+LEVEL = 0.95  # confidence of the intervals
+METHOD = f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means)"
 
 
 @dataclass(frozen=True)
@@ -32,15 +45,19 @@ class Claim:
     paper: str = ""
     detail: str = ""
     target: str = ""
+    interval: tuple[float, float] | None = None  # LEVEL confidence interval of `measured`
 
     @property
     def status(self) -> str:
-        """holds / does not hold / not measured."""
+        """holds / does not hold / inconclusive (only with an interval) / not measured."""
         if self.measured is None or math.isnan(self.measured):
             return NOT_MEASURED
-        low_ok = self.at_least is None or self.measured >= self.at_least
-        high_ok = self.at_most is None or self.measured <= self.at_most
-        return HOLDS if low_ok and high_ok else FAILS
+        low, high = self.interval or (self.measured, self.measured)
+        if (self.at_least is None or low >= self.at_least) and (self.at_most is None or high <= self.at_most):
+            return HOLDS
+        if (self.at_least is not None and high < self.at_least) or (self.at_most is not None and low > self.at_most):
+            return FAILS
+        return INCONCLUSIVE
 
     @property
     def threshold(self) -> str:
@@ -54,9 +71,10 @@ class Claim:
 
     def record(self) -> dict[str, object]:
         """The claim as one table row."""
+        low, high = self.interval or (None, None)
         return {"family": self.family, "claim": self.statement, "status": self.status, "ratio": self.ratio,
-                "measured": self.measured, "threshold": self.threshold, "paper": self.paper,
-                "where": self.detail, "make target": self.target}
+                "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
+                "paper": self.paper, "where": self.detail, "make target": self.target}
 
 
 def not_measured(family: str, statement: str, ratio: str, missing: str, **kwargs: object) -> Claim:
@@ -65,5 +83,33 @@ def not_measured(family: str, statement: str, ratio: str, missing: str, **kwargs
 
 
 def counts(claims: list[Claim]) -> dict[str, int]:
-    """How many claims hold, do not hold and are not measured."""
-    return {s: sum(c.status == s for c in claims) for s in (HOLDS, FAILS, NOT_MEASURED)}
+    """How many claims hold, do not hold, are inconclusive and are not measured."""
+    return {s: sum(c.status == s for c in claims) for s in STATUSES}
+
+
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
+                   level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """The ratio of the two samples' geometric means and its `level` confidence interval (Welch's t on
+    the logarithms; a side with one value counts as exact). No interval where neither side repeats,
+    or where a value is not positive."""
+    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
+        raise ValueError("ratio_interval needs positive samples on both sides")
+    la, lb = np.log(a), np.log(b)
+    ratio = float(np.exp(la.mean() - lb.mean()))
+    parts = [(x.var(ddof=1) / len(x), len(x) - 1) for x in (la, lb) if len(x) > 1]
+    if not parts:
+        return ratio, None
+    se2 = sum(v for v, _ in parts)
+    if se2 == 0:
+        return ratio, (ratio, ratio)
+    df = se2 ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
+    half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(se2)
+    return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
+
+
+def worst_interval(intervals: Sequence[tuple[float, float]], smallest: bool) -> tuple[float, float]:
+    """The interval of the smallest (or largest) of several ratios, each with its interval: a claim that
+    must hold for every case holds when all do and fails when one surely fails."""
+    lows, highs = zip(*intervals, strict=True)
+    return (min(lows), min(highs)) if smallest else (max(lows), max(highs))

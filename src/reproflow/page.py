@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reproflow.claims import FAILS, HOLDS, NOT_MEASURED, Claim, counts
+from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, METHOD, NOT_MEASURED, Claim, counts
 from reproflow.results import atomic_write
 
 # Tables longer than this are folded (<details>) in the HTML page and cut in the markdown twin.
@@ -27,11 +27,11 @@ CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#f2f2f2}figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}
-.holds{background:#dff3df}.fails{background:#fbe0e0}.missing{background:#eee}
+.holds{background:#dff3df}.fails{background:#fbe0e0}.unsure{background:#fff4cc}.missing{background:#eee}
 nav a{margin-right:1em}.scroll{overflow-x:auto;max-width:100%}.note{font-size:12px;color:#555}
 section{border-top:2px solid #444;margin-top:2em}
 """
-STATUS_CLASS = {HOLDS: "holds", FAILS: "fails", NOT_MEASURED: "missing"}
+STATUS_CLASS = {HOLDS: "holds", FAILS: "fails", INCONCLUSIVE: "unsure", NOT_MEASURED: "missing"}
 
 
 @dataclass
@@ -155,8 +155,9 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commits = ", ".join(sorted({str(c) for c in jobs.get("git_commit", pd.Series(dtype=str)).dropna()})) or "unknown"
     machines = sorted({f"{r.cpus} x {r.cpu}, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
-    summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[NOT_MEASURED]} "
-               f"not measured. Measured on {'; '.join(machines) or 'unrecorded hardware'}. Built {stamp} from "
+    summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[INCONCLUSIVE]} "
+               f"inconclusive, {tally[NOT_MEASURED]} not measured (low / high: {METHOD}). "
+               f"Measured on {'; '.join(machines) or 'unrecorded hardware'}. Built {stamp} from "
                f"commit(s) {commits}.")
     extra = [("hardware", "Hardware", hardware), ("provenance", "Jobs (provenance)", jobs),
              ("versions", "Package versions of this report", versions())]

@@ -484,10 +484,10 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
 
 
 def claim_line(path: Path) -> str:
-    """'N holds, N does not hold, N not measured' from the claims table the report wrote."""
+    """'N holds, N does not hold, N inconclusive, N not measured' from the claims table the report wrote."""
     import pandas as pd
 
-    from reproflow.claims import FAILS, HOLDS, NOT_MEASURED
+    from reproflow.claims import STATUSES
 
     status = pd.read_csv(path)["status"].value_counts() if path.is_file() else pd.Series(dtype=int)
-    return ", ".join(f"{int(status.get(s, 0))} {s}" for s in (HOLDS, FAILS, NOT_MEASURED))
+    return ", ".join(f"{int(status.get(s, 0))} {s}" for s in STATUSES)

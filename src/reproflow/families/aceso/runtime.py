@@ -624,7 +624,7 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     report_loss = stage.last and (ctx.rank - stage.plan.first) % last.tp == 0
     warmup = min(n_stages - s - 1, stage.num_micro)
     iterations = params["train_iters"] + 1
-    times, losses = [], []
+    times, steps, losses = [], [], []
     timers: dict[str, float] = {}
     ctx.log(f"aceso train: {path.name}: {n_stages} stages, GPUs {[st.size for st in stages]}, micro-batch "
             f"{config.micro_bs}, {stage.num_micro} micro-batches, {params['train_iters']} iterations "
@@ -653,10 +653,11 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             loss_sum.zero_()
         dist.all_reduce(loss_sum)
         losses.append(float(loss_sum.item()))
+        slowest = max(ctx.gather_floats(end - begin))
         if not instrumented:
             times.append(end - begin)
+            steps.append(slowest)
             timers = dict(stage.timers.ms)
-        slowest = max(ctx.gather_floats(end - begin))
         ctx.log(f" iteration {it + 1:3d}/{iterations} | elapsed time per iteration (ms): {slowest * 1000:.1f} | "
                 f"global batch size: {config.global_bs} | loss: {losses[-1]:.6E} |"
                 + (" (instrumented: op timers, not timed)" if instrumented else ""))
@@ -684,6 +685,10 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
            Measurement("samples_per_s", samples, "samples/s", who),
            Measurement("tflops_per_gpu", tflops, "TFLOP/s", who), Measurement("model_flops", model_flops, "FLOP", who)]
     out += [Measurement("loss", v, "", {**who, "iteration": i + 1}) for i, v in enumerate(losses)]
+    # Each timed iteration's slowest rank: the samples a claim's confidence interval comes from.
+    kept = steps[params["warmup_iters"]:] or steps[-1:]
+    out += [Measurement("step_ms", v * 1000, "ms", {**who, "iteration": len(steps) - len(kept) + i + 1})
+            for i, v in enumerate(kept)]
     for r, info in enumerate(every):
         assert isinstance(info, dict)
         at = {**who, "stage": info["stage"]}

@@ -1,0 +1,70 @@
+"""Claim verdicts with confidence intervals: samples from known distributions give each verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Claim, counts, ratio_interval, worst_interval
+
+
+def samples(rng: np.random.Generator, median: float, spread: float, n: int) -> np.ndarray:
+    """Log-normal samples (iteration times are positive and skewed)."""
+    return median * np.exp(rng.normal(0.0, spread, n))
+
+
+def claim(num: np.ndarray, den: np.ndarray, **threshold: float) -> Claim:
+    ratio, interval = ratio_interval(num, den)
+    return Claim("f", "a is faster than b", "a / b", ratio, interval=interval, **threshold)
+
+
+@pytest.mark.parametrize(("true_ratio", "spread", "n", "verdict"), [
+    (1.30, 0.05, 10, HOLDS),          # clearly above 1
+    (0.80, 0.05, 10, FAILS),          # clearly below 1
+    (1.00, 0.10, 10, INCONCLUSIVE),   # on the threshold: no number of samples decides it
+    (1.02, 0.30, 3, INCONCLUSIVE),    # just above 1; three noisy samples straddle 1 in 97 % of draws
+])
+def test_known_distributions_give_each_verdict(true_ratio: float, spread: float, n: int, verdict: str) -> None:
+    rng = np.random.default_rng(3)
+    c = claim(samples(rng, 100 * true_ratio, spread, n), samples(rng, 100, spread, n), at_least=1.0)
+    assert c.status == verdict, (c.measured, c.interval)
+    assert c.interval is not None and c.interval[0] <= c.measured <= c.interval[1]
+
+
+def test_an_upper_bound_claim_and_an_exact_side() -> None:
+    """'predicted within 10 % of measured': the prediction is one exact number, the measurements vary."""
+    rng = np.random.default_rng(3)
+    measured = samples(rng, 100, 0.02, 8)
+    assert claim([104.0], measured, at_least=0.9, at_most=1.1).status == HOLDS
+    assert claim([125.0], measured, at_least=0.9, at_most=1.1).status == FAILS
+    assert claim([110.0], measured, at_least=0.9, at_most=1.1).status == INCONCLUSIVE
+    ratio, interval = ratio_interval([5.0], [2.0])  # neither side repeats: a point, judged as before
+    assert ratio == 2.5 and interval is None
+    assert Claim("f", "s", "r", ratio, at_least=1.0).status == HOLDS
+
+
+def test_the_interval_covers_the_true_ratio_as_often_as_it_says() -> None:
+    """Over many draws, the 95 % interval holds the true ratio about 95 % of the time (not 60, not 100)."""
+    rng = np.random.default_rng(11)
+    hits = 0
+    trials = 400
+    for _ in range(trials):
+        _, (low, high) = ratio_interval(samples(rng, 120, 0.2, 6), samples(rng, 100, 0.1, 4))
+        hits += low <= 1.2 <= high
+    assert 0.91 <= hits / trials <= 0.98
+
+
+def test_every_case_must_hold_for_the_worst_case_claim() -> None:
+    assert worst_interval([(1.1, 1.3), (0.95, 1.2)], smallest=True) == (0.95, 1.2)
+    assert worst_interval([(0.02, 0.05), (0.08, 0.12)], smallest=False) == (0.08, 0.12)
+    verdicts = [Claim("f", "s", "r", 1.0, at_least=1.0, interval=worst_interval(iv, True)).status for iv in
+                ([(1.1, 1.3), (1.05, 1.2)], [(1.1, 1.3), (0.8, 0.9)], [(1.1, 1.3), (0.9, 1.2)])]
+    assert verdicts == [HOLDS, FAILS, INCONCLUSIVE]
+    assert counts([Claim("f", "s", "r", None)]) == {HOLDS: 0, FAILS: 0, INCONCLUSIVE: 0, NOT_MEASURED: 1}
+
+
+def test_bad_samples_are_refused() -> None:
+    with pytest.raises(ValueError, match="positive samples"):
+        ratio_interval([1.0, 0.0], [1.0])
+    with pytest.raises(ValueError, match="positive samples"):
+        ratio_interval([], [1.0])
