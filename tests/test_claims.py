@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Claim, counts, ratio_interval, worst_interval
+from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Claim, counts, deciding, ratio_interval
 
 
 def samples(rng: np.random.Generator, median: float, spread: float, n: int) -> np.ndarray:
@@ -54,12 +54,15 @@ def test_the_interval_covers_the_true_ratio_as_often_as_it_says() -> None:
     assert 0.91 <= hits / trials <= 0.98
 
 
-def test_every_case_must_hold_for_the_worst_case_claim() -> None:
-    assert worst_interval([(1.1, 1.3), (0.95, 1.2)], smallest=True) == (0.95, 1.2)
-    assert worst_interval([(0.02, 0.05), (0.08, 0.12)], smallest=False) == (0.08, 0.12)
-    verdicts = [Claim("f", "s", "r", 1.0, at_least=1.0, interval=worst_interval(iv, True)).status for iv in
-                ([(1.1, 1.3), (1.05, 1.2)], [(1.1, 1.3), (0.8, 0.9)], [(1.1, 1.3), (0.9, 1.2)])]
-    assert verdicts == [HOLDS, FAILS, INCONCLUSIVE]
+def test_the_case_that_decides_a_claim_over_several() -> None:
+    """Every model must hold: one that fails decides, else one that is inconclusive, else the nearest."""
+    def case(r: float, low: float, high: float) -> Claim:
+        return Claim("f", "s", "r", r, at_least=1.0, interval=(low, high))
+    ok, close, unsure, bad = case(1.2, 1.1, 1.3), case(1.1, 1.05, 1.2), case(1.05, 0.9, 1.2), case(0.85, 0.8, 0.9)
+    assert deciding([ok, close]) is close and deciding([ok, unsure, close]) is unsure
+    assert deciding([ok, unsure, bad]) is bad and deciding([bad]).status == FAILS
+    two_sided = [Claim("f", "s", "r", r, at_least=0.9, at_most=1.1) for r in (0.95, 1.08, 1.02)]
+    assert deciding(two_sided).measured == 1.08
     assert counts([Claim("f", "s", "r", None)]) == {HOLDS: 0, FAILS: 0, INCONCLUSIVE: 0, NOT_MEASURED: 1}
 
 

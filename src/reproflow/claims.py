@@ -108,8 +108,15 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
 
 
-def worst_interval(intervals: Sequence[tuple[float, float]], smallest: bool) -> tuple[float, float]:
-    """The interval of the smallest (or largest) of several ratios, each with its interval: a claim that
-    must hold for every case holds when all do and fails when one surely fails."""
-    lows, highs = zip(*intervals, strict=True)
-    return (min(lows), min(highs)) if smallest else (max(lows), max(highs))
+def deciding(cases: Sequence[Claim]) -> Claim:
+    """The case that decides a claim that must hold for every case (every model, every size): one that
+    does not hold, else one that is inconclusive, else the one nearest the threshold."""
+    rank = {FAILS: 0, INCONCLUSIVE: 1, HOLDS: 2}
+
+    def margin(c: Claim) -> float:
+        low, high = c.interval or (c.measured, c.measured)
+        assert low is not None and high is not None
+        return min((low - c.at_least) if c.at_least is not None else math.inf,
+                   (c.at_most - high) if c.at_most is not None else math.inf)
+
+    return min((c for c in cases if c.status != NOT_MEASURED), key=lambda c: (rank[c.status], margin(c)))

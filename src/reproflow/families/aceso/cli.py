@@ -516,8 +516,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def local_ranks(args: argparse.Namespace) -> int:
     """Ranks per node when none are given: the artifact's 4 GPUs, or, for the tiny models on this machine,
     one rank per core (2 to 4). Ranks beyond the cores take turns on them, so an op's time depends on
-    what the other ranks do at that moment, which no op profile can know: on 2 cores with 4 ranks
-    predictions were 20 to 45 % off, with 2 ranks within about 10 %."""
+    what the other ranks do at that moment, which no op profile can know: on 2 cores with 4 ranks the
+    tiny models' predictions were 8 to 46 % off from run to run, with 2 ranks 0.4 to 24 %."""
     if args.sizes != "tiny" or args.submit:
         return 4
     ranks = max(2, min(4, len(os.sched_getaffinity(0))))

@@ -42,6 +42,11 @@ SHARED_ZERO_OPS = ("enc-attention-softmax", "bn1")
 KINDS = ("runtime", "reference")
 
 
+def _flags(values: list[int] | np.ndarray) -> np.ndarray:
+    """0/1 flags as a bool array (bytes() is the fast way in from a list thousands long)."""
+    return values.astype(bool) if isinstance(values, np.ndarray) else np.frombuffer(bytes(values), dtype=bool)
+
+
 @dataclass
 class _Arrays:
     """A stage's per-op lists as integer arrays, with the lists and the op index they were made from,
@@ -134,7 +139,8 @@ class Stage:
         new = Stage(self.ops, tp, dp, self.algo, self.recompute)
         c = self._valid()
         if c is not None:
-            arr = (c.tp if dim == "tp" else c.dp) * 2 if up else (c.tp if dim == "tp" else c.dp) // 2
+            old = c.tp if dim == "tp" else c.dp
+            arr = old * 2 if up else old // 2
             new._cache = _Arrays(new._lists(), c.index, c.ids, *((arr, c.dp) if dim == "tp" else (c.tp, arr)),
                                  c.algo)
         return new
@@ -292,7 +298,7 @@ class CostModel:
         ids, tp, dp, mbs, algo = self._arrays(stage, micro_bs, flat)
         v = self._values(stage, micro_bs, flat)
         fwd, bwd = float(v[F["forward-compute"]].sum()), float(v[F["backward-compute"]].sum())
-        rc = np.frombuffer(bytes(stage.recompute), dtype=bool)  # flags are 0 or 1; bytes() is the fast way in
+        rc = _flags(stage.recompute)
         recomp = 0.0 if flat else float(v[F["forward-compute"]][rc].sum())
         size_in, size_out = float(v[F["input_size"], 0]), float(v[F["output_size"], -1])
         if self.reference:  # the reference looks the last op's output up at the first op's TP size
@@ -370,7 +376,7 @@ class CostModel:
     def _saved_and_peak(self, ids: np.ndarray, rc: list[int] | np.ndarray, act: np.ndarray,
                         share: np.ndarray) -> tuple[float, float]:
         """Activations not kept because they are recomputed, and the largest recomputed segment."""
-        r = rc.astype(bool) if isinstance(rc, np.ndarray) else np.frombuffer(bytes(rc), dtype=bool)
+        r = _flags(rc)
         if len(ids) <= 1 or not r.any():
             return 0.0, 0.0
         return self._walk(ids, act, share)(r)

@@ -170,7 +170,7 @@ def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int)
     not at all (the scheduler's slices are milliseconds). With 4 ranks on 2 cores that timed small
     ops at a half to a quarter of what the runtime's op timers saw; with a rank per core, 2 ranks,
     GPT / T5 / Wide-ResNet predictions were 5 / 18 / 33 % under the measured iteration, and with
-    whole passes 12 % off on average over three runs."""
+    whole passes 13 % off on average over three runs (0.4 to 24 %)."""
     optimizers = [torch.optim.Adam(p.weights) if p.weights else None for p in ops]
     total = [[0.0, 0.0, 0.0] for _ in ops]
 
