@@ -93,14 +93,15 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         rows = []
         for size in sizes:
             values = {rt: best_run(root, rt, model, size) for rt in ("megatron", "aceso")}
-            rows.append({"size": size, "megatron": values["megatron"][1] if values["megatron"] else 0.0,
-                         "alpa": 0.0, "aceso": values["aceso"][1] if values["aceso"] else 0.0})
+            # A runtime that did not run is absent (NaN: an empty cell, no bar), never a 0.
+            rows.append({"size": size, "megatron": values["megatron"][1] if values["megatron"] else float("nan"),
+                         "aceso": values["aceso"][1] if values["aceso"] else float("nan")})
         table = pd.DataFrame(rows)
         lines.append(f"-------- [{model}] End-to-end Throughput (Samples/s) --------")
-        lines.append(f"{'Size':<10}{'Megatron-LM':>13}{'Alpa':>8}{'Aceso':>10}")
+        lines.append(f"{'Size':<10}{'Megatron-LM':>13}{'Aceso':>10}")
         for r in rows:
-            cell = {k: (f"{r[k]:.2f}" if r[k] else "-") for k in ("megatron", "alpa", "aceso")}
-            lines.append(f"{r['size']:<10}{cell['megatron']:>13}{cell['alpa']:>8}{cell['aceso']:>10}")
+            cell = {k: (f"{r[k]:.2f}" if r[k] == r[k] else "-") for k in ("megatron", "aceso")}
+            lines.append(f"{r['size']:<10}{cell['megatron']:>13}{cell['aceso']:>10}")
         for size in sizes:
             for column, what in (("megatron-mcore", "the Megatron-LM plan on megatron-core's layers"),
                                  ("megatron-lm", "Megatron-LM itself (pretrain_gpt.py) on the plan")):
@@ -110,22 +111,21 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         same = {size: bool((_manifest(root / "aceso" / "search" / model / size) or {}).get("same_as_megatron"))
                 for size in sizes}
         for r in rows:
-            if r["megatron"] and r["aceso"]:
+            if r["megatron"] > 0 and r["aceso"] > 0:
                 ratio = r["aceso"] / r["megatron"]
                 lines.append(f"  {r['size']}: Aceso / Megatron-LM = {ratio:.2f} on the same runtime" + (
                     " (Aceso's search returned the Megatron-LM plan itself: the same config, measured twice)"
                     if same[r["size"]] else ""))
         out.mkdir(parents=True, exist_ok=True)
-        _write_wide(table.set_index("size")[["megatron", "alpa", "aceso"]].T, out / f"e2e_thpt_{setting}_{model}.csv")
+        _write_wide(table.set_index("size")[["megatron", "aceso"]].T, out / f"e2e_thpt_{setting}_{model}.csv")
         _write_wide(pd.DataFrame({s: {"same_config": float(v)} for s, v in same.items()}),
                     out / f"e2e_same_config_{setting}_{model}.csv")
-        norm = table.set_index("size")[["megatron", "alpa", "aceso"]].T
-        norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1).fillna(0.0)
+        norm = table.set_index("size")[["megatron", "aceso"]].T
+        norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1)
         _write_wide(norm, out / f"e2e_norm_thpt_{setting}_{model}.csv")
         ref = _published(published, "e2e_thpt_scale_scale-layer.csv" if setting == "scale"
                          else f"e2e_norm_thpt_large_{model}.csv")
-        panels.append((model, norm if setting != "scale" else table.set_index("size")[["megatron", "alpa",
-                                                                                        "aceso"]].T, ref))
+        panels.append((model, norm if setting != "scale" else table.set_index("size")[["megatron", "aceso"]].T, ref))
     lines.append(ALPA_NOTE)
     if panels:
         _figure_bars(panels, out, f"fig7_e2e_{setting}", "throughput normalised to Megatron-LM" if setting != "scale"
@@ -134,11 +134,12 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
 
 
 def _write_wide(table: pd.DataFrame, path: Path) -> None:
-    """The reference's CSV shape: a header of sizes, one row per system, 2 decimals."""
+    """The reference's CSV shape: a header of sizes, one row per system, 2 decimals; a value not
+    measured is an empty cell."""
     with path.open("w") as fh:
         fh.write("size," + ",".join(str(c) for c in table.columns) + "\n")
         for name, row in table.iterrows():
-            fh.write(f"{name}," + ",".join(f"{float(v):.2f}" for v in row) + "\n")
+            fh.write(f"{name}," + ",".join("" if pd.isna(v) else f"{float(v):.2f}" for v in row) + "\n")
 
 
 def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], out: Path, name: str,
@@ -157,6 +158,8 @@ def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], ou
                     if system not in table.index:
                         continue
                     v = float(table.loc[system, size])
+                    if pd.isna(v):
+                        continue
                     ax.bar(x + k * 0.27, v, 0.27, color=colors[system], hatch="//" if hatched else None,
                            alpha=0.6 if hatched else 1.0, label=f"{system} ({label})" if size == table.columns[0]
                            else None)
@@ -277,9 +280,9 @@ def search_cost(root: Path, setting: str, out: Path, published: Path | None) -> 
         if not values:
             continue
         lines.append(f"-------- [{model}] Search Cost (s) --------")
-        lines.append(f"{'Size':<10}{'Alpa':>8}{'Aceso':>10}")
-        lines += [f"{s:<10}{'-':>8}{v:>10.2f}" for s, v in values.items()]
-        table = pd.DataFrame({s: {"alpa": 0.0, "aceso": v} for s, v in values.items()})
+        lines.append(f"{'Size':<10}{'Aceso':>10}")
+        lines += [f"{s:<10}{v:>10.2f}" for s, v in values.items()]
+        table = pd.DataFrame({s: {"aceso": v} for s, v in values.items()})
         out.mkdir(parents=True, exist_ok=True)
         _write_wide(table, out / f"search_cost_{setting}_{model}.csv")
         ref = _published(published, "search_cost_scale_scale-layer.csv" if setting == "scale"
@@ -465,8 +468,8 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     steps = _step_samples(frame)
     statement = "Aceso's config trains faster than the Megatron-LM plan (same runtime, same devices)"
     ratio = "Aceso samples/s / Megatron-LM plan samples/s, the model that decides"
-    speedups = _per_size(reports, "e2e_thpt", lambda c: c["aceso"] / c["megatron"] if min(c["aceso"], c["megatron"]) > 0
-                         else None)
+    speedups = _per_size(reports, "e2e_thpt",
+                         lambda c: c["aceso"] / c["megatron"] if c["aceso"] > 0 and c["megatron"] > 0 else None)
     # Where the search returned the Megatron-LM plan itself, the two are one config: ratio 1, not two noisy runs.
     same = [k for k, v in _per_size(reports, "e2e_same_config", lambda c: c["same_config"]).items() if v]
     speed: dict[str, tuple[float, tuple[float, float] | None]] = {}

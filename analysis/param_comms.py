@@ -102,15 +102,16 @@ RUN_IT = "make comms (reproflow run param-demo -e comms)"
 
 
 def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """busBW = algBW x the nccl-tests factor in every row; busBW rises with message size to a plateau."""
-    shape = "nccl-tests: busBW rises with size and flattens at the link bandwidth"
+    """What nccl-tests' PERFORMANCE.md says of its columns: busBW = algBW x the collective's factor in every
+    row, and small messages are latency-bound (busBW grows with size). A plateau at large sizes is left out:
+    it is the link's bandwidth on GPUs, which the document does not promise, and on CPUs the caches make
+    busBW rise and fall with size from run to run."""
+    shape = "nccl-tests doc/PERFORMANCE.md: small messages are latency-bound, busBW approaches the link's at large ones"
     statements = [("busBW / algBW equals the nccl-tests factor of each collective (2(n-1)/n, (n-1)/n or 1)",
                    "largest |(busBW/algBW) / factor - 1| over every row",
                    "0 by definition (nccl-tests doc/PERFORMANCE.md)"),
                   ("busBW grows with message size", "smallest, over collectives, busBW at the largest size / at "
-                   "the smallest", shape),
-                  ("busBW levels off to a plateau at large messages", "smallest, over collectives, busBW at the "
-                   "largest size / the collective's peak busBW", shape)]
+                   "the smallest", shape)]
     rows = aggregates(newest(frame)) if len(frame) else frame
     if rows.empty:
         return [not_measured(FAMILY, s, r, f"no param comms rows: {RUN_IT}", paper=p, target="comms")
@@ -123,22 +124,19 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     statement, ratio, paper = statements[0]
     out = [Claim(FAMILY, statement, ratio, float(deviation.max()), at_most=1e-6, target="comms", paper=paper,
                  detail=f"{len(table)} rows, {table['collective'].nunique()} collectives, {ranks} ranks")]
-    rises, plateaus = {}, {}
+    rises = {}
     for (collective, *_), sub in table[table["implementation"] == "reproflow"].groupby(["collective", *SETTING]):
         sub = sub.sort_values("size_bytes")
-        if len(sub) < 3:
-            continue
-        rises[collective] = min(rises.get(collective, float("inf")), sub["busbw"].iloc[-1] / sub["busbw"].iloc[0])
-        plateaus[collective] = min(plateaus.get(collective, float("inf")),
-                                   sub["busbw"].iloc[-1] / sub["busbw"].max())
+        if len(sub) >= 3:
+            rises[collective] = min(rises.get(collective, float("inf")), sub["busbw"].iloc[-1] / sub["busbw"].iloc[0])
+    statement, ratio, paper = statements[1]
     if not rises:
-        return [*out, *(not_measured(FAMILY, s, r, f"no size sweep of 3 or more sizes: {RUN_IT}", paper=p,
-                                     target="comms") for s, r, p in statements[1:])]
+        return [*out, not_measured(FAMILY, statement, ratio, f"no size sweep of 3 or more sizes: {RUN_IT}",
+                                   paper=paper, target="comms")]
     sizes = f"{_size_label(table['size_bytes'].min())}-{_size_label(table['size_bytes'].max())}"
-    for (statement, ratio, paper), values, bound in ((statements[1], rises, 2.0), (statements[2], plateaus, 0.7)):
-        worst = min(values, key=values.__getitem__)
-        below = [c for c, v in values.items() if v < bound]
-        out.append(Claim(FAMILY, statement, ratio, values[worst], at_least=bound, target="comms", paper=paper,
-                         detail=f"{sizes}; lowest: {worst}" + (f"; below {bound:g}: {', '.join(below)}" if below
-                                                               else f"; all {len(values)} collectives")))
+    worst = min(rises, key=rises.__getitem__)
+    below = [c for c, v in rises.items() if v < 2.0]
+    out.append(Claim(FAMILY, statement, ratio, rises[worst], at_least=2.0, target="comms", paper=paper,
+                     detail=f"{sizes}; lowest: {worst}" + (f"; below 2: {', '.join(below)}" if below
+                                                           else f"; all {len(rises)} collectives")))
     return out

@@ -63,6 +63,39 @@ def rows_lost(log: str) -> int:
 
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """`make test` runs two pytest-xdist workers: the tests that share the Slurm cluster go to one of them,
+    one after another (set while collecting: xdist reads the groups before later hooks run)."""
+    if item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Slurm tests first: much of their time is waiting for the cluster, which the other worker fills
+    with the rest. (Tests that compare measured times, marked `timing`, run after, alone.)"""
+    items.sort(key=lambda item: not item.get_closest_marker("slurm"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__}: pytest-xdist's --dist loadgroup does not group tests "
+                                "here (pytest-xdist issue 1386), so the Slurm tests would share the cluster at once. "
+                                "Install the versions of constraints.txt (make venv).")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # an xdist worker: its tally goes to the controller, which prints the summary
+        output["faults"], output["bad_inputs"] = FAULTS, BAD_INPUTS
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    FAULTS.extend(node.workeroutput.get("faults", []))
+    for kind, count in node.workeroutput.get("bad_inputs", {}).items():
+        BAD_INPUTS[kind] += count
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not FAULTS and not BAD_INPUTS["inputs"]:
         return

@@ -55,6 +55,7 @@ matrix = { kind = ["collectives", "p2p"] }
 """
 
 
+@pytest.mark.timing
 def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     results, db = tmp_path / "results", tmp_path / "db"
     run = reproflow("run", str(write_suite(SUITE)), "--results", str(results))

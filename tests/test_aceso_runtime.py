@@ -168,15 +168,16 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert "-------- [gpt] End-to-end Throughput (Samples/s) --------" in out
-    row = next(line for line in out.splitlines() if line.startswith("tiny") and "-" in line.split()[2])
-    megatron, aceso = float(row.split()[1]), float(row.split()[3])
+    row = next(line for line in out.splitlines() if line.startswith("tiny") and len(line.split()) == 3)
+    megatron, aceso = float(row.split()[1]), float(row.split()[2])
     assert megatron > 0 and aceso > 0
     assert "Aceso / Megatron-LM = " in out and "Alpa: not run" in out
     assert "-------- [gpt] Search Cost (s) --------" in out
     assert "-------- [gpt] Time Prediction (ms) --------" in out and "Memory Prediction (MB)" in out
     tables = logs / "results"
     e2e = (tables / "e2e_thpt_small_gpt.csv").read_text().splitlines()
-    assert e2e[0] == "size,tiny" and e2e[1] == f"megatron,{megatron:.2f}" and e2e[3] == f"aceso,{aceso:.2f}"
+    # Alpa is never run here: no row for it (not a row of zeros).
+    assert e2e == ["size,tiny", f"megatron,{megatron:.2f}", f"aceso,{aceso:.2f}"]
     for name in ("e2e_norm_thpt_small_gpt.csv", "search_cost_small_gpt.csv", "perf_model_time_small_gpt.csv",
                  "perf_model_mem_small_gpt.csv", "fig7_e2e_small.png", "fig8_search_cost_small.png",
                  "fig9_perf_model_small.png"):

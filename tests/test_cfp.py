@@ -5,6 +5,7 @@ gradients; and bad input."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,11 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert all(v < 1e-4 for v in errs.values()), errs
     steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
     assert set(steps) == plans and all(v > 0 for v in steps.values())
+    samples = {(r["plan"], r["step"]): float(r["value"]) for r in rows if r["metric"] == "step_s"}
+    assert samples == {(p, "0"): v for p, v in steps.items()}  # one timed step each (--runs 1)
+    claims = reproflow("report", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "rep"), "--claims-only")
+    verdict = r"^(holds|does not hold|inconclusive) +cfp +CFP's plan is at least as fast as the Alpa-style plan: \d"
+    assert re.search(verdict, claims.stdout, re.M), claims.stdout
     assert "alpa: integer program over 39 contractions" in out
     # A rerun skips the points already measured; the profile pass alone (another suite) reuses the profiles.
     fast = ["--nproc", "2", "--repeats", "1", "--runs", "1", "--warmup", "0"]

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, Claim, counts, deciding, ratio_interval
+from reproflow.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    Claim,
+    counts,
+    deciding,
+    pooled_ratio_interval,
+    ratio_interval,
+)
 
 
 def samples(rng: np.random.Generator, median: float, spread: float, n: int) -> np.ndarray:
@@ -54,6 +66,22 @@ def test_the_interval_covers_the_true_ratio_as_often_as_it_says() -> None:
     assert 0.91 <= hits / trials <= 0.98
 
 
+def test_a_ratio_pooled_over_cases() -> None:
+    """Several cases (receiver counts, say), each a few noisy samples a side: the pooled geometric mean
+    covers the true common ratio about 95 % of the time, and one case gives `ratio_interval`."""
+    rng = np.random.default_rng(5)
+    hits = 0
+    for _ in range(300):
+        pairs = [(samples(rng, 50 * k * 1.1, 0.15, 5), samples(rng, 50 * k, 0.15, 5)) for k in (1, 2, 4)]
+        _, (low, high) = pooled_ratio_interval(pairs)
+        hits += low <= 1.1 <= high
+    assert 0.91 <= hits / 300 <= 0.98
+    one = (samples(rng, 120, 0.2, 6), samples(rng, 100, 0.1, 4))
+    assert pooled_ratio_interval([one]) == ratio_interval(*one)
+    ratio, _ = pooled_ratio_interval([([2.0], [1.0]), ([1.0], [2.0])])  # 2x and 0.5x: a geometric mean of 1
+    assert ratio == pytest.approx(1.0)
+
+
 def test_the_case_that_decides_a_claim_over_several() -> None:
     """Every model must hold: one that fails decides, else one that is inconclusive, else the nearest."""
     def case(r: float, low: float, high: float) -> Claim:
@@ -71,3 +99,21 @@ def test_bad_samples_are_refused() -> None:
         ratio_interval([1.0, 0.0], [1.0])
     with pytest.raises(ValueError, match="positive samples"):
         ratio_interval([], [1.0])
+
+
+def test_an_inconclusive_claim_says_how_many_more_samples_would_decide_it() -> None:
+    """The interval narrows as one over the square root of the samples: drawing that many times the
+    samples from the same distributions decides the claim about as often as not, or more."""
+    rng = np.random.default_rng(5)
+    few = claim(samples(rng, 106, 0.08, 6), samples(rng, 100, 0.08, 6), at_least=1.0)
+    assert few.status == INCONCLUSIVE
+    more = few.samples_to_decide
+    assert more is not None and 1 < more < 100, more
+    decided = sum(claim(samples(rng, 106, 0.08, math.ceil(6 * more * 2)), samples(rng, 100, 0.08,
+                                                                                  math.ceil(6 * more * 2)),
+                        at_least=1.0).status == HOLDS for _ in range(40))
+    assert decided >= 20, decided
+    assert few.record()["samples to decide"] == f"{more:.1f}x"
+    on_it = Claim("f", "s", "r", 1.0, at_least=1.0, interval=(0.9, 1.1))
+    assert on_it.samples_to_decide == math.inf and on_it.record()["samples to decide"] == "never (on the threshold)"
+    assert claim([104.0], samples(rng, 100, 0.02, 8), at_least=0.9, at_most=1.1).samples_to_decide is None

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 from conftest import reproflow
+
+from reproflow.errors import NotApplicable
+from reproflow.families import param_compute
+from reproflow.params import resolve
 
 pytestmark = pytest.mark.distributed
 
@@ -40,7 +46,10 @@ def test_gemm_emb_and_mlp_rates_follow_from_time(write_suite, tmp_path):
         return agg[(agg["kernel"] == kernel) & (agg["metric"] == name)]
 
     gemm_t, gemm_r = metric("gemm", "time_p50_s"), metric("gemm", "tflops")
-    assert len(gemm_r) == 4
+    # bfloat16 is measured only where the CPU has bfloat16 arithmetic; elsewhere the point says why not.
+    native = bool(param_compute.cpu_flags() & set(param_compute.HALF_FLAGS["bfloat16"]))
+    assert len(gemm_r) == (4 if native else 2)
+    assert native or "dtype=bfloat16: not applicable here: bfloat16 matmuls on this CPU are emulated" in proc.stdout
     for (_, t), (_, r) in zip(gemm_t.iterrows(), gemm_r.iterrows(), strict=True):
         assert r["value"] * 1e12 * t["value"] == pytest.approx(2 * r["m"] * r["n"] * r["k"], rel=1e-9)
     emb = metric("emb", "bandwidth").iloc[0]
@@ -58,3 +67,15 @@ def test_dataset_and_shape_rules_fail_before_running(write_suite):
     bad = SUITE.replace('shapes = [[10000, 16, 4, 64]]', 'dataset = "C"')
     proc = reproflow("run", str(write_suite(bad)))
     assert proc.returncode == 2 and "dataset 'C' does not exist for kernel 'emb'" in proc.stderr
+
+
+def test_half_precision_matmuls_are_not_applicable_on_cpus_without_them(monkeypatch):
+    cpu = SimpleNamespace(device=SimpleNamespace(type="cpu"))
+    params = resolve(param_compute.FAMILY.params, {"kernel": "gemm", "dtype": "bfloat16"})
+    monkeypatch.setattr(param_compute, "cpu_flags", lambda: {"avx2", "fma"})
+    with pytest.raises(NotApplicable, match="none of avx512_bf16, amx_bf16, avx_ne_convert"):
+        param_compute.runtime_check(params, cpu)
+    param_compute.runtime_check({**params, "dtype": "float32"}, cpu)
+    param_compute.runtime_check(params, SimpleNamespace(device=SimpleNamespace(type="cuda")))
+    monkeypatch.setattr(param_compute, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    param_compute.runtime_check(params, cpu)

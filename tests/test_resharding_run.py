@@ -4,6 +4,7 @@ configuration passes the tile check, the seed's single-case command, plans, and 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def test_both_suites_pass_the_tile_check_in_every_configuration(tmp_path: Path) 
         assert (reports / name).stat().st_size > 0
     speedup = pd.read_csv(reports / "resharding_n_to_m_speedup.csv")
     assert list(speedup["case"]) == [f"case{i}" for i in range(1, 10)]
+
+    # The claims alone, again from the rows: the six cases with 2+ receivers, send_recv against broadcast.
+    again = reproflow("report", "--results", str(results), "--out", str(reports), "--claims-only")
+    assert again.returncode == 0, again.stderr
+    verdict = r"^(holds|does not hold|inconclusive) +resharding +broadcast resharding is faster"
+    assert re.search(verdict, again.stdout, re.M)
+    claim = pd.read_csv(reports / "claims.csv").set_index("family").loc["resharding"]
+    assert claim["where"].startswith("6 case(s)") and claim["threshold"] == ">= 1"
 
 
 def test_seed_command_runs_one_case_and_skips_it_next_time(tmp_path: Path) -> None:

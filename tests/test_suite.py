@@ -105,3 +105,28 @@ def test_list_shows_families_parameters_and_points():
 def test_paths_outside_checkout_still_find_the_project(tmp_path: Path):
     proc = reproflow("list", cwd=tmp_path)
     assert proc.returncode == 0 and "param-demo" in proc.stdout
+
+
+def test_a_rank_checks_only_its_own_experiment(write_suite):
+    """`load_suite(only=...)` (what a rank calls) runs the family's checks on that experiment's points alone;
+    without it every point is checked. get_family's one-module import gives the registry's family."""
+    from reproflow.family import families, get_family
+
+    path = write_suite("""
+        [[experiment]]
+        name = "good"
+        family = "spatial"
+        launch = { procs_per_node = 2 }
+        params = { model = "resnet", image_size = 64, batch_size = 2, spatial_size = 0, steps = 1 }
+        [[experiment]]
+        name = "odd-tiles"
+        family = "spatial"
+        launch = { procs_per_node = 5 }
+        params = { model = "resnet", image_size = 66, batch_size = 2, steps = 1 }
+        """)
+    with pytest.raises(SuiteError, match=r"experiment\[1\]\.params"):
+        load_suite(path)
+    with pytest.raises(SuiteError, match=r"experiment\[1\]\.params"):
+        load_suite(path, only="odd-tiles")
+    assert [e.name for e in load_suite(path, only="good").experiments] == ["good", "odd-tiles"]
+    assert all(get_family(name) is fam for name, fam in families().items())

@@ -69,11 +69,27 @@ class Claim:
             parts.append(f"<= {self.at_most:g}")
         return " and ".join(parts)
 
+    @property
+    def samples_to_decide(self) -> float | None:
+        """For an inconclusive claim: how many times its samples would narrow the interval to the
+        threshold it straddles, if the ratio and the spread stay (the half-width shrinks as one over
+        the square root of the samples); inf when the ratio sits on the threshold. None otherwise."""
+        if self.status != INCONCLUSIVE or not self.interval or not self.measured:
+            return None
+        low, high = self.interval
+        half = (math.log(high) - math.log(low)) / 2
+        straddled = [t for t in (self.at_least, self.at_most) if t is not None and low < t < high]
+        distance = min(abs(math.log(self.measured / t)) for t in straddled) if straddled else 0.0
+        return (half / distance) ** 2 if distance > 0 else math.inf
+
     def record(self) -> dict[str, object]:
         """The claim as one table row."""
         low, high = self.interval or (None, None)
+        more = self.samples_to_decide
         return {"family": self.family, "claim": self.statement, "status": self.status, "ratio": self.ratio,
                 "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
+                "samples to decide": "" if more is None else "never (on the threshold)" if math.isinf(more)
+                else f"{max(more, 1.0):.1f}x",
                 "paper": self.paper, "where": self.detail, "make target": self.target}
 
 
@@ -90,14 +106,26 @@ def counts(claims: list[Claim]) -> dict[str, int]:
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
                    level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
     """The ratio of the two samples' geometric means and its `level` confidence interval (Welch's t on
-    the logarithms; a side with one value counts as exact). No interval where neither side repeats,
-    or where a value is not positive."""
-    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-    if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
-        raise ValueError("ratio_interval needs positive samples on both sides")
-    la, lb = np.log(a), np.log(b)
-    ratio = float(np.exp(la.mean() - lb.mean()))
-    parts = [(x.var(ddof=1) / len(x), len(x) - 1) for x in (la, lb) if len(x) > 1]
+    the logarithms; a side with one value counts as exact). No interval where neither side repeats."""
+    return pooled_ratio_interval([(numerator, denominator)], level)
+
+
+def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """The geometric mean over cases of each case's ratio of geometric means (numerator samples over
+    denominator samples), with its `level` confidence interval: Welch's t on the mean of the cases' log
+    ratios, degrees of freedom by Welch-Satterthwaite over every sample. One case: `ratio_interval`."""
+    if not pairs:
+        raise ValueError("pooled_ratio_interval needs at least one case")
+    diffs, parts = [], []
+    for numerator, denominator in pairs:
+        a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+        if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
+            raise ValueError("ratio intervals need positive samples on both sides")
+        la, lb = np.log(a), np.log(b)
+        diffs.append(la.mean() - lb.mean())
+        parts += [(x.var(ddof=1) / len(x) / len(pairs) ** 2, len(x) - 1) for x in (la, lb) if len(x) > 1]
+    ratio = float(np.exp(np.mean(diffs)))
     if not parts:
         return ratio, None
     se2 = sum(v for v, _ in parts)

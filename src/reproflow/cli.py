@@ -18,7 +18,7 @@ from reproflow.family import families, get_family
 from reproflow.params import canonical
 from reproflow.paths import project_root
 from reproflow.results import atomic_write
-from reproflow.suite import Experiment, Suite, load_suite, named_suite
+from reproflow.suite import Experiment, Suite, load_suite, named_suite, parse_overrides
 
 if TYPE_CHECKING:  # submitit loads only for the commands that submit
     from reproflow.submit import SubmititExecutor
@@ -64,41 +64,31 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a suite's experiments locally, one process group each."""
+    """Run a suite's experiments locally, one process group each (or show the plan, run nothing)."""
+    from reproflow import api
     from reproflow.local import LocalExecutor, worker_args
 
     suite = named_suite(args.suite, args.set)
+    if not (args.dry_run or args.explain):
+        code = api.run_suite(args.suite, args.experiment, results=args.results, overrides=parse_overrides(args.set),
+                       procs=args.procs, network=args.network, force=args.force)
+        print(f"reproflow: results of suite {suite.name} are in {Path(args.results) / suite.name}")
+        return code
     root = project_root()
-    executor = LocalExecutor(Path(args.results), root, args.force, args.procs, tuple(args.set))
-    worst = 0
+    executor = LocalExecutor(Path(args.results), root, args.force, args.procs, tuple(args.set), args.network)
     for exp in suite.select(args.experiment):
         world = executor.world_size(exp)
         if args.explain:
             _explain(exp, executor.host_size(exp))
             continue
-        if args.dry_run:
-            print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
-            launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
-                        else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
-            print(f"{launcher} -m reproflow.worker "
-                  + " ".join(worker_args(suite, exp, Path(args.results), args.force, root, args.set)))
-            for point in exp.points:
-                print(f"    {point.label}")
-            continue
-        if exp.launch.nodes > 1 and not args.procs:
-            print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its {world} ranks on "
-                  "this machine (use `reproflow submit` or sbatch for real nodes)")
-        code = executor.run(suite, exp)
-        if code < 0:  # a rank killed by a signal: exit as a shell reports it (128 + signal)
-            print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
-            code = 128 - code
-        elif code:
-            print(f"reproflow: experiment {exp.name} ended with exit code {code}"
-                  + (" (some points failed; see *.failed.json)" if code == 3 else ""), file=sys.stderr)
-        worst = worst or code
-    if not (args.dry_run or args.explain):
-        print(f"reproflow: results of suite {suite.name} are in {Path(args.results) / suite.name}")
-    return worst
+        print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
+        launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
+                    else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
+        print(f"{launcher} -m reproflow.worker "
+              + " ".join(worker_args(suite, exp, Path(args.results), args.force, root, args.set)))
+        for point in exp.points:
+            print(f"    {point.label}")
+    return 0
 
 
 def _explain(exp: Experiment, host_size: int) -> None:
@@ -132,6 +122,9 @@ def run_options(p: argparse.ArgumentParser, with_suite: bool = False) -> None:
     """The options of `reproflow run`; family commands that are run shorthands add them without the suite."""
     _suite_options(p, with_suite)
     p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+    p.add_argument("--network", default=None, metavar="RATE",
+                   help="emulate each host's link at RATE each way, e.g. 1gbit (root and iproute2); '' for "
+                   "loopback (default: the suite's launch.network)")
     p.add_argument("--explain", action="store_true",
                    help="print each point's plan (families that plan, e.g. resharding), run nothing")
 
@@ -233,7 +226,7 @@ def run_generated_suite(text: str, name: str, args: argparse.Namespace) -> list[
     suite.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(suite, text)
     common = {"suite": str(suite), "set": [], "results": str(args.results), "force": getattr(args, "force", False),
-              "procs": None, "experiment": [], "dry_run": args.dry_run}
+              "procs": None, "network": None, "experiment": [], "dry_run": args.dry_run}
     if not getattr(args, "submit", False):
         code = cmd_run(argparse.Namespace(**common, explain=False))
         if code:
@@ -288,8 +281,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Build tables and figures from every result under --results."""
-    from reproflow.report import build_reports
+    from reproflow.claims import METHOD, NOT_MEASURED, counts
+    from reproflow.report import build_reports, check_claims
 
+    if args.claims_only:
+        claims, written = check_claims(Path(args.results), Path(args.out), project_root())
+        for c in claims:
+            value = c.detail if c.status == NOT_MEASURED else f"{c.measured:.3g}" + (
+                f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})"
+            more = c.record()["samples to decide"]
+            print(f"{c.status:14s} {c.family:12s} {c.statement}: {value}"
+                  + (f"; samples to decide it: {more}" if more else ""))
+        print(f"reproflow: {', '.join(f'{n} {s}' for s, n in counts(claims).items())} ({METHOD}); "
+              f"{', '.join(str(p) for p in written)}")
+        return 0
     written = build_reports(Path(args.results), Path(args.out), project_root(), args.family)
     for path in written:
         print(path)
@@ -452,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="where tables and figures go")
     p.add_argument("--family", action="append", default=[],
                    help="only this family's tables and figures, no page (repeatable)")
+    p.add_argument("--claims-only", action="store_true",
+                   help="only check the claims again on the rows (claims.csv, claims.md) and print them")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("reproduce", help="every family's small suites, then the report page with the claims",

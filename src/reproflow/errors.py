@@ -28,6 +28,11 @@ class ParamError(ValueError):
         super().__init__(problem + (f" Allowed: {allowed}." if allowed else ""))
 
 
+class NotApplicable(Exception):
+    """A point this hardware cannot measure as its source does (the message says why and where it can):
+    the point is skipped and said so, not failed."""
+
+
 class PointFailed(Exception):
     """A point that failed on every rank alike (the ranks agreed on it), so the job can go on.
 

@@ -6,6 +6,7 @@ starts `python -m reproflow.worker` once per rank, so local runs take the cluste
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.errors import ReproflowError
+from reproflow.network import UNSHAPED, EmulatedNetwork, parse_rate
 from reproflow.suite import Experiment, Suite, slurm_seconds
 
 
@@ -48,13 +50,15 @@ def find_mpirun() -> str:
 
 
 def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
-              limit_s: float = 3600.0, host_size: int | None = None, mpirun: str = "") -> int:
+              limit_s: float = 3600.0, host_size: int | None = None, mpirun: str = "",
+              network: EmulatedNetwork | None = None) -> int:
     """Start `cmd` once per rank with the torch.distributed environment, on this machine.
 
     `host_size` ranks form one emulated host (LOCAL_WORLD_SIZE), as on `world / host_size` nodes;
     LOCAL_RANK stays the rank, so ranks on a multi-GPU machine still get distinct GPUs. With
     `mpirun`, one `mpirun -np world python -m mpi4py ...` starts the ranks instead, and each takes
     its rank from MPI (`python -m mpi4py` aborts the job when a rank raises, rather than hanging).
+    With `network`, each emulated host's ranks run in its namespace and gloo binds to its link.
     Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
     a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
     code of the first failing rank (then the other ranks are stopped rather than left waiting).
@@ -62,13 +66,17 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=network.address(0) if network else "127.0.0.1",
         MASTER_PORT=str(free_port()),
+        REPROFLOW_NETWORK=network.describe() if network else UNSHAPED,
         WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE=str(host_size or world),
         # As torchrun does: share the cores, or ranks oversubscribe them and time each other.
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world)),
     )
+    if network:
+        # c10d warns on every connection that an emulated host's address has no name: nothing to act on.
+        env.update(GLOO_SOCKET_IFNAME="eth0", TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
     env.update(env_extra or {})
     procs: list[subprocess.Popen] = []
     files = []
@@ -80,12 +88,13 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     try:
         for rank in range(world if mpirun else 0, world):
             env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            argv = network.command(rank // (host_size or world), list(cmd)) if network else list(cmd)
             if rank == 0:
-                procs.append(subprocess.Popen(list(cmd), env=env_r))
+                procs.append(subprocess.Popen(argv, env=env_r))
                 continue
             fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
             files.append(fh)
-            procs.append(subprocess.Popen(list(cmd), env=env_r, stdout=fh, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(argv, env=env_r, stdout=fh, stderr=subprocess.STDOUT))
         code, first, running = _wait(procs, time.monotonic() + limit_s)
     except BaseException:
         _stop(procs)
@@ -171,6 +180,7 @@ class LocalExecutor:
     force: bool = False
     procs: int | None = None
     sets: tuple[str, ...] = ()
+    network: str | None = None  # --network: every experiment's launch.network ('' for loopback)
 
     def world_size(self, exp: Experiment) -> int:
         """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
@@ -184,13 +194,37 @@ class LocalExecutor:
     def run(self, suite: Suite, exp: Experiment) -> int:
         """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""
         job_id = f"local-{_dt.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}"
-        return run_ranks(
-            [sys.executable, "-m", "reproflow.worker",
-             *worker_args(suite, exp, self.results, self.force, self.root, self.sets)],
-            self.world_size(exp),
-            self.results / suite.name / "logs" / job_id,
-            {"REPROFLOW_JOB_ID": job_id},
-            slurm_seconds(exp.launch.time_limit),
-            self.host_size(exp),
-            find_mpirun() if exp.launch.launcher == "mpi" else "",
-        )
+        with contextlib.ExitStack() as stack:
+            return run_ranks(
+                [sys.executable, "-m", "reproflow.worker",
+                 *worker_args(suite, exp, self.results, self.force, self.root, self.sets)],
+                self.world_size(exp),
+                self.results / suite.name / "logs" / job_id,
+                {"REPROFLOW_JOB_ID": job_id},
+                slurm_seconds(exp.launch.time_limit),
+                self.host_size(exp),
+                find_mpirun() if exp.launch.launcher == "mpi" else "",
+                self._network(exp, stack),
+            )
+
+    def _network(self, exp: Experiment, stack: contextlib.ExitStack) -> EmulatedNetwork | None:
+        """The emulated network the experiment asks for, built (removed when `stack` closes); None, and
+        why, where it runs on loopback instead."""
+        rate = exp.launch.network if self.network is None else self.network
+        if not rate:
+            return None
+        mbit = parse_rate(rate)
+        why = EmulatedNetwork.unavailable()
+        if exp.launch.launcher == "mpi":
+            why = "the emulated network wraps ranks that reproflow starts, not mpirun's"
+        elif exp.launch.backend == "nccl":
+            why = "NCCL between one machine's GPUs does not use the emulated links"
+        if not why:
+            try:
+                net = stack.enter_context(EmulatedNetwork(self.world_size(exp) // self.host_size(exp), mbit))
+                print(f"reproflow: {exp.name}: network {net.describe()}")
+                return net
+            except OSError as exc:
+                why = f"the emulated network could not be built ({exc})"
+        print(f"reproflow: {exp.name}: {why}; it runs on loopback, unshaped ({rate} not applied)")
+        return None

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pandas as pd
 
+from reproflow.claims import Claim
 from reproflow.errors import ReproflowError
 from reproflow.family import AGGREGATE, families
 from reproflow.params import canonical
@@ -198,6 +199,23 @@ def load_analysis(root: Path, family: str) -> ModuleType | None:
     return module
 
 
+def check_claims(results: Path, out_dir: Path, root: Path) -> tuple[list[Claim], list[Path]]:
+    """Every family's claims checked again on the rows under `results` (and the tables an earlier report
+    wrote under `out_dir`), without rebuilding tables, figures or the page; claims.csv and .md rewritten."""
+    frame = read_results(results).frame
+    if frame.empty:
+        raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
+    claims = [c for name in families() for c in _claims(load_analysis(root, name),
+                                                         frame[frame["family"] == name].dropna(axis=1, how="all"),
+                                                         out_dir)]
+    return claims, write_table(pd.DataFrame([c.record() for c in claims]), out_dir, "claims",
+                               "The papers' claims, checked on these results")
+
+
+def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path) -> list[Claim]:
+    return module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+
+
 def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] = ()) -> list[Path]:
     """Tables and figures for every family that has results (or only the families in `only`), then,
     for all families, the claims checked and the report page (report.html, report.md); returns the
@@ -235,7 +253,7 @@ def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] 
             files = module.build(rows, out_dir)
         # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too.
         files += sorted(p for p in (out_dir / name).glob("*") if p.suffix in (".csv", ".png"))
-        claims = module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+        claims = _claims(module, rows, out_dir)
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
     if only:

@@ -11,6 +11,7 @@ measured already, so a rerun runs only what is missing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -22,13 +23,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomllib
+from tqdm import tqdm
 
 from reproflow.errors import ReproflowError
 from reproflow.results import atomic_write, result_files
 from reproflow.status import experiment_status
 from reproflow.suite import named_suite
+
+if TYPE_CHECKING:
+    from reproflow.claims import Claim
 
 
 def _say(text: str) -> None:
@@ -39,7 +45,8 @@ PLAN = Path("workflows") / "reproduce" / "targets.toml"
 LOCAL, SLURM = "local", "slurm"
 # The workers' own progress lines (reproflow.worker).
 _HEADER = re.compile(r"suite \S+ / experiment (\S+) \(\w+\): \d+ of \d+ points")
-_POINT = re.compile(r"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|\d+ rows in [\d.]+ s)")
+_POINT = re.compile(r"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|not applicable here|"
+                    r"\d+ rows in [\d.]+ s)")
 _JOB_IDS = re.compile(r"^job ids: ([\d_,]+)$")
 
 
@@ -53,6 +60,14 @@ class Step:
     points: int = 0
     reference: str = ""
     covered_by: str = ""
+    # More samples for a claim its target checks: `more` is appended to the command, {samples} the new
+    # value of the step's sample count (`samples` now, at most `max_samples`); it costs `more_minutes` plus
+    # `sample_minutes` per sample (startups, then every point's extra samples).
+    more: str = ""
+    samples: int = 0
+    max_samples: int = 0
+    more_minutes: float = 0.0
+    sample_minutes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,7 @@ class Plan:
 
     steps: dict[str, Step]
     targets: dict[str, Target]
+    more_minutes: float = 0.0  # the time a run may spend on more samples for inconclusive claims
 
     def select(self, only: Sequence[str]) -> tuple[list[Target], list[Step]]:
         """The targets named in `only` (every default one when empty) and the steps they need, in plan
@@ -102,7 +118,12 @@ def load_plan(path: Path) -> Plan:
             step = Step(**raw)
         except TypeError as exc:
             raise ReproflowError(f"{path}: step {i + 1} ({raw.get('name', '?')}): {exc}; fields are name, command, "
-                                 "minutes, points, reference, covered_by.") from None
+                                 "minutes, points, reference, covered_by, more, samples, max_samples, more_minutes, "
+                                 "sample_minutes.") from None
+        if step.more and not (step.samples and step.max_samples >= step.samples and "{samples}" in step.more):
+            raise ReproflowError(f"{path}: step {step.name}: `more` (arguments added to its command) needs "
+                                 "{samples}, and samples <= max_samples (the sample count now and the most a run "
+                                 "may take).")
         steps[step.name] = step
     targets: dict[str, Target] = {}
     for i, raw in enumerate(data.get("target", [])):
@@ -119,7 +140,11 @@ def load_plan(path: Path) -> Plan:
     for step in steps.values():
         if step.covered_by and step.covered_by not in steps:
             raise ReproflowError(f"{path}: step {step.name}: covered_by = {step.covered_by!r} names no step.")
-    return Plan(steps, targets)
+    budget = data.get("more_minutes", 0.0)
+    if not isinstance(budget, int | float) or budget < 0:
+        raise ReproflowError(f"{path}: more_minutes = {budget!r}: give the minutes a run may spend on more samples "
+                             "for inconclusive claims (0: none).")
+    return Plan(steps, targets, float(budget))
 
 
 @dataclass(frozen=True)
@@ -245,18 +270,23 @@ class StepResult:
     failed: int = 0
     job_ids: list[str] = field(default_factory=list)
     log: Path | None = None
+    not_applicable: int = 0  # points this hardware cannot measure as their source does (said in the log)
 
 
 class Progress:
-    """The live display: one rewritten line on a terminal, a line per finished point elsewhere."""
+    """The live display: a tqdm bar on a terminal (messages printed above it), a line per finished
+    point elsewhere (logs, CI)."""
 
     def __init__(self, plan: list[Estimate], out: Callable[[str], None] = _say, tty: bool | None = None) -> None:
         self.plan, self.out = plan, out
-        self.tty = sys.stdout.isatty() if tty is None else tty
         self.start = time.monotonic()
         self.index, self.done, self.current, self.experiment = 0, 0, "", ""
         self.step_start, self.step_done = self.start, 0
         self.totals = [e.points - (e.measured or 0) for e in plan]
+        # tqdm's own rate and ETA are left out: the time left is ours (the plan's figures, then the pace).
+        self.bar = tqdm(total=sum(self.totals), file=sys.stdout, dynamic_ncols=True, mininterval=0.5,
+                        bar_format="{desc} {bar:16} {n_fmt}/{total_fmt} points{postfix}") if (
+            sys.stdout.isatty() if tty is None else tty) else None
 
     def begin(self, index: int) -> None:
         self.index, self.step_start, self.step_done, self.current = index, time.monotonic(), 0, ""
@@ -280,7 +310,8 @@ class Progress:
         self.show(force=finished)
 
     def left(self) -> float:
-        """Seconds left: the steps not started, and the current one scaled by its points done."""
+        """Seconds left: the plan's figure for the steps not started, and for the current one a blend of
+        the plan's figure and the step's own pace, weighted by the fraction of its points done."""
         rest = sum(e.minutes * 60 for e in self.plan[self.index + 1:])
         expected = self.plan[self.index].minutes * 60
         spent = time.monotonic() - self.step_start
@@ -288,8 +319,13 @@ class Progress:
         fraction = self.step_done / total if total else min(1.0, spent / expected) if expected else 1.0
         if fraction >= 1:
             return rest
-        # Once a point of this step is done its own pace beats the estimate.
-        return rest + (spent / fraction if self.step_done else expected) * (1 - fraction)
+        planned = expected * (1 - fraction)
+        if not self.step_done:
+            return rest + planned
+        # A step's first points are not its pace (CFP's first point is a whole analysis pass): trust the
+        # pace only as far as the step has gone, so the estimate moves smoothly instead of jumping.
+        paced = spent / fraction * (1 - fraction)
+        return rest + (1 - fraction) * planned + fraction * paced
 
     def line(self) -> str:
         step = self.plan[self.index].step.name
@@ -298,17 +334,29 @@ class Progress:
                 f"{self.current or 'starting'}")
 
     def show(self, force: bool = False) -> None:
-        if self.tty:
-            sys.stdout.write("\r\033[K" + self.line()[:200])
-            sys.stdout.flush()
-        elif force:
-            self.out(self.line())
+        if self.bar is None:
+            if force:
+                self.out(self.line())
+            return
+        self.bar.total, self.bar.n = sum(self.totals), self.done
+        self.bar.set_description_str(f"[{_clock(time.monotonic() - self.start)} elapsed, ~{_clock(self.left())} "
+                                     "left]", refresh=False)
+        self.bar.set_postfix_str(f"step {self.index + 1}/{len(self.plan)} {self.plan[self.index].step.name}: "
+                                 f"{self.current or 'starting'}", refresh=False)
+        self.bar.refresh()
 
     def say(self, text: str) -> None:
-        """A message on its own line (the live line, if any, is redrawn after it)."""
-        if self.tty:
-            sys.stdout.write("\r\033[K")
-        self.out(text)
+        """A message on its own line (above the bar, which is redrawn after it)."""
+        if self.bar is None:
+            self.out(text)
+        else:
+            self.bar.write(text, file=sys.stdout)
+
+    def close(self) -> None:
+        """Leave the bar where it ends."""
+        if self.bar is not None:
+            self.show()
+            self.bar.close()
 
 
 def _child_env() -> dict[str, str]:
@@ -321,7 +369,7 @@ def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int
     """Run `reproflow ARGV` as a child process, its output into `log`; returns (exit code, Slurm job ids
     it printed, counts of measured / skipped / failed points)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    counts = {"measured": 0, "skipped": 0, "failed": 0}
+    counts = {"measured": 0, "skipped": 0, "failed": 0, "not_applicable": 0}
     job_ids: list[str] = []
     lines: queue.Queue[str | None] = queue.Queue()
     with log.open("w") as sink:
@@ -372,13 +420,13 @@ def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Prog
         return
     label, what = point[3], point[4]
     kind = ("skipped" if what.startswith("done earlier") else "failed" if what == "FAILED"
-            else "measured" if what != "running" else "")
+            else "not_applicable" if what.startswith("not applicable") else "measured" if what != "running" else "")
     if kind:
         counts[kind] += 1
     if progress:
         progress.point(f"{progress.experiment} [{point[1]}/{point[2]}] {label}" + ("" if what == "running" else
                                                                                   f" ({what})"),
-                       finished=kind in ("measured", "failed"))
+                       finished=kind in ("measured", "failed", "not_applicable"))
 
 
 def record_timing(folders: Folders, result: StepResult) -> None:
@@ -410,9 +458,10 @@ def summary(results: list[StepResult], seconds: float) -> str:
         outcome = "ok" if r.code == 0 and not r.failed else "FAILED"
         lines.append(f"{r.step.name:<20} {outcome:<8} {r.measured:>8} {r.skipped:>7} {r.failed:>6} "
                      f"{_clock(r.seconds):>9}  {r.log}")
+    not_applicable = sum(r.not_applicable for r in results)
     lines.append(f"{len(results)} step(s) in {_clock(seconds)}: {sum(r.measured for r in results)} points "
                  f"measured, {sum(r.skipped for r in results)} measured before, {sum(r.failed for r in results)} "
-                 "failed")
+                 "failed" + (f", {not_applicable} not applicable here (why: the step logs)" if not_applicable else ""))
     return "\n".join(lines)
 
 
@@ -439,8 +488,10 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
                              "aceso/reference-results (the artifact's profiler/profiled-time-eurosys and results/ref).")
     rows = estimate(steps, folders, executor)
     progress = Progress(rows, out)
+    more = f", then up to {plan.more_minutes:g} min of more samples for inconclusive claims" if (
+        executor == LOCAL and plan.more_minutes) else ""
     out(f"reproflow reproduce: {len(targets)} target(s), {len(steps)} step(s), {executor}; about "
-        f"{sum(r.minutes for r in rows):.1f} min expected; step logs in {folders.logs / 'reproduce'}")
+        f"{sum(r.minutes for r in rows):.1f} min expected{more}; step logs in {folders.logs / 'reproduce'}")
     done: list[StepResult] = []
     for i, row in enumerate(rows):
         step = row.step
@@ -450,7 +501,8 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         progress.say(f"-- step {i + 1}/{len(rows)} {step.name}: reproflow {shlex.join(argv)}")
         start, before = time.monotonic(), len(result_files(folders.results))
         code, job_ids, counts = run_step(argv, log, progress)
-        result = StepResult(step, code, 0.0, counts["measured"], counts["skipped"], counts["failed"], job_ids, log)
+        result = StepResult(step, code, 0.0, counts["measured"], counts["skipped"], counts["failed"], job_ids, log,
+                            counts["not_applicable"])
         if executor == SLURM and code == 0:
             progress.say(f"   waiting for Slurm job(s) {', '.join(job_ids)}")
             unfinished = wait_for_jobs(job_ids, progress, folders.results, before)
@@ -472,6 +524,7 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         code, _, _ = run_step(argv, log, None)
         if code:
             progress.say(f"   drawing `reproflow {shlex.join(argv)}` failed (exit {code}); see {log}")
+    progress.close()
     progress.say(summary(done, time.monotonic() - progress.start))
     try:
         build_reports(folders.results, folders.reports, project_root())
@@ -480,7 +533,85 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         return 1
     out(f"report: {folders.reports / 'report.html'} (self-contained) and {folders.reports / 'report.md'}")
     out(f"claims ({folders.reports / 'claims.md'}): {claim_line(folders.reports / 'claims.csv')}")
-    return 0 if all(r.code == 0 and not r.failed for r in done) else 1
+    ok = all(r.code == 0 and not r.failed for r in done)
+    if executor == LOCAL and plan.more_minutes:
+        ok = resample(plan, targets, folders, out) and ok
+    return 0 if ok else 1
+
+
+# Samples beyond what the interval's arithmetic asks for: the spread it uses is itself an estimate.
+MARGIN = 1.2
+
+
+@dataclass(frozen=True)
+class Resample:
+    """A step run again with more samples, for an inconclusive claim."""
+
+    step: Step
+    claim: str
+    samples: int
+    minutes: float
+
+
+def plan_resamples(plan: Plan, targets: Sequence[Target], claims: Sequence[Claim]) -> tuple[list[Resample], list[str]]:
+    """For each inconclusive claim of the selected targets, the steps that measure more of its samples,
+    with enough to decide it if its ratio and spread stay, while the plan's budget for more samples
+    lasts; and a line for each inconclusive claim left as it is, saying why."""
+    chosen: list[Resample] = []
+    notes: list[str] = []
+    left = plan.more_minutes
+    selected = {t.name for t in targets}
+    for claim in claims:
+        factor = claim.samples_to_decide
+        if factor is None or claim.target not in selected:
+            continue
+        what = f"{claim.family}: {claim.statement}"
+        steps = [plan.steps[name] for name in plan.targets[claim.target].steps if plan.steps[name].more]
+        if not steps:
+            notes.append(f"{what}: inconclusive; no step of target {claim.target} measures more samples")
+            continue
+        if math.isinf(factor):
+            notes.append(f"{what}: inconclusive on its threshold: no number of samples decides it")
+            continue
+        wanted = [(step, math.ceil(step.samples * max(factor, 1.0) * MARGIN)) for step in steps]
+        if any(n > step.max_samples for step, n in wanted):
+            notes.append(f"{what}: inconclusive; it needs about {factor:.1f}x its samples, more than the plan allows ("
+                         + ", ".join(f"{step.name}: at most {step.max_samples}" for step, _ in wanted) + ")")
+            continue
+        cost = [step.more_minutes + step.sample_minutes * n for step, n in wanted]
+        if sum(cost) > left:
+            notes.append(f"{what}: inconclusive; {factor:.1f}x its samples would take about {sum(cost):.1f} min, "
+                         f"beyond what is left of the plan's {plan.more_minutes:g} min for more samples")
+            continue
+        left -= sum(cost)
+        chosen += [Resample(step, what, n, minutes) for (step, n), minutes in zip(wanted, cost, strict=True)]
+    return chosen, notes
+
+
+def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Callable[[str], None]) -> bool:
+    """Measure more samples for the inconclusive claims the plan can decide within its budget, then
+    check the claims and build the report again; False when a step failed."""
+    from reproflow.paths import project_root
+    from reproflow.report import build_reports, check_claims
+
+    chosen, notes = plan_resamples(plan, targets, check_claims(folders.results, folders.reports, project_root())[0])
+    for note in notes:
+        out(f"   {note}")
+    ok = True
+    for r in chosen:
+        argv = folders.argv(f"{r.step.command} {r.step.more.replace('{samples}', str(r.samples))}", r.step.reference)
+        log = folders.logs / "reproduce" / f"more-{r.step.name}.log"
+        out(f"-- more samples for {r.claim}: {r.step.name} with {r.samples} (was {r.step.samples}; about "
+            f"{r.minutes:.1f} min of the plan's {plan.more_minutes:g}): reproflow {shlex.join(argv)}")
+        code, _, counts = run_step(argv, log, None)
+        if code or counts["failed"]:
+            ok = False
+            out(f"   more samples of {r.step.name} FAILED (exit {code}); last lines of {log}:\n{tail(log)}")
+    if chosen:
+        build_reports(folders.results, folders.reports, project_root())
+        out(f"claims after more samples ({folders.reports / 'claims.md'}): "
+            f"{claim_line(folders.reports / 'claims.csv')}")
+    return ok
 
 
 def claim_line(path: Path) -> str:

@@ -31,9 +31,10 @@ import reproflow
 from reproflow.family import AGGREGATE, Measurement
 from reproflow.params import canonical
 
-# 2 added attempt, retry_of, health_gate, health_detail and point_rows; files of 1 are still read.
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)
+# 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network. Files of 1 and
+# 2 are still read.
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (1, 2, 3)
 QUARANTINE = "quarantine"
 # Values of the health_gate column (reproflow.health).
 GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
@@ -57,6 +58,7 @@ PROVENANCE_COLUMNS = (
     "retry_of",
     "health_gate",
     "health_detail",
+    "network",
     "point_rows",
     "timestamp",
 )
@@ -84,6 +86,8 @@ class Provenance:
     # The all-reduce check made on the allocation before any point: pass, fail, or off.
     health_gate: str = "off"
     health_detail: str = ""
+    # The links between hosts: a local run's emulated network or loopback; empty on a cluster (its own).
+    network: str = ""
 
     def columns(self) -> dict[str, Any]:
         """Provenance as row columns (point_rows and timestamp are added at write time)."""
@@ -348,6 +352,11 @@ def _proc_field(path: str, name: str) -> str:
     except OSError:
         pass
     return ""
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (x86 `flags`, Arm `Features`; empty where /proc/cpuinfo has neither)."""
+    return set((_proc_field("/proc/cpuinfo", "flags") or _proc_field("/proc/cpuinfo", "Features")).split())
 
 
 def hardware() -> dict[str, object]:

@@ -75,6 +75,7 @@ class Launch:
     exclusive: bool = True
     launcher: str = "torchrun"
     health_gate: bool = True
+    network: str = ""
 
     @property
     def world_size(self) -> int:
@@ -102,6 +103,9 @@ LAUNCH_FIELDS: dict[str, Param] = {
               choices=LAUNCHERS),
         Param("health_gate", "bool", True, "check the allocation with a short all-reduce before measuring; "
               "points of jobs whose check fails are left out of tables and figures"),
+        Param("network", "str", "", "local runs: each emulated host's link, shaped to this bandwidth each way "
+              "(e.g. '1gbit'; needs root and iproute2, else the run says so and goes unshaped); '': loopback. "
+              "Clusters use their own network"),
     )
 }
 
@@ -287,10 +291,11 @@ def _apply_overrides(exp: Mapping[str, Any], overrides: Mapping[str, Any], fam: 
     return out
 
 
-def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Suite:
+def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, only: str | None = None) -> Suite:
     """Read and validate a suite file; raise SuiteError naming file, field, value and fix.
 
-    `overrides` (from --set) fix parameters in every experiment whose family declares them.
+    `overrides` (from --set) fix parameters in every experiment whose family declares them. With `only`
+    (a rank, which runs one experiment), the family's checks run on that experiment's points alone.
     """
     path = Path(path)
     overrides = dict(overrides or {})
@@ -345,7 +350,7 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None) -> 
         for given, swept in _expand(path, where, fam, exp):
             try:
                 params = resolve(fam.params, given)
-                if fam.check is not None:
+                if fam.check is not None and only in (None, ename):
                     fam.check(params, launch.world_size)
             except ParamError as exc:
                 raise SuiteError(path, where + "params", f"point {given}: {exc.problem}", exc.allowed) from None
@@ -379,6 +384,11 @@ def named_suite(name_or_path: str, sets: list[str] | None = None) -> Suite:
     from reproflow.paths import project_root
 
     return load_suite(find_suite(name_or_path, project_root() / "workflows"), parse_overrides(sets or []))
+
+
+def override_strings(overrides: Mapping[str, Any]) -> list[str]:
+    """`--set` strings (`key=value`, the value as TOML) for overrides given as a mapping."""
+    return [f"{key}={_toml_value(value)}" for key, value in overrides.items()]
 
 
 def _toml_value(value: Any) -> str:

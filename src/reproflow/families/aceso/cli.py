@@ -466,6 +466,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise ReproflowError(f"--log-path {root} is inside --results {args.results}: the profiles and runtime CSVs "
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     targets = [t for t in SETTINGS["tiny" if args.sizes == "tiny" else "small"] if t.model in args.models]
+    if args.train_iters is None:
+        args.train_iters = 20 if args.sizes == "tiny" else 5
     gpn, nodes = args.num_gpus_per_node or local_ranks(args), args.num_nodes
     tps = [t for t in (1, 2, 4, 8) if t <= gpn]
     shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
@@ -485,7 +487,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         prof = argparse.Namespace(**shared, after=[], prof_model_name=t.model, prof_model_size=t.size,
                                   prof_tp_size=tps, prof_mbs_list=profiled, prof_seq_len=t.seq_len,
                                   prof_warmup_times=2 if args.sizes == "tiny" else 3,
-                                  prof_repeat_times=5 if args.sizes == "tiny" else 10,
+                                  prof_repeat_times=10,
                                   # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
                                   prof_comm_sizes="0-4,8,16,32" if args.sizes == "tiny" else "0-64",
                                   prof_path=root / "profiled-time")
@@ -517,7 +519,7 @@ def local_ranks(args: argparse.Namespace) -> int:
     """Ranks per node when none are given: the artifact's 4 GPUs, or, for the tiny models on this machine,
     one rank per core (2 to 4). Ranks beyond the cores take turns on them, so an op's time depends on
     what the other ranks do at that moment, which no op profile can know: on 2 cores with 4 ranks the
-    tiny models' predictions were 8 to 46 % off from run to run, with 2 ranks 0.4 to 24 %."""
+    tiny models' predictions were 8 to 46 % off from run to run."""
     if args.sizes != "tiny" or args.submit:
         return 4
     ranks = max(2, min(4, len(os.sched_getaffinity(0))))
@@ -737,7 +739,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--time-budget-total", type=float, default=None,
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
-    p.add_argument("--train-iters", type=int, default=5)
+    p.add_argument("--train-iters", type=int, default=None,
+                   help="iterations per training, the first 2 untimed (default: 20 for tiny models, whose CPU "
+                   "iterations vary by about 10 %%; 5 for the reference sizes)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

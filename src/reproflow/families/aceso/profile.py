@@ -3,7 +3,7 @@
 
 Per op and point (model, size, micro-batch, algo; TP size = the job's world size): forward time
 and backward time (to the inputs and the weights) and Adam step, timed op by op in whole passes over
-the ops as a training step runs them (mean of `repeats` passes after `warmup`, averaged over the
+the ops as a training step runs them (median of `repeats` passes after `warmup`, averaged over the
 ranks), input and output size (MB, carried tensors
 included), weights per rank, activations (tensors the forward keeps for backward plus new
 outputs) and reserved memory. `reproflow aceso database` writes these rows as Aceso's CSV files.
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -32,7 +33,7 @@ from reproflow.families.aceso.database import FIELDS, OP_COLUMNS, P2P_LATENCY_FI
 from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.family import Measurement
-from reproflow.memory import SavedBytes
+from reproflow.memory import SavedBytes, keep_freed_memory
 from reproflow.timing import time_steps
 
 MB = 2**20
@@ -114,6 +115,7 @@ class Prepared:
     """One op ready to run on this rank's TP group: its weights, inputs and a forward call."""
 
     forward: Callable[[], tuple[torch.Tensor, ...]]
+    inputs: list[torch.Tensor]
     weights: list[torch.Tensor]
     grads: list[torch.Tensor]  # one per output that takes a gradient, as the backward pass feeds it
     values: dict[str, float]  # sizes and memory (MB)
@@ -123,7 +125,9 @@ def prepare_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
     """An op's weights and inputs, and its sizes and memory (MB) from one forward and backward pass."""
     weights = {k: w.random_local(tp.size, ctx.device, dtype) for k, w in op.weights.items()}
     inputs = [a.random(tp.size, 1, ctx.device, dtype) for a in op.ins]
-    data = {k: a.random(tp.size, 1, ctx.device, dtype) for k, a in op.data.items()}
+    # The data (images, token ids, labels) takes no gradient, as in training: the stem's backward computes
+    # its weight's alone (the images' gradient was 21 % of the tiny Wide-ResNet's profiled backward).
+    data = {k: a.random(tp.size, 1, ctx.device, dtype).requires_grad_(False) for k, a in op.data.items()}
     env = Env(tp, data.__getitem__, key=(index,))
 
     def forward() -> tuple[torch.Tensor, ...]:
@@ -150,7 +154,7 @@ def prepare_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
     if cuda:
         torch.cuda.synchronize(ctx.device)
         bwd_reserved = max(0.0, torch.cuda.memory_reserved(ctx.device) - res1)
-    return Prepared(forward, [w for w in weights.values() if w.grad is not None], grads, {
+    return Prepared(forward, inputs, [w for w in weights.values() if w.grad is not None], grads, {
         "input_size": _bytes(inputs) / MB,
         "output_size": _bytes(list(outputs)) / MB,
         "weights": _bytes(list(weights.values())) / MB,
@@ -160,43 +164,95 @@ def prepare_op(ctx: RunContext, tp: Group, op: OpDef, index: int, dtype: torch.d
     })
 
 
+# GPU cycles the device waits before each timed op (about 1 ms on an H200 at 1.98 GHz), longer than
+# the host takes to queue the op, so the op's events time the device's work alone.
+HEAD_START_CYCLES = 2_000_000
+
+
+@dataclass
+class Lap:
+    """One op's timing: the host's seconds in the call, and on CUDA the device's (from two events)."""
+
+    host_s: float
+    events: tuple[Any, Any] | None = None
+
+    def device_s(self) -> float:
+        """The device's seconds, once the stream has been synchronised (0 on CPUs: the host did the work)."""
+        return self.events[0].elapsed_time(self.events[1]) / 1e3 if self.events else 0.0
+
+
+def lap(ctx: RunContext, op: Callable[..., Any], *args: Any) -> tuple[Any, Lap]:
+    """Run `op(*args)` and time it. On CPUs work is done when the call returns: the host's time is the
+    op's. On CUDA the device is first given a head start (it sleeps while the host queues the op), so
+    the events around the op time its kernels alone, and the host's time is its dispatch: in a
+    training step, where nothing waits on the host between ops, an op costs the longer of the two.
+    Timing each op with a host sync instead profiled T5-770M's forward 28 % over what the runtime
+    measured on an H200 (a sync's 50-60 us on each of its 821 ops)."""
+    if ctx.device.type != "cuda":
+        begin = time.perf_counter()
+        out = op(*args)
+        return out, Lap(time.perf_counter() - begin)
+    torch.cuda._sleep(HEAD_START_CYCLES)
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    begin = time.perf_counter()
+    out = op(*args)
+    host_s = time.perf_counter() - begin
+    last.record()
+    return out, Lap(host_s, (first, last))
+
+
+def backward_call_s(ctx: RunContext, calls: int = 101) -> float:
+    """Host seconds of a backward call through a one-element, one-node graph (the median of `calls`):
+    what timing an op's backward on its own adds, which a training step, one call per stage, does not
+    pay. About 50 us here: a quarter of the tiny Wide-ResNet's backward (its ops take 0.1-2 ms)."""
+    x = torch.ones(1, device=ctx.device, requires_grad=True)
+    grad = torch.ones(1, device=ctx.device)
+    seconds = []
+    for _ in range(calls):
+        y = x * 1.0
+        x.grad = None
+        ctx.sync()
+        seconds.append(lap(ctx, torch.autograd.backward, [y], [grad])[1].host_s)
+    return sorted(seconds)[calls // 2]
+
+
 def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int) -> list[dict[str, float]]:
     """Microseconds of each op's forward, backward and Adam step, timed op by op inside whole passes
     (forward in order with autograd recording, backward in reverse, then the optimizer), as a
-    training step runs them; the mean of `repeats` passes after `warmup`, averaged over the ranks.
+    training step runs them; the median of `repeats` passes after `warmup` (a pass the scheduler
+    preempts does not count), averaged over the ranks.
 
     Not one op called over and over on its own tensors, as the reference times it: those stay in
     cache, and where more ranks than cores share a CPU a few short calls run either alone on a core or
-    not at all (the scheduler's slices are milliseconds). With 4 ranks on 2 cores that timed small
-    ops at a half to a quarter of what the runtime's op timers saw; with a rank per core, 2 ranks,
-    GPT / T5 / Wide-ResNet predictions were 5 / 18 / 33 % under the measured iteration, and with
-    whole passes 13 % off on average over three runs (0.4 to 24 %)."""
+    not at all (the scheduler's slices are milliseconds); with 4 ranks on 2 cores that timed small ops
+    at a half to a quarter of what the runtime's op timers saw. An op's backward is timed without the
+    cost of a backward call itself (`backward_call_s`) and without adding a gradient into a leaf input,
+    neither of which training pays. On CUDA an op costs the longer of its kernels and its dispatch
+    (`lap`)."""
     optimizers = [torch.optim.Adam(p.weights) if p.weights else None for p in ops]
-    total = [[0.0, 0.0, 0.0] for _ in ops]
-
-    def lap(begin: float) -> float:
-        ctx.sync()
-        return time.perf_counter() - begin
-
+    seconds = np.zeros((len(ops), 3, warmup + repeats))  # op, (forward, backward, step), pass
+    call = backward_call_s(ctx)
     ctx.barrier()
     for n in range(warmup + repeats):
-        kept = n >= warmup
+        laps: dict[tuple[int, int], Lap] = {}
         outputs = []
         for k, p in enumerate(ops):
-            begin = time.perf_counter()
-            outputs.append([o for o in p.forward() if o.requires_grad])
-            total[k][0] += lap(begin) * kept
+            out, laps[k, 0] = lap(ctx, p.forward)
+            outputs.append([o for o in out if o.requires_grad])
         for k in reversed(range(len(ops))):
-            begin = time.perf_counter()
-            torch.autograd.backward(outputs[k], ops[k].grads)
-            total[k][1] += lap(begin) * kept
+            for x in ops[k].inputs:  # training hands an input's gradient on; it adds none into a leaf
+                x.grad = None
+            laps[k, 1] = lap(ctx, torch.autograd.backward, outputs[k], ops[k].grads)[1]
         for k, opt in enumerate(optimizers):
             if opt is not None:
-                begin = time.perf_counter()
-                opt.step()
-                total[k][2] += lap(begin) * kept
-    return [{name: _mean_over_ranks(ctx, t[i] / repeats) * 1e6
-             for i, name in enumerate(("forward-compute", "backward-compute", "optimizer-step"))} for t in total]
+                laps[k, 2] = lap(ctx, opt.step)[1]
+        ctx.sync()
+        for (k, phase), t in laps.items():
+            seconds[k, phase, n] = max(t.device_s(), t.host_s - (call if phase == 1 else 0.0), 0.0)
+    median = np.median(seconds[:, :, warmup:], axis=2)
+    return [{name: _mean_over_ranks(ctx, float(t[i])) * 1e6
+             for i, name in enumerate(("forward-compute", "backward-compute", "optimizer-step"))} for t in median]
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -278,6 +334,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     if params["kind"] == "p2p":
         return p2p(ctx, params)
     dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
+    keep_freed_memory()  # as the runtime: ops timed in the memory state of a training process
     out: list[Measurement] = []
     tp = tp_group(ctx, tp_size(params, ctx.world_size))
     defs = op_defs(params)

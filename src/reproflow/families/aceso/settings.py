@@ -98,7 +98,7 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
         Setting("t5", "tiny", 1, 4, 16, SearchOptions(SMALL_MEMORY, GPT_MBS, budget_s=5), SMALL_MEMORY, GPT_MBS,
                 seq_len=64),
         Setting("resnet", "tiny", 1, 4, 32, SearchOptions(SMALL_MEMORY, (4, 8, 16), budget_s=5), SMALL_MEMORY,
-                (4, 8, 16), seq_len=32),
+                (4, 8, 16), seq_len=64),
     ),
 }
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from reproflow.context import RunContext
 from reproflow.errors import ParamError
-from reproflow.families.cfp import passes, torch_baselines
 from reproflow.families.cfp.cli import BASELINES, register_cli
 from reproflow.families.cfp.models import MODELS
 from reproflow.family import Family, Measurement
@@ -24,6 +23,9 @@ MODES = ("analysis", "profile", "search", "enum")
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
+    # The passes import DTensor and scipy (a second): only where a CFP suite is loaded, not in every CLI start.
+    from reproflow.families.cfp import passes, torch_baselines
+
     passes.check(params, world_size)
 
     wanted = [b for b in params["baselines"].split(",") if b]
@@ -38,6 +40,8 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    from reproflow.families.cfp import passes
+
     return {"analysis": passes.analysis, "profile": passes.profile, "search": passes.search,
             "enum": passes.enum}[params["mode"]](ctx, params)
 

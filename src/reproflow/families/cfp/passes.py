@@ -33,6 +33,7 @@ from reproflow.context import RunContext
 from reproflow.documents import Count, Index, MapOf
 from reproflow.errors import ParamError, PointFailed
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
+from reproflow.families.cfp.cli import TORCH_BASELINES
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
@@ -376,7 +377,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                     f"{bandwidth / 1e9:.2f} GB/s) solved in {sol.seconds:.3f} s, predicted communication "
                     f"{sol.predicted_s:.4g} s")
             plans[b] = (sol.assign, "per-contraction", sol.seconds + a.seconds)
-        elif b in torch_baselines.KINDS:
+        elif b in TORCH_BASELINES:
             plans[b] = ({}, "", 0.0)
         else:
             choice = baseline(a, b)
@@ -384,7 +385,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     for name, (assign, shown, search_s) in plans.items():
         coords = {"plan": name}
         rows.append(Measurement("search_time", search_s, "s", coords))
-        if name in torch_baselines.KINDS:
+        if name in TORCH_BASELINES:
             rows += _module_baseline(ctx, params, s, name, mesh, flops)
             continue
         runner = execute.Runner(cap, mesh, assign)
@@ -406,7 +407,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             ctx.log(f"{name} plan {shown}: training cost {times}, memory {mem / 2**30:.6f} GB, tflops {tflops}")
         rows += [Measurement("step_time", statistics.median(times), "s", coords),
                  Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords),
-                 Measurement("memory", mem / 2**30, "GB", coords)]
+                 Measurement("memory", mem / 2**30, "GB", coords), *step_samples(times, coords)]
     ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
             f"predicted {found.predicted_s:.4f} s per step")
     return rows
@@ -428,7 +429,12 @@ def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind:
     tflops = [flops / t / 1e12 for t in times]
     ctx.log(f"{kind}: training cost {times}, tflops {tflops}")
     return [*rows, Measurement("step_time", statistics.median(times), "s", coords),
-            Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords)]
+            Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords), *step_samples(times, coords)]
+
+
+def step_samples(times: list[float], coords: Mapping[str, Any]) -> list[Measurement]:
+    """Each timed step (the slowest rank's): the samples a claim's confidence interval comes from."""
+    return [Measurement("step_s", t, "s", {**coords, "step": i}) for i, t in enumerate(times)]
 
 
 def variations(a: Analysis) -> list[list[int]]:

@@ -23,8 +23,6 @@ from torch.nn.parallel import DistributedDataParallel
 from reproflow.families.cfp import models
 from reproflow.families.cfp.execute import LR, errors
 
-KINDS = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
-
 
 def deepspeed_available() -> bool:
     """Whether DeepSpeed is installed (the zero baselines need it)."""

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError
+from reproflow.errors import NotApplicable, ParamError
 from reproflow.families.param_compute import original
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
+from reproflow.results import cpu_flags
 from reproflow.timing import rank_stats, time_steps
 
 _GEMM_A = [(m, 4096, 4096) for m in (128, 256, 512, 1024)] + [(m, 1024, 1024) for m in (128, 256, 512, 1024)]
@@ -76,10 +77,24 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
         original.check(params)
 
 
+# CPU instructions that give a matmul native bfloat16 / float16 arithmetic (x86 flags of /proc/cpuinfo);
+# without one, torch converts every element to float32 and back: tens of times slower than float32.
+HALF_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16", "avx_ne_convert"),
+              "float16": ("avx512_fp16", "amx_fp16", "avx_ne_convert")}
+
+
 def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
-    """The original driver.py must be present where the job runs."""
+    """The original driver.py must be present where the job runs; half-precision matmuls on a CPU
+    without native half-precision arithmetic are not applicable there (emulated, not what param measures)."""
     if params["implementation"] == "param":
         original.runtime_check(params, ctx.device.type)
+    wanted = HALF_FLAGS.get(params["dtype"])
+    if ctx.device.type == "cpu" and wanted and params["kernel"] in ("gemm", "linear"):
+        flags = cpu_flags()
+        if flags and not flags & set(wanted):
+            raise NotApplicable(f"{params['dtype']} matmuls on this CPU are emulated in float32 (it has none of "
+                                f"{', '.join(wanted)}): tens of times slower and not the arithmetic param measures; "
+                                "measure them on a GPU or a CPU with one of those instructions")
 
 
 def _gemm(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:

@@ -11,6 +11,7 @@ in GPipe: every forward, then every backward.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,26 +122,28 @@ def boundary_shapes(s: Setup) -> list[list[torch.Size]]:
     return shapes
 
 
+@functools.lru_cache(maxsize=64)
 def dry_run(s: Setup) -> None:
     """The split forward on the meta device, one tile per spatial stage: raises ValueError (naming the
     option to change) where a tile does not split evenly or is narrower than a halo, before any rank
-    waits for another."""
+    waits for another. Remembered per setup (steps and repeats are not part of it), so a process that
+    loads a suite again (the Python API, a notebook) does not repeat the meta forward."""
     with torch.device("meta"):
         layers = build_layers(s)
     rows, cols = s.layout.grid()
     tiles = Space(Grid(rows, cols, 0, 0, tuple(range(rows * cols))), None, None, s.halo_d2)
     x: Any = Patch.whole(torch.empty(s.micro, 3, s.image_size, s.image_size, device="meta", dtype=s.dtype))
     with torch.no_grad():
-        for k, bounds in enumerate(partition(len(layers), s.layout.split_size, s.balance)):
-            space = tiles if k < s.layout.spatial_size else Space()
-            x = _like(x, [Patch(e.data, Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, space)
-                          .crop(*space.own(e.extent)) for e in _elements(x)])
+        # Only spatial stages split tiles; the layer-parallel ones after them cannot fail this way.
+        for bounds in partition(len(layers), s.layout.split_size, s.balance)[:s.layout.spatial_size]:
+            x = _like(x, [Patch(e.data, Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, tiles)
+                          .crop(*tiles.own(e.extent)) for e in _elements(x)])
             for m in program([layers[i].eval() for i in bounds], s.fused_layers if s.halo_d2 else 1):
                 x = m(x)
             if not isinstance(x, Patch | tuple):
                 return
             x = _like(x, [Patch(torch.empty(e.data.shape[:2] + e.extent, device="meta", dtype=s.dtype),
-                                Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, space) for e in _elements(x)])
+                                Span(0, e.extent[0]), Span(0, e.extent[1]), e.extent, tiles) for e in _elements(x)])
 
 
 def _nbytes(x: Any) -> int:

@@ -1,0 +1,291 @@
+"""The documentation: README.md stays short, every link in it and in docs/ resolves, every command exists.
+
+Commands are read from the fenced bash / sh / console blocks. `reproflow ...` lines go through the CLI's own
+argument parser, `make ...` lines through `make -n` (a dry run: it prints the commands, runs none), and
+`sbatch ... sbatch/<name>.sbatch` lines must name a committed script. Other commands (apt-get, git, srun,
+enroot, ...) are counted, not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import subprocess
+from collections import Counter
+from functools import cache
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from reproflow.cli import build_parser
+
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+README_LIMIT = 12 * 1024
+
+FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+PLACEHOLDER = re.compile(r"<[^<>\n]+>")
+SEPARATORS = {"&&", "||", ";", "|"}
+
+
+def page_id(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def split_page(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str, list[tuple[int, str]]]]]:
+    """The page's prose lines and its fenced blocks (first line number, language, lines), each line numbered."""
+    prose: list[tuple[int, str]] = []
+    blocks: list[tuple[int, str, list[tuple[int, str]]]] = []
+    fence = None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        match = FENCE.match(line)
+        if fence is None and match:
+            fence = match.group(1)
+            blocks.append((number, match.group(2).lower(), []))
+        elif fence is not None and line.strip().startswith(fence) and not line.strip("`~ "):
+            fence = None
+        elif fence is not None:
+            blocks[-1][2].append((number, line))
+        else:
+            prose.append((number, line))
+    assert fence is None, f"{page_id(path)}: a fenced block is never closed"
+    return prose, blocks
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: link text kept, lowercase, punctuation but '-' and '_' dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+@cache
+def anchors(path: Path) -> frozenset[str]:
+    """Every heading anchor of a markdown page, with GitHub's -1, -2 ... suffixes for repeated headings."""
+    seen: Counter[str] = Counter()
+    found = set()
+    for _, line in split_page(path)[0]:
+        match = HEADING.match(line)
+        if match:
+            base = slug(match.group(2))
+            found.add(base if seen[base] == 0 else f"{base}-{seen[base]}")
+            seen[base] += 1
+    return frozenset(found)
+
+
+def paragraphs(path: Path) -> list[tuple[int, str]]:
+    """The prose of a page as paragraphs (lines joined, so a link may wrap), each with its first line number."""
+    found: list[tuple[int, str]] = []
+    previous = -1
+    for number, line in split_page(path)[0]:
+        if not line.strip():
+            previous = -1
+            continue
+        if previous == number - 1 and found:
+            found[-1] = (found[-1][0], f"{found[-1][1]} {line.strip()}")
+        else:
+            found.append((number, line.strip()))
+        previous = number
+    return found
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """Every link and image target in the prose of a page (inline code left out)."""
+    found = []
+    for number, text in paragraphs(path):
+        for match in LINK.finditer(INLINE_CODE.sub("", text)):
+            found.append((number, match.group(1)))
+    return found
+
+
+def link_problem(page: Path, target: str) -> str | None:
+    """Why a link target does not resolve, or None."""
+    file_part, _, anchor = target.partition("#")
+    if file_part:
+        resolved = (page.parent / file_part).resolve()
+        if not resolved.is_relative_to(ROOT):
+            return f"{target} points outside the repository"
+        if not resolved.exists():
+            return f"{target}: no such file ({resolved.relative_to(ROOT).as_posix()})"
+    else:
+        resolved = page
+    if anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+        return f"{target}: {page_id(resolved)} has no heading with the anchor #{anchor}"
+    return None
+
+
+# Placeholders of the docs' command lines and the real values they are checked with.
+SUITES = sorted(p.stem for p in (ROOT / "workflows").glob("*.toml"))
+SUBSTITUTES = {
+    "<suite>": "param-demo" if "param-demo" in SUITES else SUITES[0],
+    "<folder>": "reference",
+    "<id>": "1234",
+    "<job>": "1234",
+    "<search>": "1234",
+}
+
+
+def command_lines(path: Path) -> list[tuple[int, str]]:
+    """Command lines of the page's shell blocks: `$ ` prompts stripped, continuation lines joined."""
+    found = []
+    for _, lang, lines in split_page(path)[1]:
+        if lang not in SHELL_BLOCKS:
+            continue
+        pending: tuple[int, str] | None = None
+        for number, raw in lines:
+            line = raw.strip()
+            if pending is None:
+                if lang == "console":
+                    if not line.startswith("$ "):
+                        continue
+                    line = line[2:]
+                elif line.startswith("$ "):
+                    line = line[2:]
+                if not line or line.startswith("#"):
+                    continue
+                pending = (number, "")
+            text = pending[1] + line
+            if text.endswith("\\"):
+                pending = (pending[0], text[:-1] + " ")
+                continue
+            found.append((pending[0], text))
+            pending = None
+        if pending is not None:
+            found.append(pending)
+    return found
+
+
+def substitute(line: str) -> str:
+    """Known placeholders become real values; others become one word each (spaces to '_')."""
+    for placeholder, value in SUBSTITUTES.items():
+        line = line.replace(placeholder, value)
+    return PLACEHOLDER.sub(lambda m: m.group(0).replace(" ", "_"), line)
+
+
+def commands(line: str) -> list[list[str]]:
+    """The simple commands of a line (split at &&, ||, ; and |), leading VAR=value words and `...` dropped."""
+    words = shlex.split(substitute(line), comments=True)
+    result: list[list[str]] = [[]]
+    for word in words:
+        if word in SEPARATORS:
+            result.append([])
+        elif word != "...":
+            result[-1].append(word)
+    for command in result:
+        while command and ASSIGNMENT.match(command[0]):
+            command.pop(0)
+    return [command for command in result if command]
+
+
+@cache
+def committed_scripts() -> frozenset[str] | None:
+    """The sbatch scripts git tracks, or None outside a git checkout (then existing files count)."""
+    done = subprocess.run(["git", "-C", str(ROOT), "ls-files", "sbatch"], capture_output=True, text=True)
+    return frozenset(done.stdout.split()) if done.returncode == 0 else None
+
+
+@cache
+def make_target_problem(target: str) -> str | None:
+    done = subprocess.run(["make", "-n", "-C", str(ROOT), target], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return f"`make -n {target}` failed ({done.returncode}): {done.stderr.strip()}"
+    return None
+
+
+def reproflow_problem(args: list[str]) -> str | None:
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(args)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            return stderr.getvalue().strip().splitlines()[-1] if stderr.getvalue().strip() else f"exit {exc.code}"
+    return None
+
+
+def check_command(command: list[str]) -> tuple[str, str, str | None]:
+    """(kind, outcome, problem): outcome is 'checked', 'skipped: <why>' or 'not run'."""
+    word = command[0]
+    if word == "reproflow" or word.endswith("/reproflow"):
+        return "reproflow", "checked", reproflow_problem(command[1:])
+    if word == "make":
+        targets = [w for w in command[1:] if not w.startswith("-") and "=" not in w]
+        if any(PLACEHOLDER.search(t) for t in targets):
+            return "make", "skipped: a placeholder target", None
+        problems = [p for p in map(make_target_problem, targets or ["help"]) if p]
+        return "make", "checked", "; ".join(problems) or None
+    if word == "sbatch":
+        scripts = [w for w in command[1:] if w.endswith(".sbatch")]
+        if not scripts:
+            return "sbatch", "skipped: no script named", None
+        if PLACEHOLDER.search(scripts[-1]):
+            return "sbatch", "skipped: a placeholder script", None
+        script = (ROOT / scripts[-1]).resolve()
+        tracked = committed_scripts()
+        name = script.relative_to(ROOT).as_posix() if script.is_relative_to(ROOT) else scripts[-1]
+        if script.parent != ROOT / "sbatch" or not script.is_file() or (tracked is not None and name not in tracked):
+            return "sbatch", "checked", f"{scripts[-1]} is not a committed script under sbatch/"
+        return "sbatch", "checked", None
+    if word == "bash" and len(command) > 1 and command[1].endswith(".sh"):
+        if PLACEHOLDER.search(command[1]):
+            return "bash", "skipped: a placeholder script", None
+        exists = (ROOT / command[1]).is_file()
+        return "bash", "checked", None if exists else f"{command[1]}: no such script"
+    return Path(word).name, "not run", None
+
+
+def test_readme_is_short():
+    size = README.stat().st_size
+    assert size <= README_LIMIT, f"README.md is {size} bytes; at most {README_LIMIT}: move detail into docs/"
+
+
+def test_docs_index_lists_every_page():
+    listed = {target.partition("#")[0] for _, target in links(DOCS / "index.md")}
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "index.md" and p.name not in listed]
+    assert not missing, f"docs/index.md does not link {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_links_resolve(page, capsys):
+    problems, relative, external = [], 0, 0
+    for number, target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            external += 1
+            continue
+        relative += 1
+        problem = link_problem(page, target)
+        if problem:
+            problems.append(f"{page_id(page)}:{number}: {problem}")
+    with capsys.disabled():
+        print(f"\n{page_id(page)}: {relative} relative links checked, {external} external not fetched")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_commands_exist(page, capsys):
+    problems: list[str] = []
+    tally: Counter[tuple[str, str]] = Counter()
+    for number, line in command_lines(page):
+        try:
+            parsed = commands(line)
+        except ValueError as exc:
+            problems.append(f"{page_id(page)}:{number}: cannot split `{line}`: {exc}")
+            continue
+        for command in parsed:
+            kind, outcome, problem = check_command(command)
+            tally[kind, outcome] += 1
+            if problem:
+                problems.append(f"{page_id(page)}:{number}: `{line.strip()}`: {problem}")
+    summary = ", ".join(f"{kind} {outcome} {count}" for (kind, outcome), count in sorted(tally.items()))
+    with capsys.disabled():
+        print(f"\n{page_id(page)}: {sum(tally.values())} commands: {summary or 'none'}")
+    assert not problems, "\n".join(problems)

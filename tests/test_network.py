@@ -1,0 +1,104 @@
+"""The emulated network of local runs: rates parsed with clear errors, and a real shaped link (network
+namespaces, a bridge, tc) that bounds a transfer between two emulated hosts, recorded in every row."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import reproflow
+
+from reproflow.errors import ReproflowError
+from reproflow.local import LocalExecutor
+from reproflow.network import UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.suite import load_suite
+
+
+@pytest.mark.parametrize(("text", "mbit"), [("1gbit", 1000.0), ("200mbit", 200.0), ("200", 200.0),
+                                            ("1.5Gbit", 1500.0), ("500kbit", 0.5), ("100 Mbit/s", 100.0)])
+def test_rates(text: str, mbit: float) -> None:
+    assert parse_rate(text) == pytest.approx(mbit)
+
+
+@pytest.mark.parametrize("text", ["fast", "0mbit", "-1gbit", "1 tbit", "100mbps", "1g"])
+def test_a_bad_rate_names_the_field_and_the_fix(text: str) -> None:
+    with pytest.raises(ReproflowError, match=r"launch.network \(or --network\) = .* is not a bandwidth.*'1gbit'"):
+        parse_rate(text)
+
+
+SUITE = """[suite]
+description = "one sender, one receiver on another emulated host"
+[launch]
+nodes = 2
+procs_per_node = 1
+backend = "gloo"
+device = "cpu"
+[[experiment]]
+name = "1-to-m"
+family = "resharding"
+params = { case = "1-to-1x1", scale = 256, runs = 3, warmup_runs = 1 }
+"""
+
+
+@pytest.mark.timing
+@pytest.mark.distributed
+def test_a_shaped_link_bounds_the_transfer_and_every_row_says_so(tmp_path: Path) -> None:
+    why = EmulatedNetwork.unavailable()
+    if why:
+        pytest.skip(why)
+    suite = tmp_path / "one.toml"
+    suite.write_text(SUITE)
+    bandwidth = {}
+    for rate in ("", "80mbit"):
+        results = tmp_path / (rate or "loopback")
+        proc = reproflow("run", str(suite), "--results", str(results), "--network", rate, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        rows = pd.concat(pd.read_csv(f) for f in results.rglob("*.csv"))
+        bandwidth[rate] = rows.loc[rows["metric"] == "effective_bw", "value"].item() * 8e3  # GB/s -> Mbit/s
+        described = set(rows["network"])
+        assert described == ({UNSHAPED} if not rate else
+                             {"emulated: 2 hosts, 80 Mbit/s per host each way (tc tbf), latency unshaped"})
+    # 4 MiB through an 80 Mbit/s link takes at least 0.42 s; over loopback a small fraction of that.
+    assert 60 <= bandwidth["80mbit"] <= 82, bandwidth
+    assert bandwidth[""] > 3 * bandwidth["80mbit"], bandwidth
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "rf" not in left, left  # the namespaces are gone with the run
+
+
+def test_what_a_killed_run_left_is_swept() -> None:
+    why = EmulatedNetwork.unavailable()
+    if why:
+        pytest.skip(why)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = [["ip", "netns", "add", f"rf{dead.pid}h0"], ["ip", "link", "add", f"rf{dead.pid}br", "type", "bridge"]]
+    for cmd in left:
+        subprocess.run(cmd, check=True)
+    with EmulatedNetwork(1, 100.0):
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        names += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"rf{dead.pid}" not in names and f"rf{os.getpid()}h0" in names
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"rf{os.getpid()}" not in names
+
+
+def test_where_it_cannot_be_built_the_run_says_why_and_goes_unshaped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    suite_file = tmp_path / "one.toml"
+    suite_file.write_text(SUITE)
+    (exp,) = load_suite(suite_file).experiments
+    executor = LocalExecutor(tmp_path, tmp_path, network="1gbit")
+    mpi = replace(exp, launch=replace(exp.launch, launcher="mpi"))
+    with contextlib.ExitStack() as stack:
+        assert executor._network(mpi, stack) is None
+        monkeypatch.setattr("os.geteuid", lambda: 1000)
+        assert executor._network(exp, stack) is None
+    out = capsys.readouterr().out
+    assert "not mpirun's; it runs on loopback, unshaped (1gbit not applied)" in out
+    assert "emulating a network needs root" in out
+    assert LocalExecutor(tmp_path, tmp_path, network="")._network(exp, contextlib.ExitStack()) is None
