@@ -162,7 +162,8 @@ def test_every_slicing_matches_the_unsplit_model_over_mpi(tmp_path, write_suite)
     assert (tiles.xs(True, level="halo_d2") > tiles.xs(False, level="halo_d2")).all(), tiles
     assert "Mean " in proc.stdout and "images per sec:" in proc.stdout
     again = reproflow("run", str(suite), "--results", str(results))
-    assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 13
+    assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == 13, \
+        again.stdout[-3000:] + again.stderr[-3000:]
 
 
 MIXED = """
@@ -241,3 +242,26 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
     assert "mpirun -np 2 python -m mpi4py -m reproflow.worker" in proc.stdout
     assert "mpirun -np 5 python -m mpi4py -m reproflow.worker" in proc.stdout
     assert proc.stdout.count("halo_d2=") == 6 and not list(tmp_path.rglob("*.csv"))
+
+
+def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):
+    from conftest import ROOT
+
+    from reproflow.claims import HOLDS
+    from reproflow.report import load_analysis
+
+    def rows(experiment, spatial_size, slice_method, verify, seconds):
+        return [{"suite": "s", "experiment": experiment, "point": slice_method, "world_size": 5, "backend": "gloo",
+                 "device": "cpu", "timestamp": "t", "family": "spatial", "rank": "all", "model": "amoebanet",
+                 "spatial_size": spatial_size, "slice_method": slice_method, "halo_d2": False, "verify": verify,
+                 "epoch": 0.0, "step": float(i), "metric": "step_s", "value": v} for i, v in enumerate(seconds)]
+
+    steady = [{"metric": "images_per_s_steady", "step": None, "value": v} for v in (10.0, 20.0)]
+    frame = pd.DataFrame(
+        rows("layer", 0, "square", False, [5.0, 0.20, 0.21, 0.20, 0.19])  # a slow first step, left out
+        + rows("tiles", 1, "vertical", False, [0.30, 0.10, 0.11, 0.10, 0.10])
+        + rows("check", 1, "vertical", True, [0.90]))  # a one-step check of another size: not a timed step
+    frame = pd.concat([frame, pd.DataFrame([{**frame.iloc[0].to_dict(), **steady[0]},
+                                            {**frame.iloc[5].to_dict(), **steady[1]}])], ignore_index=True)
+    claim = load_analysis(ROOT, "spatial").claims(frame, tmp_path)[2]
+    assert claim.status == HOLDS and claim.measured == pytest.approx(1.95, rel=0.03), claim

@@ -20,6 +20,7 @@ in the health gate.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import sys
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from reproflow.context import RunContext
-from reproflow.errors import ParamError, PointFailed, ReproflowError
+from reproflow.errors import NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.family import Family, Measurement, get_family
 from reproflow.health import Gate, health_gate
 from reproflow.results import (
@@ -97,6 +98,7 @@ def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path, gate: Gate
         retry_of=os.environ.get("REPROFLOW_RETRY_OF", ""),
         health_gate=gate.status,
         health_detail=gate.detail,
+        network=os.environ.get("REPROFLOW_NETWORK", ""),
     )
 
 
@@ -140,6 +142,9 @@ def _inject_during_point(mode: str, rank: int, label: str) -> None:
             time.sleep(3600)
 
 
+NOT_APPLICABLE = "not applicable here: "
+
+
 def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
     """Checks every rank makes before the point's first collective; '' when the point may run."""
     try:
@@ -149,6 +154,8 @@ def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
             fam.runtime_check(point.params, ctx)
     except ParamError as exc:
         return f"invalid parameters for world size {ctx.world_size}: {exc}"
+    except NotApplicable as exc:
+        return NOT_APPLICABLE + str(exc)
     if _injected_fault(point.label, ctx.rank) == "raise":
         return "injected fault (REPROFLOW_INJECT_FAULT)"
     return ""
@@ -185,7 +192,12 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
         if not run_it:
             ctx.log(f"{tag}: done earlier, skipped ({path.name})")
             continue
-        message = ctx.failures(_preflight(fam, point, ctx))
+        problem = _preflight(fam, point, ctx)
+        message = ctx.failures(problem)
+        # Not applicable on every rank: skipped and said so (no failure record; a rerun asks again).
+        if message and ctx.all_agree(problem.startswith(NOT_APPLICABLE)):
+            ctx.log(f"{tag}: {problem}")
+            continue
         if message:
             failed += 1
             if ctx.rank == 0:
@@ -250,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run only the point with this 0-based index (one task of a job array)")
     args = parser.parse_args(argv)
     try:
-        suite = load_suite(args.suite, parse_overrides(args.set))
+        suite = load_suite(args.suite, parse_overrides(args.set), only=args.experiment)
         exp = suite.experiment(args.experiment)
         ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
         _rank_log(ctx.rank)
@@ -272,11 +284,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     exit_code = main()
-    if "mpi4py.MPI" not in sys.modules:
-        # Every row is on disk and the process group is gone: leave without the interpreter's teardown,
-        # where a gloo thread left joinable now and then aborts a finished rank ("terminate called
-        # without an active exception", exit -6). MPI ranks must still pass MPI_Finalize at exit.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
-    sys.exit(exit_code)
+    # Every row is on disk and the process group is gone: leave without the interpreter's teardown,
+    # where a gloo thread left joinable now and then aborts a finished rank ("terminate called without
+    # an active exception", SIGABRT; under mpirun the job then ends with exit code 6).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+        # MPICH sends its PMI "finalize" from a C exit handler: without it, mpirun's proxy may take the
+        # closed connection for a crash and SIGKILL the ranks still finalizing (exit code 9, 1 run in 8).
+        # libc's exit runs those handlers and still skips the interpreter's teardown.
+        ctypes.CDLL(None).exit(exit_code)
+    os._exit(exit_code)
