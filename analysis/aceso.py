@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import Claim, deciding, not_measured, ratio_interval
+from reproflow.claims import Claim, deciding, median_ratio_interval, not_measured, ratio_interval
 from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
 from reproflow.family import AGGREGATE
 from reproflow.report import aggregates, newest, save_figure, wide, write_table
@@ -489,12 +489,14 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
         out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it}", paper=PAPER_SPEEDUP,
                                 target="fig7"))
     statement = "Aceso's predicted iteration time is within 10 % of the measured one"
-    ratio = "predicted / measured iteration time, the model that decides (0.9 to 1.1 holds)"
+    ratio = "predicted / median measured iteration time, the model that decides (0.9 to 1.1 holds)"
     cases = {}
     for key, (predicted, actual) in _per_size(reports, "perf_model_time", lambda c: (c["predict"], c["actual"])
                                               if c["actual"] > 0 else None).items():
         runs = steps.get(key, {}).get("aceso")
-        cases[key] = ratio_interval([predicted], runs) if runs else (predicted / actual, None)
+        # Over the median, as the runtime reports the iteration time: a slow iteration of a shared CPU
+        # moves neither the ratio nor its interval much.
+        cases[key] = median_ratio_interval(predicted, runs) if runs else (predicted / actual, None)
     if cases:
         detail = _cases(cases, "{:.3f}", {})
         out.append(deciding([Claim("aceso", statement, ratio, r, at_least=0.9, at_most=1.1, paper=PAPER_ERROR,

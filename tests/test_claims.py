@@ -11,10 +11,12 @@ from reproflow.claims import (
     FAILS,
     HOLDS,
     INCONCLUSIVE,
+    NOT_APPLICABLE,
     NOT_MEASURED,
     Claim,
     counts,
     deciding,
+    median_ratio_interval,
     pooled_ratio_interval,
     ratio_interval,
 )
@@ -91,7 +93,8 @@ def test_the_case_that_decides_a_claim_over_several() -> None:
     assert deciding([ok, unsure, bad]) is bad and deciding([bad]).status == FAILS
     two_sided = [Claim("f", "s", "r", r, at_least=0.9, at_most=1.1) for r in (0.95, 1.08, 1.02)]
     assert deciding(two_sided).measured == 1.08
-    assert counts([Claim("f", "s", "r", None)]) == {HOLDS: 0, FAILS: 0, INCONCLUSIVE: 0, NOT_MEASURED: 1}
+    assert counts([Claim("f", "s", "r", None)]) == {HOLDS: 0, FAILS: 0, INCONCLUSIVE: 0, NOT_MEASURED: 1,
+                                                   NOT_APPLICABLE: 0}
 
 
 def test_bad_samples_are_refused() -> None:
@@ -117,3 +120,36 @@ def test_an_inconclusive_claim_says_how_many_more_samples_would_decide_it() -> N
     on_it = Claim("f", "s", "r", 1.0, at_least=1.0, interval=(0.9, 1.1))
     assert on_it.samples_to_decide == math.inf and on_it.record()["samples to decide"] == "never (on the threshold)"
     assert claim([104.0], samples(rng, 100, 0.02, 8), at_least=0.9, at_most=1.1).samples_to_decide is None
+
+
+def test_a_value_over_a_median_and_its_order_statistic_interval() -> None:
+    """A prediction over measured iterations: the median's interval covers the true median at least 95 %
+    of the time from 6 samples on, and a few very slow iterations move neither the ratio nor the verdict
+    (they would move a geometric mean's)."""
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(400):
+        _, (low, high) = median_ratio_interval(95.0, samples(rng, 100, 0.1, 20))
+        hits += low <= 0.95 <= high
+    assert 0.94 <= hits / 400 <= 0.995
+    steady = samples(rng, 100, 0.02, 20)
+    slow = np.concatenate([steady[:17], [180.0, 200.0, 220.0]])
+    for times in (steady, slow):
+        ratio, interval = median_ratio_interval(96.0, times)
+        assert Claim("f", "s", "r", ratio, at_least=0.9, at_most=1.1, interval=interval).status == HOLDS
+    _, geometric = ratio_interval([96.0], slow)
+    assert Claim("f", "s", "r", _, at_least=0.9, at_most=1.1, interval=geometric).status != HOLDS
+    assert median_ratio_interval(2.0, [4.0]) == (0.5, None)
+    assert median_ratio_interval(2.0, [1.0, 2.0, 4.0]) == (1.0, (0.5, 2.0))  # three samples: their range
+    with pytest.raises(ValueError, match="positive"):
+        median_ratio_interval(1.0, [1.0, -1.0])
+
+
+def test_a_claim_the_hardware_cannot_judge_is_not_applicable_here() -> None:
+    """Its ratio is kept and shown, the reason is in the record, and it never decides a claim."""
+    na = Claim("f", "tiles are faster", "r", 0.95, at_least=1.0, interval=(0.9, 1.0),
+               not_applicable="5 ranks on 2 cores")
+    assert na.status == NOT_APPLICABLE and na.samples_to_decide is None
+    assert na.record()["status"] == NOT_APPLICABLE and "5 ranks on 2 cores" in na.record()["where"]
+    ok = Claim("f", "s", "r", 1.2, at_least=1.0, interval=(1.1, 1.3))
+    assert deciding([na, ok]) is ok and counts([na, ok])[NOT_APPLICABLE] == 1

@@ -23,6 +23,7 @@ from conftest import ROOT, record_fault, reproflow, rows_lost
 from slurmtools import cluster, sbatch, submitted_ids, wait  # noqa: F401 - cluster: the Slurm tests' fixture
 
 from reproflow.render import render_sbatch
+from reproflow.reproduce import run_step
 from reproflow.results import point_file_problem
 from reproflow.retry import CANCELLED, INFRASTRUCTURE, TIME_LIMIT, classify, job_log
 from reproflow.suite import load_suite
@@ -91,6 +92,19 @@ def test_local_rank_killed_mid_collective(tmp_path):
     record_fault("local: rank killed mid-collective", survived, lost, seconds > 60, seconds)
     assert named, proc.stderr
     assert survived and lost == 0 and seconds < 60, (proc.returncode, again.stdout)
+
+
+def test_a_reproduce_step_past_its_limit_is_stopped_with_its_ranks(tmp_path, monkeypatch):
+    """A step run past its limit (a rank hung, the collective timeout 10 minutes off) is stopped in about
+    the limit with every rank it started; the point it finished before is kept."""
+    suite, results, log = suite_file(tmp_path, timeout=600, iters=300), tmp_path / "results", tmp_path / "step.log"
+    monkeypatch.setenv("REPROFLOW_INJECT_FAULT", "collective=all_reduce:hang:1")
+    start = time.monotonic()
+    code, _, _ = run_step(["run", str(suite), "--results", str(results)], log, None, limit_s=20)
+    seconds = time.monotonic() - start
+    left = subprocess.run(["pgrep", "-f", str(suite)], capture_output=True, text=True).stdout.split()
+    assert code == 124 and 20 <= seconds < 50 and not left, (code, seconds, left)
+    assert "collective=broadcast" in points(results) and "stopped at its limit of 0.3 min" in log.read_text()
 
 
 def test_local_rank_hung_fails_the_point_within_the_timeout(tmp_path):

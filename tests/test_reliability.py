@@ -198,6 +198,12 @@ def test_twenty_writers_appending_to_one_file_lose_no_line(tmp_path):
      "1:   rank      : 1 (local_rank: 0)\n1:   error_file: <N/A>\n1:   traceback : Signal 9 (SIGKILL) received",
      (), INFRASTRUCTURE,
      "killed (SIGKILL) (first: rank 1 on node2)"),
+    # Each node's torchrun names a root cause, their lines interleaved: the rank killed by a signal is first.
+    ("FAILED", "0: Root Cause (first observed failure):\n0:   host      : node1\n0:   rank      : 0 (local_rank: 0)\n"
+     "1: Root Cause (first observed failure):\n1:   host      : node2\n1:   rank      : 1 (local_rank: 0)\n"
+     "1:   exitcode  : -9 (pid: 15892)  (SIGKILL)\n0:   exitcode  : 1 (pid: 15891)\n"
+     "1:   traceback : Signal 9 (SIGKILL) received by PID 15892", (), INFRASTRUCTURE,
+     "killed (SIGKILL) (first: rank 1 on node2)"),
     ("FAILED", "[1/7] collective=reduce: FAILED: rank 1: injected fault", (), EXPERIMENT, "a point failed"),
     ("FAILED", "reproflow: error: suite file x does not exist", (), EXPERIMENT, "invalid input"),
     ("FAILED", "ValueError: boom", (), EXPERIMENT, "see its log"),

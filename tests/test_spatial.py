@@ -247,7 +247,7 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
 def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):
     from conftest import ROOT
 
-    from reproflow.claims import HOLDS
+    from reproflow.claims import HOLDS, NOT_APPLICABLE
     from reproflow.report import load_analysis
 
     def rows(experiment, spatial_size, slice_method, verify, seconds):
@@ -263,5 +263,12 @@ def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_chec
         + rows("check", 1, "vertical", True, [0.90]))  # a one-step check of another size: not a timed step
     frame = pd.concat([frame, pd.DataFrame([{**frame.iloc[0].to_dict(), **steady[0]},
                                             {**frame.iloc[5].to_dict(), **steady[1]}])], ignore_index=True)
-    claim = load_analysis(ROOT, "spatial").claims(frame, tmp_path)[2]
+    claims = load_analysis(ROOT, "spatial").claims
+    claim = claims(frame, tmp_path)[2]
     assert claim.status == HOLDS and claim.measured == pytest.approx(1.95, rel=0.03), claim
+    # 5 ranks on one host of 2 cores take turns on the cores: the ratio is shown, the claim not judged.
+    shared = claims(frame.assign(nodelist="vm", host_cpus=2), tmp_path)[2]
+    assert shared.status == NOT_APPLICABLE and shared.measured == claim.measured, shared
+    assert "5 ranks shared 2 CPU cores" in shared.record()["where"]
+    assert claims(frame.assign(nodelist="vm", host_cpus=8), tmp_path)[2].status == HOLDS
+    assert claims(frame.assign(nodelist="a,b,c,d,e", host_cpus=2), tmp_path)[2].status == HOLDS  # a rank per host

@@ -9,7 +9,10 @@ Where the rows hold repeated samples (iterations, repeats), a claim carries a co
 its ratio (`ratio_interval`: a Welch t-interval on the logarithms, i.e. on the ratio of geometric
 means) and its verdict is three-valued: it holds when the whole interval is on the claim's side of the
 threshold, does not hold when the whole interval is on the other side, and is inconclusive when the
-interval straddles it; a single noisy ratio would decide by chance.
+interval straddles it; a single noisy ratio would decide by chance. A ratio of a single value to a
+median (a predicted time over measured iterations) takes the median's distribution-free interval
+(`median_ratio_interval`). A claim the hardware at hand cannot judge (its mechanism needs a device per
+rank, say) is "not applicable here", with the ratio still shown and the reason beside it.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
-HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED = "holds", "does not hold", "inconclusive", "not measured"
-STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED)
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+NOT_MEASURED, NOT_APPLICABLE = "not measured", "not applicable here"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_APPLICABLE)
 LEVEL = 0.95  # confidence of the intervals
-METHOD = f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means)"
+METHOD = (f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means); for a value over a median, "
+          "the median's order-statistic interval")
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,13 @@ class Claim:
     detail: str = ""
     target: str = ""
     interval: tuple[float, float] | None = None  # LEVEL confidence interval of `measured`
+    not_applicable: str = ""  # why the hardware that measured it cannot judge the claim
 
     @property
     def status(self) -> str:
-        """holds / does not hold / inconclusive (only with an interval) / not measured."""
+        """holds / does not hold / inconclusive (only with an interval) / not measured / not applicable."""
+        if self.not_applicable:
+            return NOT_APPLICABLE
         if self.measured is None or math.isnan(self.measured):
             return NOT_MEASURED
         low, high = self.interval or (self.measured, self.measured)
@@ -90,7 +99,8 @@ class Claim:
                 "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
                 "samples to decide": "" if more is None else "never (on the threshold)" if math.isinf(more)
                 else f"{max(more, 1.0):.1f}x",
-                "paper": self.paper, "where": self.detail, "make target": self.target}
+                "paper": self.paper, "where": "; ".join(filter(None, (self.detail, self.not_applicable))),
+                "make target": self.target}
 
 
 def not_measured(family: str, statement: str, ratio: str, missing: str, **kwargs: object) -> Claim:
@@ -136,6 +146,40 @@ def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
 
 
+def median_ratio_interval(value: float, samples: Sequence[float],
+                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """`value` over the samples' median, with the `level` interval of the median from order statistics
+    (distribution-free: one slow iteration moves neither end much). Its coverage is the binomial's, at
+    least `level` from 6 samples on; with fewer, the interval is the samples' range. None for one sample."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    if not len(x) or (x <= 0).any() or value <= 0:
+        raise ValueError("median ratio intervals need a positive value and positive samples")
+    ratio = float(value / np.median(x))
+    if len(x) == 1:
+        return ratio, None
+    # The j-th and (n + 1 - j)-th smallest cover the median unless at most j - 1 samples fall on one side.
+    j = max(int(stats.binom.ppf((1 - level) / 2, len(x), 0.5)), 1)
+    return ratio, (float(value / x[len(x) - j]), float(value / x[j - 1]))
+
+
+def time_shared(rows: pd.DataFrame) -> str:
+    """Why rows measured on CPUs with more ranks on a host than it has cores cannot judge a speed-up that
+    comes from more devices working at once ('' when every such run had a core per rank, or when the
+    rows predate the `host_cpus` column)."""
+    if not {"device", "world_size", "nodelist", "host_cpus"} <= set(rows.columns):
+        return ""
+    cpu = rows[(rows["device"].astype(str) == "cpu") & (pd.to_numeric(rows["host_cpus"], errors="coerce") > 0)]
+    if cpu.empty:
+        return ""
+    per_host = pd.to_numeric(cpu["world_size"]) / cpu["nodelist"].astype(str).str.count(",").add(1)
+    worst = (per_host / pd.to_numeric(cpu["host_cpus"])).idxmax()
+    ranks, cores = per_host.loc[worst], int(cpu.loc[worst, "host_cpus"])
+    if ranks <= cores:
+        return ""
+    return (f"{ranks:g} ranks shared {cores} CPU cores, so the ratio measures time-sharing; it takes a device "
+            f"(GPU or core) per rank: a node with {ranks:g} GPUs, or {ranks:g} cores")
+
+
 def deciding(cases: Sequence[Claim]) -> Claim:
     """The case that decides a claim that must hold for every case (every model, every size): one that
     does not hold, else one that is inconclusive, else the one nearest the threshold."""
@@ -147,4 +191,4 @@ def deciding(cases: Sequence[Claim]) -> Claim:
         return min((low - c.at_least) if c.at_least is not None else math.inf,
                    (c.at_most - high) if c.at_most is not None else math.inf)
 
-    return min((c for c in cases if c.status != NOT_MEASURED), key=lambda c: (rank[c.status], margin(c)))
+    return min((c for c in cases if c.status in rank), key=lambda c: (rank[c.status], margin(c)))

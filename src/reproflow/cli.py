@@ -288,9 +288,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         claims, written = check_claims(Path(args.results), Path(args.out), project_root())
         for c in claims:
             value = c.detail if c.status == NOT_MEASURED else f"{c.measured:.3g}" + (
-                f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})"
+                f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})" + (
+                f": {c.not_applicable}" if c.not_applicable else "")
             more = c.record()["samples to decide"]
-            print(f"{c.status:14s} {c.family:12s} {c.statement}: {value}"
+            print(f"{c.status:19s} {c.family:12s} {c.statement}: {value}"
                   + (f"; samples to decide it: {more}" if more else ""))
         print(f"reproflow: {', '.join(f'{n} {s}' for s, n in counts(claims).items())} ({METHOD}); "
               f"{', '.join(str(p) for p in written)}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, METHOD, NOT_MEASURED, Claim, counts
+from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, METHOD, NOT_APPLICABLE, NOT_MEASURED, Claim, counts
 from reproflow.results import atomic_write
 
 # Tables longer than this are folded (<details>) in the HTML page and cut in the markdown twin.
@@ -31,7 +31,8 @@ th{background:#f2f2f2}figure{margin:1em 0}img{max-width:100%;border:1px solid #d
 nav a{margin-right:1em}.scroll{overflow-x:auto;max-width:100%}.note{font-size:12px;color:#555}
 section{border-top:2px solid #444;margin-top:2em}
 """
-STATUS_CLASS = {HOLDS: "holds", FAILS: "fails", INCONCLUSIVE: "unsure", NOT_MEASURED: "missing"}
+STATUS_CLASS = {HOLDS: "holds", FAILS: "fails", INCONCLUSIVE: "unsure", NOT_MEASURED: "missing",
+                NOT_APPLICABLE: "missing"}
 
 
 @dataclass
@@ -156,7 +157,8 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     commits = ", ".join(sorted({str(c) for c in jobs.get("git_commit", pd.Series(dtype=str)).dropna()})) or "unknown"
     machines = sorted({f"{r.cpus} x {r.cpu}, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
     summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[INCONCLUSIVE]} "
-               f"inconclusive, {tally[NOT_MEASURED]} not measured (low / high: {METHOD}). "
+               f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_APPLICABLE]} not applicable here "
+               f"(low / high: {METHOD}). "
                f"Measured on {'; '.join(machines) or 'unrecorded hardware'}. Built {stamp} from "
                f"commit(s) {commits}.")
     extra = [("hardware", "Hardware", hardware), ("provenance", "Jobs (provenance)", jobs),

@@ -10,12 +10,14 @@ measured already, so a rerun runs only what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import queue
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -365,9 +367,11 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int, list[str], dict[str, int]]:
+def run_step(argv: list[str], log: Path, progress: Progress | None,
+             limit_s: float = math.inf) -> tuple[int, list[str], dict[str, int]]:
     """Run `reproflow ARGV` as a child process, its output into `log`; returns (exit code, Slurm job ids
-    it printed, counts of measured / skipped / failed points)."""
+    it printed, counts of measured / skipped / failed points). Past `limit_s` the child and its ranks
+    are stopped (exit code 124); the points they finished are on disk already."""
     log.parent.mkdir(parents=True, exist_ok=True)
     counts = {"measured": 0, "skipped": 0, "failed": 0, "not_applicable": 0}
     job_ids: list[str] = []
@@ -375,8 +379,11 @@ def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int
     with log.open("w") as sink:
         sink.write(f"$ reproflow {shlex.join(argv)}\n")
         sink.flush()
+        # Its own process group: stopping it stops the ranks it started too.
         child = subprocess.Popen([sys.executable, "-m", "reproflow.cli", *argv], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=_child_env(), bufsize=1)
+                                 stderr=subprocess.STDOUT, text=True, env=_child_env(), bufsize=1,
+                                 process_group=0)
+        deadline = time.monotonic() + limit_s
         assert child.stdout is not None
 
         def pump() -> None:
@@ -387,6 +394,10 @@ def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int
         threading.Thread(target=pump, daemon=True).start()
         try:
             while True:
+                if time.monotonic() > deadline:
+                    _stop_group(child)
+                    sink.write(f"reproflow reproduce: stopped at its limit of {limit_s / 60:.1f} min\n")
+                    return 124, job_ids, counts
                 try:
                     text = lines.get(timeout=1.0)
                 except queue.Empty:
@@ -399,10 +410,20 @@ def run_step(argv: list[str], log: Path, progress: Progress | None) -> tuple[int
                 sink.flush()
                 _track(text.rstrip("\n"), counts, job_ids, progress)
         except KeyboardInterrupt:
-            child.terminate()
-            child.wait()
+            _stop_group(child)
             raise
         return child.wait(), job_ids, counts
+
+
+def _stop_group(child: subprocess.Popen) -> None:
+    """SIGTERM to the child's process group (it and its ranks), SIGKILL to what is left after 20 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
 
 
 def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Progress | None) -> None:
@@ -603,8 +624,12 @@ def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Calla
         log = folders.logs / "reproduce" / f"more-{r.step.name}.log"
         out(f"-- more samples for {r.claim}: {r.step.name} with {r.samples} (was {r.step.samples}; about "
             f"{r.minutes:.1f} min of the plan's {plan.more_minutes:g}): reproflow {shlex.join(argv)}")
-        code, _, counts = run_step(argv, log, None)
-        if code or counts["failed"]:
+        # Twice the estimate at most: an estimate gone wrong costs the budget once more, not the run.
+        code, _, counts = run_step(argv, log, None, limit_s=2 * 60 * r.minutes)
+        if code == 124:
+            out(f"   more samples of {r.step.name} stopped at twice its estimate ({2 * r.minutes:.1f} min); the "
+                f"points it finished are kept")
+        elif code or counts["failed"]:
             ok = False
             out(f"   more samples of {r.step.name} FAILED (exit {code}); last lines of {log}:\n{tail(log)}")
     if chosen:

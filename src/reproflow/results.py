@@ -33,8 +33,8 @@ from reproflow.params import canonical
 
 # 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network. Files of 1 and
 # 2 are still read.
-SCHEMA_VERSION = 3
-READABLE_SCHEMAS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_SCHEMAS = (1, 2, 3, 4)
 QUARANTINE = "quarantine"
 # Values of the health_gate column (reproflow.health).
 GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
@@ -59,6 +59,7 @@ PROVENANCE_COLUMNS = (
     "health_gate",
     "health_detail",
     "network",
+    "host_cpus",
     "point_rows",
     "timestamp",
 )
@@ -88,6 +89,8 @@ class Provenance:
     health_detail: str = ""
     # The links between hosts: a local run's emulated network or loopback; empty on a cluster (its own).
     network: str = ""
+    # CPU cores rank 0 may run on: a CPU run with more ranks per host than cores measures time-sharing.
+    host_cpus: int = 0
 
     def columns(self) -> dict[str, Any]:
         """Provenance as row columns (point_rows and timestamp are added at write time)."""

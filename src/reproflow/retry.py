@@ -56,10 +56,12 @@ _LOG = [
     (INFRASTRUCTURE, re.compile(r"Connection (closed|reset) by peer|collective failed in .* timed? ?out|"
                                 r"Timed out waiting", re.I), "a rank lost its peers"),
 ]
-# The first failing rank: torchrun's "Root Cause" block ("host : node2" then "rank : 1 (local_rank: 0)",
-# each line maybe prefixed "N: " by srun -l), or reproflow's own "rank 1 on node2".
-_WHO = [re.compile(r"host\s*:\s*(?P<host>\S+)\s*\n(?:\d+:)?\s*rank\s*:\s*(?P<rank>\d+) \(local_rank"),
-        re.compile(r"rank (?P<rank>\d+) on (?P<host>[^\s:,()]+)")]
+# The first failing rank: from torchrun's "Root Cause" block ("host : node2", "rank : 1 (local_rank: 0)",
+# "exitcode : -9"), or reproflow's own "rank 1 on node2".
+_ROOT_CAUSE = re.compile(r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+) \(local_rank[^\n]*\n"
+                         r"(?:\s*exitcode\s*:\s*(?P<code>-?\d+))?")
+_WHO = re.compile(r"rank (?P<rank>\d+) on (?P<host>[^\s:,()]+)")
+_LABEL = re.compile(r"^(\d+): ?", re.M)
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,26 @@ def classify(job_id: str, state: str, log: str, down: Iterable[str] = ()) -> Ver
     return Verdict(job_id, state, EXPERIMENT, "the job failed; see its log" + _culprit(log))
 
 
-def _culprit(log: str) -> str:
-    for pattern in _WHO:
-        found = pattern.search(log)
+def _task_streams(log: str) -> list[str]:
+    """The log as one text per srun task ("N: " labels of srun -l; interleaved lines would split a
+    block), or the log itself when unlabelled."""
+    tasks: dict[str, list[str]] = {}
+    for line in log.splitlines():
+        found = _LABEL.match(line)
         if found:
-            return f" (first: rank {found.group('rank')} on {found.group('host')})"
-    return ""
+            tasks.setdefault(found.group(1), []).append(line[found.end():])
+    return ["\n".join(lines) for lines in tasks.values()] or [log]
+
+
+def _culprit(log: str) -> str:
+    """' (first: rank R on HOST)'. Each node's torchrun names a root cause: the rank killed by a signal
+    is the first to fail, the others' ranks ended after losing it; else the first block in the log."""
+    causes = [m for text in _task_streams(log) for m in _ROOT_CAUSE.finditer(text)]
+    if causes:
+        first = min(causes, key=lambda m: not (m.group("code") or "").startswith("-"))
+        return f" (first: rank {first.group('rank')} on {first.group('host')})"
+    found = _WHO.search(log)
+    return f" (first: rank {found.group('rank')} on {found.group('host')})" if found else ""
 
 
 def job_state(job_id: str) -> SlurmJob:

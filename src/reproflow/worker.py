@@ -99,6 +99,7 @@ def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path, gate: Gate
         health_gate=gate.status,
         health_detail=gate.detail,
         network=os.environ.get("REPROFLOW_NETWORK", ""),
+        host_cpus=len(os.sched_getaffinity(0)),
     )
 
 
