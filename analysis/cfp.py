@@ -10,7 +10,6 @@ relative to CFP's. cfp_step_time.png: step time per model and plan.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -93,6 +92,5 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     if not cases:
         return [not_measured("cfp", statement, ratio, "no model ran both the cfp and alpa plans", paper=paper,
                              target="cfp-search")]
-    worst = deciding(cases)
     where = f"{int(steps['world_size'].iloc[0])} ranks {steps['backend'].iloc[0]}/{steps['device'].iloc[0]}"
-    return [replace(worst, detail=", ".join(c.detail for c in cases) + f"; {where}")]
+    return [deciding(cases, ", ".join(c.detail for c in cases) + f"; {where}")]

@@ -177,7 +177,6 @@ def _speedup(table: pd.DataFrame, agg: pd.DataFrame) -> Claim:
                                not_applicable=shared))
     if not cases:
         return not_measured(FAMILY, statement, ratio, TIMED, paper=FASTER, target="spatial-throughput")
-    # The claim is judged on the models whose runs had a device per rank; if none had, it is not applicable.
-    worst = deciding(cases) if any(not c.not_applicable for c in cases) else cases[0]
+    worst = deciding(cases)
     device = ", ".join(sorted(set(steps["device"].astype(str))))
     return replace(worst, detail="; ".join(c.detail for c in cases) + f" on {device}; deciding: {worst.detail}")

@@ -153,3 +153,5 @@ def test_a_claim_the_hardware_cannot_judge_is_not_applicable_here() -> None:
     assert na.record()["status"] == NOT_APPLICABLE and "5 ranks on 2 cores" in na.record()["where"]
     ok = Claim("f", "s", "r", 1.2, at_least=1.0, interval=(1.1, 1.3))
     assert deciding([na, ok]) is ok and counts([na, ok])[NOT_APPLICABLE] == 1
+    assert deciding([na]) is na  # no case can be judged: the claim cannot be either
+    assert deciding([na, ok], detail="every case").detail == "every case"

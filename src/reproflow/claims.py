@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from reproflow.errors import NOT_APPLICABLE
+
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-NOT_MEASURED, NOT_APPLICABLE = "not measured", "not applicable here"
+NOT_MEASURED = "not measured"
 STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_APPLICABLE)
 LEVEL = 0.95  # confidence of the intervals
 METHOD = (f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means); for a value over a median, "
@@ -180,10 +182,12 @@ def time_shared(rows: pd.DataFrame) -> str:
             f"(GPU or core) per rank: a node with {ranks:g} GPUs, or {ranks:g} cores")
 
 
-def deciding(cases: Sequence[Claim]) -> Claim:
+def deciding(cases: Sequence[Claim], detail: str | None = None) -> Claim:
     """The case that decides a claim that must hold for every case (every model, every size): one that
-    does not hold, else one that is inconclusive, else the one nearest the threshold."""
-    rank = {FAILS: 0, INCONCLUSIVE: 1, HOLDS: 2}
+    does not hold, else one that is inconclusive, else the one nearest the threshold; a case the
+    hardware cannot judge only when no case can be judged. With `detail`, it replaces the case's own
+    (every case's figures, say)."""
+    rank = {FAILS: 0, INCONCLUSIVE: 1, HOLDS: 2, NOT_APPLICABLE: 3}
 
     def margin(c: Claim) -> float:
         low, high = c.interval or (c.measured, c.measured)
@@ -191,4 +195,5 @@ def deciding(cases: Sequence[Claim]) -> Claim:
         return min((low - c.at_least) if c.at_least is not None else math.inf,
                    (c.at_most - high) if c.at_most is not None else math.inf)
 
-    return min((c for c in cases if c.status in rank), key=lambda c: (rank[c.status], margin(c)))
+    worst = min((c for c in cases if c.status in rank), key=lambda c: (rank[c.status], margin(c)))
+    return worst if detail is None else replace(worst, detail=detail)

@@ -28,6 +28,11 @@ class ParamError(ValueError):
         super().__init__(problem + (f" Allowed: {allowed}." if allowed else ""))
 
 
+# A point the hardware cannot measure, or a claim it cannot judge, as its source does: the words
+# the worker's log, the reproduce plan's progress and the claims table share.
+NOT_APPLICABLE = "not applicable here"
+
+
 class NotApplicable(Exception):
     """A point this hardware cannot measure as its source does (the message says why and where it can):
     the point is skipped and said so, not failed."""

@@ -157,7 +157,7 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     commits = ", ".join(sorted({str(c) for c in jobs.get("git_commit", pd.Series(dtype=str)).dropna()})) or "unknown"
     machines = sorted({f"{r.cpus} x {r.cpu}, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
     summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[INCONCLUSIVE]} "
-               f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_APPLICABLE]} not applicable here "
+               f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_APPLICABLE]} {NOT_APPLICABLE} "
                f"(low / high: {METHOD}). "
                f"Measured on {'; '.join(machines) or 'unrecorded hardware'}. Built {stamp} from "
                f"commit(s) {commits}.")

@@ -205,15 +205,22 @@ def check_claims(results: Path, out_dir: Path, root: Path) -> tuple[list[Claim],
     frame = read_results(results).frame
     if frame.empty:
         raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
-    claims = [c for name in families() for c in _claims(load_analysis(root, name),
-                                                         frame[frame["family"] == name].dropna(axis=1, how="all"),
-                                                         out_dir)]
-    return claims, write_table(pd.DataFrame([c.record() for c in claims]), out_dir, "claims",
-                               "The papers' claims, checked on these results")
+    claims = [c for name in families() for c in _claims(load_analysis(root, name), _family_rows(frame, name), out_dir)]
+    return claims, _write_claims(claims, out_dir)
+
+
+def _family_rows(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The family's rows, without the columns only other families fill."""
+    return frame[frame["family"] == name].dropna(axis=1, how="all")
 
 
 def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path) -> list[Claim]:
     return module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+
+
+def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
+    return write_table(pd.DataFrame([c.record() for c in claims]), out_dir, "claims",
+                       "The papers' claims, checked on these results")
 
 
 def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] = ()) -> list[Path]:
@@ -243,7 +250,7 @@ def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] 
     for name, fam in families().items():
         if only and name not in only:
             continue
-        rows = frame[frame["family"] == name].dropna(axis=1, how="all")
+        rows = _family_rows(frame, name)
         module = load_analysis(root, name)
         files: list[Path] = []
         if len(rows) and module is None:
@@ -261,7 +268,6 @@ def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] 
     provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
     provenance = provenance.drop(columns=["timestamp"])
     written += write_table(provenance, out_dir, "jobs", "Jobs behind these results")
-    claims = pd.DataFrame([c.record() for s in sections for c in s.claims])
-    written += write_table(claims, out_dir, "claims", "The papers' claims, checked on these results")
+    written += _write_claims([c for s in sections for c in s.claims], out_dir)
     written += write_page(out_dir, sections, hardware_table(results), provenance, left_out)
     return written

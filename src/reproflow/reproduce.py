@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import tomllib
 from tqdm import tqdm
 
-from reproflow.errors import ReproflowError
+from reproflow.errors import NOT_APPLICABLE, ReproflowError
 from reproflow.results import atomic_write, result_files
 from reproflow.status import experiment_status
 from reproflow.suite import named_suite
@@ -47,7 +47,7 @@ PLAN = Path("workflows") / "reproduce" / "targets.toml"
 LOCAL, SLURM = "local", "slurm"
 # The workers' own progress lines (reproflow.worker).
 _HEADER = re.compile(r"suite \S+ / experiment (\S+) \(\w+\): \d+ of \d+ points")
-_POINT = re.compile(r"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|not applicable here|"
+_POINT = re.compile(rf"^\[(\d+)/(\d+)\] (.*): (running|done earlier, skipped|FAILED|{NOT_APPLICABLE}|"
                     r"\d+ rows in [\d.]+ s)")
 _JOB_IDS = re.compile(r"^job ids: ([\d_,]+)$")
 
@@ -441,7 +441,7 @@ def _track(text: str, counts: dict[str, int], job_ids: list[str], progress: Prog
         return
     label, what = point[3], point[4]
     kind = ("skipped" if what.startswith("done earlier") else "failed" if what == "FAILED"
-            else "not_applicable" if what.startswith("not applicable") else "measured" if what != "running" else "")
+            else "not_applicable" if what == NOT_APPLICABLE else "measured" if what != "running" else "")
     if kind:
         counts[kind] += 1
     if progress:
@@ -482,7 +482,7 @@ def summary(results: list[StepResult], seconds: float) -> str:
     not_applicable = sum(r.not_applicable for r in results)
     lines.append(f"{len(results)} step(s) in {_clock(seconds)}: {sum(r.measured for r in results)} points "
                  f"measured, {sum(r.skipped for r in results)} measured before, {sum(r.failed for r in results)} "
-                 "failed" + (f", {not_applicable} not applicable here (why: the step logs)" if not_applicable else ""))
+                 "failed" + (f", {not_applicable} {NOT_APPLICABLE} (why: the step logs)" if not_applicable else ""))
     return "\n".join(lines)
 
 

@@ -31,8 +31,8 @@ import reproflow
 from reproflow.family import AGGREGATE, Measurement
 from reproflow.params import canonical
 
-# 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network. Files of 1 and
-# 2 are still read.
+# 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network; 4 added
+# host_cpus. Files of every earlier schema are still read.
 SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (1, 2, 3, 4)
 QUARANTINE = "quarantine"

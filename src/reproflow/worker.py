@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from reproflow.context import RunContext
-from reproflow.errors import NotApplicable, ParamError, PointFailed, ReproflowError
+from reproflow.errors import NOT_APPLICABLE, NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.family import Family, Measurement, get_family
 from reproflow.health import Gate, health_gate
 from reproflow.results import (
@@ -143,9 +143,6 @@ def _inject_during_point(mode: str, rank: int, label: str) -> None:
             time.sleep(3600)
 
 
-NOT_APPLICABLE = "not applicable here: "
-
-
 def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
     """Checks every rank makes before the point's first collective; '' when the point may run."""
     try:
@@ -156,7 +153,7 @@ def _preflight(fam: Family, point: Point, ctx: RunContext) -> str:
     except ParamError as exc:
         return f"invalid parameters for world size {ctx.world_size}: {exc}"
     except NotApplicable as exc:
-        return NOT_APPLICABLE + str(exc)
+        return f"{NOT_APPLICABLE}: {exc}"
     if _injected_fault(point.label, ctx.rank) == "raise":
         return "injected fault (REPROFLOW_INJECT_FAULT)"
     return ""
