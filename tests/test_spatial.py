@@ -88,6 +88,10 @@ def test_bad_points_name_the_option_and_the_fix():
         FAMILY.check(_params(app=1), 5)
     with pytest.raises(ParamError, match="--enable-evaluation"):
         FAMILY.check(_params(precision="fp_16"), 5)
+    with pytest.raises(ParamError, match=r"--resnet-depth 30 must be 9n \+ 2"):
+        FAMILY.check(_params(resnet_depth=30), 5)
+    with pytest.raises(ParamError, match="summing to the model's 11 layers"):  # ResNet-29: 9 blocks + 2
+        FAMILY.check(_params(resnet_depth=29, balance="19,19"), 5)
     with pytest.raises(ParamError, match="comma-separated integers"):
         FAMILY.check(_params(balance="a,b"), 5)
     # A tile narrower than a halo-D2 group reads is refused before any rank waits for another.
@@ -108,18 +112,18 @@ time_limit = "00:20:00"
 name = "resnet"
 family = "spatial"
 launch = { procs_per_node = 5 }
-params = { model = "resnet", image_size = 64, batch_size = 2, fused_layers = 2, steps = 1 }
+params = { model = "resnet", resnet_depth = 29, image_size = 64, batch_size = 2, fused_layers = 2, steps = 1 }
 matrix = { slice_method = ["square", "vertical", "horizontal"], halo_d2 = [false, true] }
 [[experiment]]
 name = "resnet-unsplit"
 family = "spatial"
 launch = { procs_per_node = 2 }
-params = { model = "resnet", image_size = 64, batch_size = 2, spatial_size = 0, steps = 1 }
+params = { model = "resnet", resnet_depth = 29, image_size = 64, batch_size = 2, spatial_size = 0, steps = 1 }
 [[experiment]]
 name = "amoebanet"
 family = "spatial"
 launch = { procs_per_node = 5 }
-params = { model = "amoebanet", num_layers = 3, num_filters = 16, image_size = 256, batch_size = 2, steps = 1 }
+params = { model = "amoebanet", num_layers = 3, num_filters = 16, image_size = 128, batch_size = 2, steps = 1 }
 matrix = { slice_method = ["square", "vertical", "horizontal"], halo_d2 = [false, true] }
 """
 
@@ -176,6 +180,7 @@ family = "spatial"
 launch = { procs_per_node = 8, backend = "gloo" }
 [experiment.params]
 model = "resnet"
+resnet_depth = 29
 image_size = 64
 batch_size = 4
 parts = 2
@@ -185,7 +190,7 @@ local_dp = 2
 slice_method = "square"
 comm_backend = "gloo"
 steps = 2
-balance = "10,14,14"
+balance = "3,4,4"
 [[experiment]]
 name = "mpi-two-spatial-stages"
 family = "spatial"
@@ -207,6 +212,7 @@ family = "spatial"
 launch = { procs_per_node = 5, launcher = "mpi" }
 [experiment.params]
 model = "resnet"
+resnet_depth = 29
 image_size = 64
 batch_size = 2
 slice_method = "vertical"

@@ -24,6 +24,7 @@ from reproflow.errors import ParamError, PointFailed
 from reproflow.families.spatial.cli import register_cli
 from reproflow.families.spatial.comm import Comm, make_comm
 from reproflow.families.spatial.layout import SLICES, Layout
+from reproflow.families.spatial.models import resnet_blocks
 from reproflow.families.spatial.pipeline import DTYPES, Setup, Stage, dry_run, serial_reference, synthetic_batch
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
@@ -35,8 +36,9 @@ SYNTHETIC_BATCHES = 10
 
 
 def layers_of(params: Mapping[str, Any]) -> int:
-    """Sequential layers `--balance` splits: 38 for ResNet-110, num_layers + 6 for AmoebaNet-D."""
-    return 38 if params["model"] == "resnet" else params["num_layers"] + 6
+    """Sequential layers `--balance` splits: first convolution + blocks + head for ResNet (38 for
+    ResNet-110), num_layers + 6 for AmoebaNet-D."""
+    return resnet_blocks(params["resnet_depth"]) + 2 if params["model"] == "resnet" else params["num_layers"] + 6
 
 
 def setup_of(params: Mapping[str, Any]) -> Setup:
@@ -51,7 +53,7 @@ def setup_of(params: Mapping[str, Any]) -> Setup:
     return Setup(params["model"], layout, params["image_size"], params["batch_size"], params["parts"],
                  params["halo_d2"], params["fused_layers"], params["num_layers"], params["num_filters"],
                  params["num_classes"], balance, not params["enable_evaluation"], params["precision"],
-                 params["optimizer"], params["learning_rate"])
+                 params["optimizer"], params["learning_rate"], resnet_depth=params["resnet_depth"])
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -61,6 +63,9 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     if params["app"] != 3:
         problems.append(f"--app {params['app']}: only 3 (synthetic images, the benchmarks' default) is available; "
                         "1 (ImageFolder) and 2 (CIFAR-10) need datasets this tool does not ship")
+    if s.model == "resnet" and (s.resnet_depth < 11 or (s.resnet_depth - 2) % 9):
+        problems.append(f"--resnet-depth {s.resnet_depth} must be 9n + 2 (11, 20, 29, ..., 110: three stages of n "
+                        "bottleneck blocks)")
     if s.model == "amoebanet" and (s.num_layers % 3 or s.num_layers < 3):
         problems.append(f"--num-layers {s.num_layers} must be a positive multiple of 3 (three groups of normal cells)")
     if s.model == "amoebanet" and (s.num_filters < 8 or s.num_filters % 8):
@@ -226,6 +231,7 @@ FAMILY = Family(
               maximum=10),
         Param("image_size", "int", 32, "square image side, a power of two", minimum=32),
         Param("num_epochs", "int", 1, "epochs", minimum=1),
+        Param("resnet_depth", "int", 110, "ResNet-v2 depth, 9n + 2 (110: the benchmarks' ResNet-110)", minimum=11),
         Param("num_layers", "int", 18, "AmoebaNet normal cells (a multiple of 3)", minimum=3),
         Param("num_filters", "int", 416, "AmoebaNet filters", minimum=8),
         Param("num_classes", "int", 10, "classes", minimum=2),

@@ -37,7 +37,8 @@ def point_params(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model, "batch_size": args.batch_size, "parts": args.parts, "split_size": args.split_size,
         "num_spatial_parts": _parts(args.num_spatial_parts), "spatial_size": args.spatial_size, "times": args.times,
-        "image_size": args.image_size, "num_epochs": args.num_epochs, "num_layers": args.num_layers,
+        "image_size": args.image_size, "num_epochs": args.num_epochs, "resnet_depth": args.resnet_depth,
+        "num_layers": args.num_layers,
         "num_filters": args.num_filters, "num_classes": args.num_classes, "balance": args.balance or "",
         "halo_d2": args.halo_D2, "fused_layers": args.fused_layers, "local_dp": args.local_DP,
         "slice_method": args.slice_method, "app": args.app, "enable_evaluation": args.enable_evaluation,
@@ -96,11 +97,12 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--times", type=int, default=1, help="GEMS replication factor (an epoch is 10/times batches)")
     p.add_argument("--image-size", type=int, default=32, help="image side for the synthetic benchmark (power of two)")
     p.add_argument("--num-epochs", type=int, default=1, help="number of epochs")
+    p.add_argument("--resnet-depth", type=int, default=110, help="ResNet-v2 depth, 9n + 2 (110: ResNet-110)")
     p.add_argument("--num-layers", type=int, default=18, help="AmoebaNet normal cells (multiple of 3)")
     p.add_argument("--num-filters", type=int, default=416, help="AmoebaNet filters")
     p.add_argument("--num-classes", type=int, default=10, help="number of classes")
     p.add_argument("--balance", default=None, help="layers per partition, comma-separated, summing to the model's "
-                   "layers (ResNet 38, AmoebaNet num-layers + 6)")
+                   "layers (ResNet-110 38, depth 9n + 2: 3n + 2; AmoebaNet num-layers + 6)")
     p.add_argument("--halo-D2", action="store_true", help="design 2: halo exchange once per group of blocks")
     p.add_argument("--fused-layers", type=int, default=1, help="halo-D2: ResNet blocks sharing one exchange")
     p.add_argument("--local-DP", type=int, default=1, help="replicas of each layer-parallel partition")

@@ -54,6 +54,7 @@ class Setup:
     optimizer: str = "sgd"
     learning_rate: float = 1e-3
     seed: int = 0
+    resnet_depth: int = 110
 
     @property
     def dtype(self) -> torch.dtype:
@@ -70,7 +71,7 @@ def build_layers(s: Setup) -> list[nn.Module]:
     """The model's layers, initialised from `s.seed` (every rank builds the same weights)."""
     torch.manual_seed(s.seed)
     if s.model == "resnet":
-        layers = resnet_v2(110, s.num_classes, s.image_size)
+        layers = resnet_v2(s.resnet_depth, s.num_classes, s.image_size)
     else:
         layers = amoebanet_d(s.num_layers, s.num_filters, s.num_classes)
     for m in layers:
