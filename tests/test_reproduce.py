@@ -208,9 +208,9 @@ def tiny_plan(tmp_path: Path) -> Path:
                        'name = "1-to-m"\nfamily = "resharding"\nparams = { scale = 128, runs = 2, warmup_runs = 1, '
                        'case = "1-to-1x2" }\nzip = { resharding_mode = ["send_recv", "broadcast"] }\n'),
         "spatial": ('[launch]\nnodes = 1\nlauncher = "mpi"\n[[experiment]]\nname = "check"\nfamily = "spatial"\n'
-                    'launch = { procs_per_node = 5 }\nparams = { model = "resnet", image_size = 64, batch_size = 2, '
-                    'split_size = 2, spatial_size = 1, num_spatial_parts = 4, fused_layers = 2, steps = 1, '
-                    'slice_method = "square" }\nmatrix = { halo_d2 = [false, true] }\n'),
+                    'launch = { procs_per_node = 5 }\nparams = { model = "resnet", resnet_depth = 29, image_size = 64, '
+                    'batch_size = 2, split_size = 2, spatial_size = 1, num_spatial_parts = 4, fused_layers = 2, '
+                    'steps = 1, slice_method = "square" }\nmatrix = { halo_d2 = [false, true] }\n'),
     }
     text = ""
     for name, body in suites.items():

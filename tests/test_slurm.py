@@ -332,6 +332,7 @@ family = "spatial"
 launch = { nodes = 2, procs_per_node = 2 }
 [experiment.params]
 model = "resnet"
+resnet_depth = 29
 image_size = 64
 batch_size = 2
 split_size = 2
