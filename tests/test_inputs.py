@@ -48,6 +48,11 @@ value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dict
     st.text(max_size=6), inner, max_size=3), max_leaves=5)
 
 
+# The tests that count bad inputs, and the one that checks the count, run on one pytest-xdist worker in
+# file order (the count is per process).
+COUNTED = pytest.mark.xdist_group("bad-inputs")
+
+
 def _count(kind: str = "") -> None:
     BAD_INPUTS["inputs"] += 1
     if kind:
@@ -166,6 +171,7 @@ def suites(draw) -> tuple[str, str]:
     return dirname, toml_doc(doc)
 
 
+@COUNTED
 @settings(SETTINGS, max_examples=400)
 @given(case=suites())
 def test_generated_suites_load_or_name_the_field_and_never_inject(case, tmp_path):
@@ -204,6 +210,7 @@ options = st.lists(st.one_of(*(st.tuples(st.just(o), arg) for o in (
     "--max-parallel", "--after"))), max_size=3)
 
 
+@COUNTED
 @settings(SETTINGS, max_examples=300)
 @given(command=st.sampled_from(["run", "submit", "list", "status", "report"]),
        suite=st.one_of(st.sampled_from(["param-demo", "resharding", "spatial-small"]), arg), opts=options)
@@ -253,6 +260,7 @@ def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_pa
 
 # ---- submitit's job script -------------------------------------------------------------------------------
 
+@COUNTED
 @settings(SETTINGS, max_examples=100)
 @given(image=hostile, mounts=hostile, partition=hostile)
 def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, partition, tmp_path):
@@ -321,6 +329,7 @@ def mutated(draw, base: dict) -> str:
     return json.dumps(doc)
 
 
+@COUNTED
 @settings(SETTINGS, max_examples=200)
 @given(data=st.data())
 def test_generated_aceso_configs_load_or_name_the_field(data, good_config, tmp_path):
@@ -335,6 +344,7 @@ SEGMENT = {"segment": 0, "layer": "layers.0.0", "signature": "abc", "space": [2,
            "entries": [{"combo": [1, 2], "time_s": 0.1, "memory_bytes": 10.0, "in": 0, "out": -1}]}
 
 
+@COUNTED
 @settings(SETTINGS, max_examples=150)
 @given(data=st.data())
 def test_generated_cfp_profiles_load_or_name_the_field(data, tmp_path):
@@ -345,6 +355,7 @@ def test_generated_cfp_profiles_load_or_name_the_field(data, tmp_path):
         _segment_profile(path, "abc", [2, 3], "profile again")
 
 
+@COUNTED
 def test_at_least_a_thousand_bad_inputs_without_a_traceback_or_an_injection():
     """Runs after the property tests of this module (pytest keeps file order)."""
     if BAD_INPUTS["inputs"] == 0:
