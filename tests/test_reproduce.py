@@ -95,6 +95,13 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     # The prediction over the median iteration (66 ms); three iterations: the interval is their range.
     assert error.status == FAILS and error.interval == (pytest.approx(95 / 70), pytest.approx(95 / 64))
     assert "gpt tiny 1.439 [1.357, 1.484]" in error.detail
+    # The search returned the Megatron-LM plan itself: its training is the same config measured again, and
+    # the interval spans both trainings (95 / 66 and 95 / 100 here): no verdict either way.
+    _wide(tmp_path / "aceso" / "e2e_same_config_small_gpt.csv", {"same_config": [1.0]}, ["tiny"])
+    error = claims(rows, tmp_path)[1]
+    assert error.status == INCONCLUSIVE and error.measured == pytest.approx(95 / 66)
+    assert error.interval == (pytest.approx(95 / 104), pytest.approx(95 / 64))
+    assert "gpt tiny 1.439 [0.913, 1.484] (the same config trained again: 0.950)" in error.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:
