@@ -27,7 +27,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import Claim, deciding, median_ratio_interval, not_measured, ratio_interval
+from reproflow.claims import (
+    Claim,
+    deciding,
+    median_ratio_interval,
+    not_measured,
+    ratio_interval,
+    replicated_ratio_interval,
+)
 from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
 from reproflow.family import AGGREGATE
 from reproflow.report import aggregates, newest, save_figure, wide, write_table
@@ -494,18 +501,15 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     for key, (predicted, actual) in _per_size(reports, "perf_model_time", lambda c: (c["predict"], c["actual"])
                                               if c["actual"] > 0 else None).items():
         runs = steps.get(key, {}).get("aceso")
+        # Where the search returned the Megatron-LM plan itself, the plan's training is the same config
+        # measured again, by another job: the interval spans both.
+        again = steps.get(key, {}).get("megatron") if key in same else None
         # Over the median, as the runtime reports the iteration time: a slow iteration of a shared CPU
         # moves neither the ratio nor its interval much.
-        cases[key] = median_ratio_interval(predicted, runs) if runs else (predicted / actual, None)
-        replicate = steps.get(key, {}).get("megatron") if key in same else None
-        if runs and replicate:
-            # The same config trained again (the Megatron-LM plan's job): the interval spans both trainings'
-            # intervals, so a machine that runs one config at two speeds cannot give a verdict either way.
-            ratio, own = cases[key]
-            again, theirs = median_ratio_interval(predicted, replicate)
-            ends = [ratio, again, *(e for i in (own, theirs) if i for e in i)]
-            cases[key] = (ratio, (min(ends), max(ends)))
-            notes[key] = f" (the same config trained again: {again:.3f})"
+        cases[key] = (replicated_ratio_interval(predicted, [runs, *([again] if again else [])]) if runs
+                      else (predicted / actual, None))
+        if runs and again:
+            notes[key] = f" (the same config trained again: {median_ratio_interval(predicted, again)[0]:.3f})"
     if cases:
         detail = _cases(cases, "{:.3f}", notes)
         out.append(deciding([Claim("aceso", statement, ratio, r, at_least=0.9, at_most=1.1, paper=PAPER_ERROR,

@@ -19,6 +19,7 @@ from reproflow.claims import (
     median_ratio_interval,
     pooled_ratio_interval,
     ratio_interval,
+    replicated_ratio_interval,
 )
 
 
@@ -140,6 +141,12 @@ def test_a_value_over_a_median_and_its_order_statistic_interval() -> None:
     _, geometric = ratio_interval([96.0], slow)
     assert Claim("f", "s", "r", _, at_least=0.9, at_most=1.1, interval=geometric).status != HOLDS
     assert median_ratio_interval(2.0, [4.0]) == (0.5, None)
+    # One configuration run by two jobs at two speeds: the interval spans both jobs' intervals.
+    fast, slow = [64.0, 66.0, 70.0], [96.0, 100.0, 104.0]
+    assert replicated_ratio_interval(66.0, [fast, slow]) == (1.0, (66 / 104, 66 / 64))
+    assert replicated_ratio_interval(66.0, [fast]) == median_ratio_interval(66.0, fast)
+    assert replicated_ratio_interval(2.0, [[4.0]]) == (0.5, None)
+    assert replicated_ratio_interval(2.0, [[4.0], [2.0]]) == (0.5, (0.5, 1.0))
     assert median_ratio_interval(2.0, [1.0, 2.0, 4.0]) == (1.0, (0.5, 2.0))  # three samples: their range
     with pytest.raises(ValueError, match="positive"):
         median_ratio_interval(1.0, [1.0, -1.0])
