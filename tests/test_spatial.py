@@ -14,7 +14,7 @@ from reproflow.families.spatial import FAMILY
 from reproflow.families.spatial.halo import Patch, Span, Window
 from reproflow.families.spatial.layers import AvgPool, Conv, MaxPool, Norm
 from reproflow.families.spatial.layout import Layout
-from reproflow.families.spatial.models import FactorizedReduce, amoebanet_d, resnet_v2
+from reproflow.families.spatial.models import FactorizedReduce, amoebanet_d, resnet_layers, resnet_v2
 from reproflow.families.spatial.pipeline import partition, program
 
 
@@ -52,7 +52,8 @@ def test_window_reads_exactly_what_it_needs(window):
 
 
 def test_models_have_the_references_layer_counts():
-    assert len(resnet_v2(110, 10, 32)) == 38
+    assert len(resnet_v2(110, 10, 32)) == resnet_layers(110) == 38
+    assert len(resnet_v2(29, 10, 32)) == resnet_layers(29) == 11  # `--balance` counts what the model has
     assert len(amoebanet_d(18, 32, 10)) == 24
     assert partition(38, 2, ()) == [range(0, 19), range(19, 38)]
     assert partition(10, 3, ()) == [range(0, 3), range(3, 6), range(6, 10)]

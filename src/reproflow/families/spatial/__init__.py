@@ -24,7 +24,7 @@ from reproflow.errors import ParamError, PointFailed
 from reproflow.families.spatial.cli import register_cli
 from reproflow.families.spatial.comm import Comm, make_comm
 from reproflow.families.spatial.layout import SLICES, Layout
-from reproflow.families.spatial.models import resnet_blocks
+from reproflow.families.spatial.models import resnet_layers
 from reproflow.families.spatial.pipeline import DTYPES, Setup, Stage, dry_run, serial_reference, synthetic_batch
 from reproflow.family import Family, Measurement
 from reproflow.params import Param
@@ -38,7 +38,7 @@ SYNTHETIC_BATCHES = 10
 def layers_of(params: Mapping[str, Any]) -> int:
     """Sequential layers `--balance` splits: first convolution + blocks + head for ResNet (38 for
     ResNet-110), num_layers + 6 for AmoebaNet-D."""
-    return resnet_blocks(params["resnet_depth"]) + 2 if params["model"] == "resnet" else params["num_layers"] + 6
+    return resnet_layers(params["resnet_depth"]) if params["model"] == "resnet" else params["num_layers"] + 6
 
 
 def setup_of(params: Mapping[str, Any]) -> Setup:

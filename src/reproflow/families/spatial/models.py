@@ -48,14 +48,14 @@ class ResNetHead(nn.Module):
         return self.fc(torch.nn.functional.avg_pool2d(y, 8).flatten(1))
 
 
-def resnet_blocks(depth: int) -> int:
-    """Bottleneck blocks of a ResNet-v2 of `depth` (9n + 2): n per stage, three stages."""
-    return 3 * ((depth - 2) // 9)
+def resnet_layers(depth: int) -> int:
+    """Sequential layers of a ResNet-v2 of `depth` (9n + 2): first convolution, 3n blocks, head."""
+    return 3 * ((depth - 2) // 9) + 2
 
 
 def resnet_v2(depth: int = 110, num_classes: int = 10, image_size: int = 32) -> list[nn.Module]:
     """Keras' ResNet-v2 (bottleneck) as first conv, 3·(depth−2)/9 blocks each in a halo-D2 group, head."""
-    blocks = resnet_blocks(depth) // 3
+    blocks = (depth - 2) // 9
     layers: list[nn.Module] = [Seq(Conv(3, 16, 3), Norm(16), ReLU())]
     width, channels = 16, 16
     for stage in range(3):
