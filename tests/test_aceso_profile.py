@@ -6,15 +6,18 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 from conftest import reproflow
 
 from reproflow.families.aceso.costmodel import CostModel
-from reproflow.families.aceso.database import OP_COLUMNS, read_database
+from reproflow.families.aceso.database import AFTER_TRAINING, OP_COLUMNS, read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.transformer_ops import GPT_OPS as OPS
 from reproflow.families.aceso.transformer_ops import T5_OPS
+from reproflow.report import load_results
 
 pytestmark = pytest.mark.distributed
 
@@ -89,6 +92,17 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     assert values["enc-attention-qkv"][4] == pytest.approx((3 * 256 * 256 + 3 * 256) * 4 / 2**20, abs=1e-3)
     tp2 = {r[0]: float(r[5]) for r in list(csv.reader((db / "gpt_tiny_mbs2_tp2_algo0.csv").open()))[1:]}
     assert tp2["enc-MLP-GEMM-1"] == pytest.approx(values["enc-MLP-GEMM-1"][4] / 2, abs=1e-3)  # weights split
+    # The rows of a profile taken again right after a training (newer) make a database of their own and
+    # never replace the one a search read.
+    frame = load_results(results)
+    later = frame.assign(suite=frame["suite"] + AFTER_TRAINING, value=frame["value"] * 2,
+                         timestamp="2099-01-01T00:00:00+00:00")
+    write_from_rows(pd.concat([frame, later]), tmp_path / "again")
+    name = "gpt_tiny_mbs2_tp1_algo0.csv"
+    assert (tmp_path / "again" / name).read_text() == (db / name).read_text()
+    write_from_rows(pd.concat([frame, later]), tmp_path / "after", after_training=True)
+    doubled = {r[0]: float(r[1]) for r in list(csv.reader((tmp_path / "after" / name).open()))[1:]}
+    assert doubled["enc-MLP-GEMM-1"] == pytest.approx(2 * values["enc-MLP-GEMM-1"][0], rel=1e-3)
 
     m = model("gpt", "tiny")
     database = read_database(db, m, [1, 2], 2)
@@ -130,3 +144,15 @@ def test_profile_command_writes_the_database(tmp_path: Path) -> None:
         "opt_resnet_tiny_tp1.csv", "resnet_tiny_mbs8_tp1_algo0.csv", "resnet_tiny_mbs8_tp1_algo1.csv"]
     again = reproflow(*args)
     assert again.returncode == 0 and "0 to run, 2 already done" in again.stdout
+
+
+def test_backward_starts_from_what_an_op_computes() -> None:
+    """An input handed on unchanged (a residual, the encoder's output) is not where an op's timed
+    backward starts: training passes its gradient through for free."""
+    from reproflow.families.aceso.profile import computed
+
+    x, residual, ids = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True), torch.arange(3)
+    y = x * 2
+    starts = computed((y, residual, ids), [x, residual])
+    assert len(starts) == 1 and starts[0] is y
+    assert computed((residual,), [x]) == [residual]  # an input of another op is not handed on by this one
