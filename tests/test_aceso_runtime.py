@@ -174,6 +174,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     assert "Aceso / Megatron-LM = " in out and "Alpa: not run" in out
     assert "-------- [gpt] Search Cost (s) --------" in out
     assert "-------- [gpt] Time Prediction (ms) --------" in out and "Memory Prediction (MB)" in out
+    # The trained config's ops profiled again right after its training, and predicted from that profile too.
+    assert list((logs / "aceso" / "search" / "gpt" / "tiny" / "csv").glob("info_*-after-training.csv"))
+    assert "tiny: from its ops profiled again right after training: " in out
     tables = logs / "results"
     e2e = (tables / "e2e_thpt_small_gpt.csv").read_text().splitlines()
     # Alpa is never run here: no row for it (not a row of zeros).

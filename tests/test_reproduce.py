@@ -102,6 +102,14 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     assert error.status == INCONCLUSIVE and error.measured == pytest.approx(95 / 66)
     assert error.interval == (pytest.approx(95 / 104), pytest.approx(95 / 64))
     assert "gpt tiny 1.439 [0.913, 1.484] (the same config trained again: 0.950)" in error.detail
+    # Where the config's ops were profiled again right after its training, that prediction is judged
+    # (70 ms over the median 66), and the search's is said beside it (95 over the table's 100).
+    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv",
+          {"actual": [100.0], "predict": [95.0], "predict_after_training": [70.0]}, ["tiny"])
+    error = claims(rows, tmp_path)[1]
+    assert error.measured == pytest.approx(70 / 66)
+    assert "gpt tiny 1.061 [0.673, 1.094] (from the search's profile: 0.950; the same config trained again: 0.700)" \
+        in error.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

@@ -21,11 +21,12 @@ from pathlib import Path
 from reproflow.cli import generated_suite_options, run_generated_suite
 from reproflow.errors import ParamError, ReproflowError
 from reproflow.families.aceso import mcore
-from reproflow.families.aceso.costmodel import KINDS, Config, CostModel
-from reproflow.families.aceso.database import read_database
+from reproflow.families.aceso.costmodel import KINDS, Config, CostModel, Prediction
+from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_config, read_json, write_json
-from reproflow.families.aceso.search import Options, Result, search
+from reproflow.families.aceso.runtime import resolve_config
+from reproflow.families.aceso.search import Options, search
 from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS, SETTINGS, Setting
 from reproflow.results import atomic_write
 from reproflow.suite import suite_toml
@@ -137,7 +138,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.submit:
         return _submit_search(args)
     if args.from_results:
-        from reproflow.families.aceso.database import write_from_rows
         from reproflow.report import load_results
 
         written = write_from_rows(load_results(args.from_results), args.profiled_time_path)
@@ -168,7 +168,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     for r in found:
         assert r.best is not None
         write_json(r.best.config, save / f"{setup.name}_{r.num_stages}stages_{suffix}.json")
-        _stage_info(r, csv_dir / f"info_{setup.name}_{r.num_stages}stages_{suffix}.csv")
+        _stage_info(r.best.pred, csv_dir / f"info_{setup.name}_{r.num_stages}stages_{suffix}.csv")
     (save / "top_configs").mkdir(exist_ok=True)
     for r in found[:args.num_of_saved_configs]:
         name = f"{setup.name}_{r.num_stages}stages_{suffix}.json"
@@ -263,9 +263,8 @@ def _submit_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stage_info(r: Result, path: Path) -> None:
-    assert r.best is not None
-    pred = r.best.pred
+def _stage_info(pred: Prediction, path: Path) -> None:
+    """The reference's per-stage info CSV of a prediction."""
     lines = ["stage-index,time,memory(total),memory(normal),memory(reserved)"]
     for i, (t, m) in enumerate(zip(pred.pipeline_ms, pred.memory, strict=True)):
         lines.append(f"stage-{i},{t:.2f},{m.total:.2f},{m.total - m.reserved:.2f},{m.reserved:.2f}")
@@ -329,17 +328,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
-                  repeats: int, comm_mb: str) -> str:
-    """A suite (TOML) profiling every op per TP size, micro-batch and algo, plus collectives and P2P.
-    Every op point runs on max(tps) ranks (one node's GPUs), as world / tp TP groups at once."""
-    algos = [0] if model_name == "t5" else [0, 1]
+                  repeats: int, comm_mb: str, algos: list[int] | None = None, ranks: int | None = None,
+                  groups: list[int] | None = None, p2p: bool | None = None) -> str:
+    """A suite (TOML) profiling every op per TP size, micro-batch and algo (default: all the model's),
+    plus collectives over each of `groups` ranks (default: the TP sizes over 1) and P2P (default: where
+    there are 2 ranks or more). Every op point runs on `ranks` (default max(tps): one node's GPUs), as
+    ranks / tp TP groups at once."""
+    algos = algos or ([0] if model_name == "t5" else [0, 1])
+    ranks = ranks or max(tps)
+    groups = [tp for tp in tps if tp > 1] if groups is None else groups
     common = {"model": model_name, "size": size, "seq_len": seq_len, "warmup": warmup, "repeats": repeats}
     exps: list[dict[str, object]] = [
-        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": max(tps)}, "params": common | {"tp": tp},
+        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": ranks}, "params": common | {"tp": tp},
          "matrix": {"mbs": mbs, "algo": algos}} for tp in tps]
-    exps += [{"name": f"collectives-{tp}", "family": "aceso", "launch": {"procs_per_node": tp},
-              "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for tp in tps if tp > 1]
-    if max(tps) > 1:
+    exps += [{"name": f"collectives-{n}", "family": "aceso", "launch": {"procs_per_node": n},
+              "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for n in groups]
+    if ranks > 1 if p2p is None else p2p:
         exps.append({"name": "p2p", "family": "aceso", "launch": {"procs_per_node": 2},
                      "params": {"kind": "p2p", **common}})
     return suite_toml({"description": f"Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"},
@@ -409,7 +413,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_database(args: argparse.Namespace) -> int:
     """Write the profiler's rows under --results as Aceso's database files."""
-    from reproflow.families.aceso.database import write_from_rows
     from reproflow.report import load_results
 
     frame = load_results(args.from_results if getattr(args, "from_results", None) else args.results)
@@ -506,6 +509,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             cmd_train(argparse.Namespace(**shared, config=[where], plan=[plan], num_nodes=nodes,
                                          num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
                                          dropout=0.1, log_path=root, tp_impl=impls, after=after))
+            if plan == "aceso" and not args.submit:
+                profile_after_training(prof, search_args)
     if args.submit or args.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return 0
@@ -513,6 +518,38 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         cmd_results(argparse.Namespace(script=name, setting="small", log_path=root, out=args.out or root / "results",
                                        published=args.published))
     return 0
+
+
+def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace) -> Path:
+    """Profile the ops of the config just trained again, at once, and predict it from that profile too
+    (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks sharing a
+    machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms a
+    minute apart here): the search's profile, minutes before the training, then measures the drift as
+    much as the model. Only what the config uses is profiled (its ops' TP sizes, micro-batches and
+    algos on as many ranks as before, the collectives of its TP and DP groups, P2P between its
+    stages), into a database of its own."""
+    from reproflow.report import load_results
+
+    setup = _Setup(search)
+    path = resolve_config(search.config_save_path, "aceso")
+    config = read_json(path, setup.model, setup.ops)
+    ops = [(tp, dp, algo) for stage in config.stages for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo,
+                                                                              strict=True)]
+    text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({config.micro_bs // d for _, d, _ in ops}),
+                         sorted({t for t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
+                         prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
+                         ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
+                         p2p=len(config.stages) > 1)
+    run_generated_suite(text, f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}", prof)
+    after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
+    shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
+    write_from_rows(load_results(prof.results), after, after_training=True)
+    pred = _Setup(argparse.Namespace(**{**vars(search), "profiled_time_path": after})).cost.predict(config)
+    info = search.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
+    _stage_info(pred, info)
+    print(f"{setup.name}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
+          f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
+    return info
 
 
 def local_ranks(args: argparse.Namespace) -> int:

@@ -37,6 +37,8 @@ MISSING_COLLECTIVE_MS = 100000.0
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 # Written beside profiles reproflow measured on CPU (float32); the reference's databases are fp16.
 PRECISION_FILE = "precision.txt"
+# Suffix of a profile suite run right after a training, on the trained config's ops.
+AFTER_TRAINING = "-after-training"
 
 
 def op_file(model: Model, mbs: int, tp: int, algo: int) -> str:
@@ -206,11 +208,14 @@ def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
     atomic_write(path, ",".join(str(s) for s in sizes_mb) + "\n" + ",".join(f"{b:.2f}" for b in gbps) + "\n")
 
 
-def write_from_rows(frame: pd.DataFrame, out: Path) -> list[Path]:
+def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False) -> list[Path]:
     """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each:
     op files per model, size, micro-batch, TP size and algo; collective tables per model, size,
-    collective and GPU count; P2P bandwidth per link (intra- or inter-node)."""
-    rows = frame[frame["family"] == "aceso"]
+    collective and GPU count; P2P bandwidth per link (intra- or inter-node). The profiles taken right
+    after a training (suites named ...-after-training) make a database of their own (`after_training`):
+    they are newer than the profile a search read, and must not replace it."""
+    suites = frame["suite"].astype(str) if "suite" in frame.columns else pd.Series("", index=frame.index)
+    rows = frame[(frame["family"] == "aceso") & (suites.str.endswith(AFTER_TRAINING) == after_training)]
     if "kind" not in rows.columns:
         rows = rows.assign(kind="ops")
     written = []
