@@ -95,7 +95,7 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     # The rows of a profile taken again right after a training (newer) make a database of their own and
     # never replace the one a search read.
     frame = load_results(results)
-    later = frame.assign(suite=frame["suite"] + AFTER_TRAINING, value=frame["value"] * 2,
+    later = frame.assign(suite=frame["suite"] + AFTER_TRAINING + "-20", value=frame["value"] * 2,
                          timestamp="2099-01-01T00:00:00+00:00")
     write_from_rows(pd.concat([frame, later]), tmp_path / "again")
     name = "gpt_tiny_mbs2_tp1_algo0.csv"

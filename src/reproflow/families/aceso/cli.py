@@ -510,7 +510,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                                          num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
                                          dropout=0.1, log_path=root, tp_impl=impls, after=after))
             if plan == "aceso" and not args.submit:
-                profile_after_training(prof, search_args)
+                profile_after_training(prof, search_args, args.train_iters)
     if args.submit or args.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return 0
@@ -520,14 +520,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace) -> Path:
+def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace, train_iters: int) -> Path:
     """Profile the ops of the config just trained again, at once, and predict it from that profile too
     (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks sharing a
     machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms a
     minute apart here): the search's profile, minutes before the training, then measures the drift as
     much as the model. Only what the config uses is profiled (its ops' TP sizes, micro-batches and
     algos on as many ranks as before, the collectives of its TP and DP groups, P2P between its
-    stages), into a database of its own."""
+    stages), into a database of its own. The suite is named after the training's iterations: a training
+    run again with more of them (a claim asking for samples) is profiled again after; a reused one is not."""
     from reproflow.report import load_results
 
     setup = _Setup(search)
@@ -540,7 +541,7 @@ def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace)
                          prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
                          ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
                          p2p=len(config.stages) > 1)
-    run_generated_suite(text, f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}", prof)
+    run_generated_suite(text, f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{train_iters}", prof)
     after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
     shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
     write_from_rows(load_results(prof.results), after, after_training=True)

@@ -212,10 +212,10 @@ def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False
     """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each:
     op files per model, size, micro-batch, TP size and algo; collective tables per model, size,
     collective and GPU count; P2P bandwidth per link (intra- or inter-node). The profiles taken right
-    after a training (suites named ...-after-training) make a database of their own (`after_training`):
-    they are newer than the profile a search read, and must not replace it."""
+    after a training (suites named ...-after-training-<iterations>) make a database of their own
+    (`after_training`): they are newer than the profile a search read, and must not replace it."""
     suites = frame["suite"].astype(str) if "suite" in frame.columns else pd.Series("", index=frame.index)
-    rows = frame[(frame["family"] == "aceso") & (suites.str.endswith(AFTER_TRAINING) == after_training)]
+    rows = frame[(frame["family"] == "aceso") & (suites.str.contains(AFTER_TRAINING, regex=False) == after_training)]
     if "kind" not in rows.columns:
         rows = rows.assign(kind="ops")
     written = []
