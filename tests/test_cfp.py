@@ -111,6 +111,9 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert all(v < 1e-4 for v in errs.values()), errs
     steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
     assert set(steps) == plans and all(v > 0 for v in steps.values())
+    # The graph plans run as one traced SPMD graph each (the module baselines as themselves).
+    assert {r["plan"] for r in rows if r["metric"] == "lower_time"} == {"cfp", "alpa", "data-parallel",
+                                                                         "tensor-parallel"}
     samples = {(r["plan"], r["step"]): float(r["value"]) for r in rows if r["metric"] == "step_s"}
     assert samples == {(p, "0"): v for p, v in steps.items()}  # one timed step each (--runs 1)
     claims = reproflow("report", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "rep"), "--claims-only")

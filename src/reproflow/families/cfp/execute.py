@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from reproflow.families.cfp import graph, models
 from reproflow.families.cfp.graph import Analysis, R
@@ -124,14 +126,14 @@ class Runner:
             return DTensor.from_local(x.to(self.mesh.device_type), self.mesh, [Replicate()], run_check=False)
         return x
 
-    def step(self, update: bool = True) -> StepResult:
-        """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""
+    def compute(self, values: Sequence[DTensor], track: bool = False) -> tuple[list[Any], list[DTensor], int]:
+        """The graph on `values` (parameters, then inputs): its other outputs (loss or y, gradients of
+        inputs), the parameters' gradients on their parameters' partitions, and (track) the peak of live
+        bytes."""
         env: dict[fx.Node, Any] = {}
         live = peak = 0
-        dist.barrier()
-        t0 = time.perf_counter()
         outputs: list[Any] = []
-        holders = iter(self.values)
+        holders = iter(values)
         for i, nd in enumerate(self.nodes):
             if nd.op == "placeholder":
                 env[nd] = next(holders)
@@ -141,24 +143,32 @@ class Runner:
                 if nd in self.forced:
                     args = self._force(nd, list(args))
                 env[nd] = nd.target(*args, **kwargs)
-                live += _bytes(env[nd])
-                peak = max(peak, live)
+                if track:
+                    live += _bytes(env[nd])
+                    peak = max(peak, live)
             elif nd.op == "output":
                 outputs = pytree.tree_leaves(fx.node.map_arg(nd.args[0], env.__getitem__))
             for x in self.free_after.get(i, ()):
-                live -= _bytes(env.pop(x)) if x.op != "placeholder" else 0
+                gone = env.pop(x)
+                live -= _bytes(gone) if track and x.op != "placeholder" else 0
         nparams = len(self.cap.params)
-        grads = outputs[-nparams:]
-        grads = self._synchronise(grads, self.values[:nparams])
+        return outputs[:-nparams], self._synchronise(outputs[-nparams:], values[:nparams]), peak
+
+    def step(self, update: bool = True) -> StepResult:
+        """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        outputs, grads, peak = self.compute(self.values, track=True)
+        nparams = len(self.cap.params)
         if update:
             for i, g in enumerate(grads):
                 self.values[i] = (self.values[i] - LR * g).detach()
-        for o in outputs[:-nparams] + grads:
+        for o in outputs + grads:
             o.to_local().sum().item()  # waits for the collectives still in flight
         elapsed = time.perf_counter() - t0
         dist.barrier()
         peak += sum(_bytes(v) for v in self.values[:nparams])
-        self.last = StepResult(outputs[:-nparams] + grads, elapsed, peak)
+        self.last = StepResult(outputs + grads, elapsed, peak)
         return self.last
 
     def seconds(self) -> float:
@@ -174,8 +184,9 @@ class Runner:
         out = [g if i in bucket else g.redistribute(self.mesh, p.placements)
                for i, (g, p) in enumerate(zip(grads, params, strict=True))]
         if bucket:
-            flat = torch.cat([grads[i].to_local().reshape(-1) for i in bucket])
-            dist.all_reduce(flat, group=self.mesh.get_group())
+            # A functional all-reduce: the same collective eagerly, and one a lowered step can hold.
+            flat = funcol.all_reduce(torch.cat([grads[i].to_local().reshape(-1) for i in bucket]), "sum",
+                                     self.mesh)
             for i, piece in zip(bucket, flat.split([grads[i].to_local().numel() for i in bucket]), strict=True):
                 out[i] = DTensor.from_local(piece.view_as(grads[i].to_local()), self.mesh, [Replicate()],
                                             run_check=False)
@@ -189,6 +200,56 @@ class Runner:
             if tuple(args[j].placements) != tuple(want):
                 args[j] = args[j].redistribute(self.mesh, want)
         return tuple(args)
+
+
+class Lowered:
+    """A plan's step lowered once to local ATen ops and functional collectives (make_fx traces the
+    DTensor runner: placements are propagated and redistributions decided while tracing), then run
+    as that plain graph. The same computation and communication as Runner, without DTensor's per-op
+    dispatch, which on small models costs more than a plan saves."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.nparams = len(runner.cap.params)
+        self.places = [tuple(v.placements) for v in runner.values]
+        self.peak_bytes = runner.step(update=False).peak_bytes  # the same tensors live as in the DTensor runner
+        self.locals = [v.to_local() for v in runner.values]
+        self.out_places: list[tuple[Any, ...]] = []
+        t0 = time.perf_counter()
+        self.graph = make_fx(self._traced)(*self.locals)
+        self.trace_s = time.perf_counter() - t0
+
+    def _traced(self, *local: torch.Tensor) -> list[torch.Tensor]:
+        """The runner's step on DTensors made from local tensors; local outputs (outputs, gradients,
+        then the updated parameters)."""
+        mesh = self.runner.mesh
+        values = [DTensor.from_local(x, mesh, p, run_check=False) for x, p in zip(local, self.places, strict=True)]
+        outputs, grads, _ = self.runner.compute(values)
+        self.out_places = [tuple(o.placements) for o in outputs + grads]
+        # Each gradient is on its parameter's partition: SGD on the local shards, one op for all of them.
+        new = torch._foreach_add(list(local[:self.nparams]), [g.to_local() for g in grads], alpha=-LR)
+        return [o.to_local() for o in outputs + grads] + list(new)
+
+    def step(self, update: bool = True) -> StepResult:
+        """One step of the lowered graph (and, update, the parameters it computed)."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = self.graph(*self.locals)
+        n = len(out) - self.nparams
+        if update:
+            self.locals[:self.nparams] = [t.detach() for t in out[n:]]
+        if self.runner.mesh.device_type == "cuda":
+            torch.cuda.synchronize()  # the graph waited for its collectives; the device may still be working
+        elapsed = time.perf_counter() - t0
+        dist.barrier()
+        mesh = self.runner.mesh
+        self.last = StepResult([DTensor.from_local(o, mesh, p, run_check=False)
+                                for o, p in zip(out[:n], self.out_places, strict=True)], elapsed, self.peak_bytes)
+        return self.last
+
+    def seconds(self) -> float:
+        """One training step; this rank's seconds."""
+        return self.step().seconds
 
 
 def _bytes(x: Any) -> int:

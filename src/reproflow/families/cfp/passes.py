@@ -388,7 +388,9 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         if name in TORCH_BASELINES:
             rows += _module_baseline(ctx, params, s, name, mesh, flops)
             continue
-        runner = execute.Runner(cap, mesh, assign)
+        # Each plan runs lowered: one traced SPMD graph of local ops and collectives (see execute.Lowered).
+        runner = execute.Lowered(execute.Runner(cap, mesh, assign))
+        rows.append(Measurement("lower_time", runner.trace_s, "s", coords))
         if params["verify"]:
             got = [o.full_tensor() for o in runner.step(update=False).outputs]
             loss_err, grad_err = execute.errors(s.model, s.config, s.batch_size, float(got[0].detach()), got[1:])
