@@ -360,7 +360,7 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             err = abs(r["time_predict"] - r["time_actual"]) / r["time_actual"] * 100
             lines.append(f"{r['size']:<10}{r['time_actual']:>10.2f}{r['time_predict']:>10.2f}{err:>7.1f}%")
             again = r["time_predict_after_training"]
-            if again == again:
+            if pd.notna(again):
                 lines.append(f"  {r['size']}: from its ops profiled again right after training: {again:.2f} ms, "
                              f"{abs(again - r['time_actual']) / r['time_actual'] * 100:.1f}% off")
             lines.append(f"  {r['size']}: measured on the slowest rank (ms): " + ", ".join(

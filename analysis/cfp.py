@@ -24,10 +24,13 @@ from reproflow.report import aggregates, newest, over_baseline, save_figure, wid
 KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "backend", "device"]
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
             "operator_space", "analysis_time", "flop_count"]
-SEARCH = ["search_time", "predicted_time", "step_time", "tflops", "memory", "loss_error", "grad_error"]
+SEARCH = ["search_time", "lower_time", "predicted_time", "step_time", "tflops", "memory", "loss_error",
+          "grad_error"]
 NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
-        "backward, gradient synchronisation, SGD update) of the plan run with DTensor on the job's ranks. "
-        "vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster). search_time: CFP's analysis + "
+        "backward, gradient synchronisation, SGD update) of the plan on the job's ranks; the graph plans run "
+        "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2 "
+        "and zero1-3 on the module. vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster); "
+        "vs_ddp = step_time / DDP's (the goal for data-parallel: at most 1.10). search_time: CFP's analysis + "
         "profiling + dynamic program; 0 for the fixed baselines. loss_error / grad_error: the plan against "
         "the unsharded model on one process (absolute / largest relative).")
 
@@ -51,6 +54,7 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         return written
     table = wide(searched, [*keys, "plan"], SEARCH)
     table["vs_cfp"] = over_baseline(table, keys, table["plan"] == "cfp", "step_time")
+    table["vs_ddp"] = over_baseline(table, keys, table["plan"] == "ddp", "step_time")
     written += write_table(table, out_dir, "cfp_search", "CFP search and plans run", NOTE)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     pivot = table.pivot_table(index="model", columns="plan", values="step_time")
