@@ -66,6 +66,8 @@ FAMILY = Family(
         Param("batch_size", "int", 8, "global batch size (split over the ranks by data-parallel blocks)", minimum=1),
         Param("warmup", "int", 1, "untimed steps before each measurement", minimum=0),
         Param("repeats", "int", 2, "profile: timed steps per strategy combination", minimum=1),
+        Param("lower_top", "int", 4, "profile: the fastest combinations of each segment and input partition timed "
+              "again lowered, as the search runs plans (0: none)", minimum=0),
         Param("runs", "int", 3, "search: timed steps of each plan", minimum=1),
         Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
         Param("baselines", "str", ",".join(BASELINES),

@@ -29,9 +29,9 @@ BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
     """A suite with one experiment per (model, pass), in pass order for each model."""
     common = {"size": args.size, "num_layer": args.num_layer, "batch_size": args.batch_size, "warmup": args.warmup,
-              "repeats": args.repeats, "runs": args.runs, "memory_limit_gb": args.memory_limit_gb,
-              "work_dir": args.work_dir, "force": args.force, "verbose": args.verbose, "verify": not args.no_verify,
-              "baselines": args.baselines}
+              "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs,
+              "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
+              "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
                       {"nodes": 1, "time_limit": "04:00:00"},
                       [{"name": f"{m}-{p}", "family": "cfp", "launch": {"procs_per_node": args.nproc},
@@ -68,6 +68,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the 1-D mesh)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before each measurement")
     p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
+    p.add_argument("--lower_top", type=int, default=4,
+                   help="profile: the fastest combinations per segment and input partition timed again lowered")
     p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
     p.add_argument("--memory_limit_gb", type=float, default=0.0, help="search: memory limit per device (0: none)")
     p.add_argument("--baselines", default=",".join(BASELINES),

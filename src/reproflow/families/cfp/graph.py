@@ -2,9 +2,9 @@
 
 The step (forward, loss, backward) is captured with make_fx on fake tensors: the PyTorch counterpart
 of the XLA HLO the reference analyses. On a 1-D mesh of n devices a tensor is replicated (R, -1 here)
-or split on one dim (S(d), d here). Every tensor contraction (mm, addmm, bmm) has a few strategies:
-split the rows, split the columns, split the contraction (partial sums, then an all-reduce), and for
-bmm split the batch.
+or split on one dim (S(d), d here). Every tensor contraction (mm, addmm, bmm, and attention's
+heads_matmul) has a few strategies: split the rows, split the columns, split the contraction
+(partial sums, then an all-reduce), and split the batch (bmm) or the batch or the heads (heads_matmul).
 
 A ParallelBlock starts at a contraction no block covers yet (its entry). For each entry strategy the
 output partition is propagated through later operators by rules that need no communication: pointwise
@@ -43,7 +43,7 @@ POINTWISE = {"add", "sub", "mul", "div", "where", "masked_fill", "gelu", "silu",
 ALONG_DIM = {"_softmax", "_log_softmax", "cumsum", "_softmax_backward_data", "_log_softmax_backward_data"}
 REDUCE = {"sum", "mean", "amax", "argmax", "amin", "argmin"}
 SPLIT = {"split", "split_with_sizes", "chunk", "unbind"}
-CONTRACTION = {"mm", "addmm", "bmm"}
+CONTRACTION = {"mm", "addmm", "bmm", "heads_matmul"}
 FACTORY = {"arange", "ones", "zeros", "full", "empty", "scalar_tensor", "tril", "triu", "outer", "rand", "randn"}
 
 
@@ -85,9 +85,13 @@ def strategies(node: fx.Node, n: int) -> list[Strategy]:
     if len(sa) == 2:  # [m, k] x [k, n]
         cands = [(Strategy(0, R, 0, False), sa[0]), (Strategy(R, 1, 1, False), sb[1]),
                  (Strategy(1, 0, R, True), sa[1])]
-    else:  # [b, m, k] x [b, k, n]
+    elif len(sa) == 3:  # [b, m, k] x [b, k, n]
         cands = [(Strategy(0, 0, 0, False), sa[0]), (Strategy(1, R, 1, False), sa[1]),
                  (Strategy(R, 2, 2, False), sb[2]), (Strategy(2, 1, R, True), sa[2])]
+    else:  # heads_matmul: [b, heads, m, k] x [b, heads, k, n]
+        cands = [(Strategy(0, 0, 0, False), sa[0]), (Strategy(1, 1, 1, False), sa[1]),
+                 (Strategy(2, R, 2, False), sa[2]), (Strategy(R, 3, 3, False), sb[3]),
+                 (Strategy(3, 2, R, True), sa[3])]
     return [s for s, size in cands if size % n == 0]
 
 
@@ -131,6 +135,11 @@ def propagate(node: fx.Node, placed: dict[fx.Node, int], free: Callable[[fx.Node
     if name in CONTRACTION:
         s = implied(node, placed, free, n)
         return None if s is None else R if s.allreduce else s.out
+    if name == "cat":  # pieces split alike, joined along another dim (rotary embedding's halves)
+        parts = {placed.get(x) for x in node.args[0]} if all(x in placed for x in node.args[0]) else {None}
+        dim = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out or (0,))
+        q = parts.pop() if len(parts) == 1 else None
+        return q if isinstance(q, int) and q != dim else None
     first = node.args[0]
     p = placed.get(first) if isinstance(first, fx.Node) else None
     if name in POINTWISE or name in ALONG_DIM:
@@ -179,6 +188,9 @@ def propagate(node: fx.Node, placed: dict[fx.Node, int], free: Callable[[fx.Node
     if name == "squeeze" and len(node.args) > 1:
         ds = _dims(node, node.args[1])
         return None if p in ds else p - sum(d < p for d in ds)
+    if name == "slice":  # a slice along another dim than the split one
+        dim = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(src)
+        return None if dim == p else p
     if name in SPLIT:
         dim = int(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(src)
         return None if dim == p else [p] * len(node.meta["val"])

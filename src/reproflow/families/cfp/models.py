@@ -5,7 +5,8 @@ whole training step (forward, loss, backward) can be captured as one ATen graph.
 `model.layers`, each two residual halves, so parameter names (`layers.3.0.fn.qkv.weight`) tell
 which half layer an operator belongs to. The attention projection is laid out per head
 ([heads, 3 * head_dim] after the reshape, as Alpa's Flax GPT does), so a split of its output
-columns is a split of the heads.
+columns is a split of the heads, and attention's matmuls keep the heads as their own dim
+(`heads_matmul`), so that split stays communication-free through attention.
 """
 
 from __future__ import annotations
@@ -93,6 +94,34 @@ def rotate(x: torch.Tensor, seq_len: int) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+@torch.library.custom_op("reproflow_cfp::heads_matmul", mutates_args=())
+def heads_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Attention's matmul, [batch, heads, m, k] @ [batch, heads, k, n], kept one operator in the captured
+    graph. torch.matmul folds batch and heads into one dim for bmm, where a split of the heads is no
+    longer a split of a dim, so the analysis saw head-split attention communicate; XLA's dot keeps both
+    as batch dims. Its backward is this operator again."""
+    return torch.matmul(a, b)
+
+
+@heads_matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(*a.shape[:-1], b.shape[-1])
+
+
+def _keep(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[torch.Tensor, torch.Tensor],
+          output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _heads_matmul_backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = ctx.saved_tensors  # type: ignore[attr-defined]
+    return heads_matmul(g, b.transpose(-2, -1)), heads_matmul(a.transpose(-2, -1), g)
+
+
+heads_matmul.register_autograd(_heads_matmul_backward, setup_context=_keep)
+
+
 class Attention(nn.Module):
     def __init__(self, c: ModelConfig, bias: bool, rotary: bool) -> None:
         super().__init__()
@@ -106,10 +135,10 @@ class Attention(nn.Module):
         q, k, v = (z.transpose(1, 2) for z in qkv.split(self.c.head_dim, dim=3))
         if self.rotary:
             q, k = rotate(q, t), rotate(k, t)
-        att = (q @ k.transpose(-2, -1)) * (self.c.head_dim ** -0.5)
+        att = heads_matmul(q, k.transpose(-2, -1)) * (self.c.head_dim ** -0.5)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(b, t, h))
+        return self.proj(heads_matmul(att, v).transpose(1, 2).reshape(b, t, h))
 
 
 class MLP(nn.Module):
