@@ -21,7 +21,7 @@ import pandas as pd
 from reproflow.claims import Claim, deciding, not_measured, ratio_interval
 from reproflow.report import aggregates, newest, over_baseline, save_figure, wide, write_table
 
-KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "backend", "device"]
+KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "mesh", "backend", "device"]
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
             "operator_space", "analysis_time", "flop_count"]
 SEARCH = ["search_time", "lower_time", "predicted_time", "step_time", "tflops", "memory", "loss_error",
@@ -35,8 +35,14 @@ NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a wh
         "the unsharded model on one process (absolute / largest relative).")
 
 
-def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The newest aggregated rows; the 1-D mesh (an empty `mesh`, read as missing) named so it groups."""
     rows = aggregates(newest(frame))
+    return rows.assign(mesh=rows["mesh"].fillna("1-D")) if "mesh" in rows.columns else rows
+
+
+def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    rows = _rows(frame)
     keys = [k for k in KEYS if k in rows.columns]
     written: list[Path] = []
     analysed = rows[rows["mode"] == "analysis"]
@@ -53,11 +59,21 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     if searched.empty:
         return written
     table = wide(searched, [*keys, "plan"], SEARCH)
+    flat = [k for k in keys if k != "mesh"]  # DDP and the other module baselines run on the 1-D mesh only
     table["vs_cfp"] = over_baseline(table, keys, table["plan"] == "cfp", "step_time")
-    table["vs_ddp"] = over_baseline(table, keys, table["plan"] == "ddp", "step_time")
+    ddp = (table["plan"] == "ddp") & ~table.duplicated([*flat, "plan"])  # one per model (1x4 and 4x1 are both 1-D)
+    table["vs_ddp"] = over_baseline(table, flat, ddp, "step_time")
     written += write_table(table, out_dir, "cfp_search", "CFP search and plans run", NOTE)
+    cfp = table[table["plan"] == "cfp"]
+    if "mesh" in keys and cfp["mesh"].nunique() > 1:
+        meshes = cfp[[*flat, "mesh", "predicted_time", "step_time"]].assign(
+            vs_best=cfp["step_time"] / cfp.groupby(flat)["step_time"].transform("min"))
+        written += write_table(meshes, out_dir, "cfp_mesh", "CFP's plan on each device mesh",
+                               "CFP's searched plan per mesh shape (1xN and Nx1 are the 1-D mesh): predicted and "
+                               "measured step time (s); vs_best = step_time / the fastest mesh's for the model.")
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    pivot = table.pivot_table(index="model", columns="plan", values="step_time")
+    label = table["model"] + (" " + table["mesh"].where(table["mesh"] != "1-D", "") if "mesh" in keys else "")
+    pivot = table.assign(case=label.str.strip()).pivot_table(index="case", columns="plan", values="step_time")
     pivot.plot.bar(ax=ax, rot=0)
     ax.legend(title="plan", bbox_to_anchor=(1.01, 1), loc="upper left")
     ax.set_ylabel("step time (s)")
@@ -83,7 +99,7 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     """CFP's searched plan is at least as fast as the Alpa-style per-contraction plan, as PyTorch's DDP and
     FSDP2, and as DeepSpeed's ZeRO stages, model by model and baseline by baseline: each case's step
     times (every timed step where the rows hold them, else the median) as an interval."""
-    rows = aggregates(newest(frame)) if len(frame) else frame
+    rows = _rows(frame) if len(frame) else frame
     search = rows[rows["mode"] == "search"] if len(rows) else rows
     return [_versus(search, *v) for v in VERSUS]
 
@@ -112,7 +128,9 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
             other = sub.loc[sub["plan"] == plan, "value"].to_numpy(float)
             if len(other) and len(cfp):
                 measured, interval = ratio_interval(other, cfp)
-                label = key[0] if len(plans) == 1 else f"{key[0]} {plan}"
+                at = dict(zip(keys, key, strict=True))
+                where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
+                label = where if len(plans) == 1 else f"{where} {plan}"
                 cases.append(Claim("cfp", statement, ratio, measured, at_least=1.0, paper=paper,
                                    target="cfp-search", interval=interval, detail=f"{label} {measured:.2f}x"))
     if not cases:

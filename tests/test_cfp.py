@@ -254,3 +254,46 @@ def test_claims_against_alpa_pytorch_and_deepspeed_each_decided_by_its_worst_cas
     assert "gpt zero3 2.99x" in deepspeed.detail and "llama zero3" not in deepspeed.detail
     none = load_analysis(ROOT, "cfp").claims(frame[~frame["plan"].str.startswith("zero")], tmp_path)[2]
     assert none.status == NOT_MEASURED and "zero1, zero2, zero3" in none.detail
+
+
+def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:
+    """1xN and Nx1 are the 1-D mesh; on 2x2 a 3-strategy block takes each strategy over all devices or
+    data parallelism on axis 0 beside another strategy on axis 1, printed as the seed prints them."""
+    assert passes.mesh_shape("", 4) == (4,) and passes.mesh_shape("1x4", 4) == (4,) == passes.mesh_shape("4x1", 4)
+    assert passes.mesh_shape("2x2", 4) == (2, 2) and passes.mesh_shape("2X4", 8) == (2, 4)
+    for bad in ("3x2", "2x2x1", "ax2", "0x4"):
+        with pytest.raises(Exception, match="mesh"):
+            passes.mesh_shape(bad, 4)
+    s = passes.Setup("gpt", "tiny", 0, 8, 4, Path("unused"), (2, 2))
+    _, cap = passes.global_step(s, meta=True)
+    a = cap.analysis
+    qkv = a.blocks[0]
+    assert a.choices(qkv) == [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2)] and a.search_space(0) == [5]
+    text = graph.strategy_map(a)
+    assert "Strategy SS = SR x RS @ {0,1}" in text  # rows on axis 0, columns on axis 1
+    assert "Strategy SR = SS x SR @ {0,1} (allreduce @ 1)" in text  # rows on 0, the contraction on 1
+    assert "Strategy SR = SR x RR @ {01}" in text  # rows over both axes: data parallelism
+    tp = passes.baseline(a, "tensor-parallel")
+    assert a.choices(qkv)[tp[0]] == (0, 1)  # Megatron on axis 1 beside data parallelism on axis 0
+
+
+def test_plans_on_a_2d_mesh_match_the_unsharded_model(tmp_path: Path) -> None:
+    """The three passes of GPT on 2x2 and on 1x4 (the 1-D mesh) in one command: every plan checked, the
+    baselines that do not depend on the mesh run only on 1-D, and the report compares the meshes."""
+    res = reproflow("cfp", "all", "--model", "gpt", "--mesh", "1x4,2x2", "--results", str(tmp_path / "r"),
+                    "--work_dir", str(tmp_path / "w"), "--repeats", "1", "--runs", "1", "--warmup", "0",
+                    "--baselines", "data-parallel,tensor-parallel,ddp", timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "segment PB search space: [5]" in res.stdout and "ddp: not run on the 2x2 mesh" in res.stdout
+    rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
+    errs = {(r["mesh"], r["plan"], r["metric"]): float(r["value"]) for r in rows
+            if r["metric"] in ("loss_error", "grad_error")}
+    assert {(m, p) for m, p, _ in errs} == {("1x4", "cfp"), ("1x4", "data-parallel"), ("1x4", "tensor-parallel"),
+                                           ("1x4", "ddp"), ("2x2", "cfp"), ("2x2", "data-parallel"),
+                                           ("2x2", "tensor-parallel")}
+    assert all(v < 1e-4 for v in errs.values()), errs
+    assert (tmp_path / "w" / "gpt-tiny-L2-B8-n4-m2x2" / "strategy_map.txt").read_text().count("@ {0,1}") > 0
+    report = reproflow("report", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "table"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    meshes = {r["mesh"]: r for r in csv.DictReader((tmp_path / "table" / "cfp_mesh.csv").open())}
+    assert set(meshes) == {"1x4", "2x2"} and min(float(r["vs_best"]) for r in meshes.values()) == 1

@@ -3,8 +3,8 @@
 Three passes, as the reference's scripts (`--mode analysis|profile|search`): the analysis captures
 the training step of GPT, GShard-MoE or LLaMA2 (models.py) as an ATen graph and groups it into
 ParallelBlocks and unique segments (graph.py); the profile pass runs every block-strategy
-combination of each unique segment on the job's ranks (execute.py: DTensor on a 1-D mesh, gloo or
-NCCL); the search composes the plan by dynamic programming, runs it, and runs the data-parallel
+combination of each unique segment on the job's ranks (execute.py: DTensor on a 1-D or 2-D
+mesh, gloo or NCCL); the search composes the plan by dynamic programming, runs it, and runs the data-parallel
 and Megatron-style tensor-parallel plans and the Alpa-style per-contraction integer program
 (alpa.py) beside it (passes.py). `reproflow cfp` is the command line.
 """
@@ -27,6 +27,8 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     from reproflow.families.cfp import passes, torch_baselines
 
     passes.check(params, world_size)
+    if params["mode"] == "enum" and passes.Setup.of(params, world_size).mesh:
+        raise ParamError(f"mode enum runs on a 1-D mesh; mesh is {params['mesh']!r}.", "leave mesh empty for enum")
 
     wanted = [b for b in params["baselines"].split(",") if b]
     bad = [b for b in wanted if b not in BASELINES]
@@ -63,6 +65,8 @@ FAMILY = Family(
         Param("size", "str", "tiny", "model size: tiny (for CPUs), or the reference's (gpt 125M..2.6B, moe seed, "
               "llama 7B)"),
         Param("num_layer", "int", 0, "layers (0: the size's)", minimum=0),
+        Param("mesh", "str", "", "device mesh: '' (1-D over the job's ranks) or AxB (2-D, A*B = ranks; 1xN and Nx1 "
+              "are the 1-D mesh)"),
         Param("batch_size", "int", 8, "global batch size (split over the ranks by data-parallel blocks)", minimum=1),
         Param("warmup", "int", 1, "untimed steps before each measurement", minimum=0),
         Param("repeats", "int", 2, "profile: timed steps per strategy combination", minimum=1),

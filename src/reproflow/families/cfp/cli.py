@@ -27,15 +27,17 @@ BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 
 
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
-    """A suite with one experiment per (model, pass), in pass order for each model."""
+    """A suite with one experiment per (model, mesh, pass), in pass order for each model and mesh."""
     common = {"size": args.size, "num_layer": args.num_layer, "batch_size": args.batch_size, "warmup": args.warmup,
               "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs,
               "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
               "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
                       {"nodes": 1, "time_limit": "04:00:00"},
-                      [{"name": f"{m}-{p}", "family": "cfp", "launch": {"procs_per_node": args.nproc},
-                        "params": {"mode": p, "model": m, **common}} for m in models for p in passes])
+                      [{"name": f"{m}{f'-m{mesh}' if mesh else ''}-{p}", "family": "cfp",
+                        "launch": {"procs_per_node": args.nproc}, "params": {"mode": p, "model": m, "mesh": mesh,
+                                                                             **common}}
+                       for m in models for mesh in args.mesh.split(",") for p in passes])
 
 
 def cmd_cfp(args: argparse.Namespace) -> int:
@@ -48,7 +50,9 @@ def cmd_cfp(args: argparse.Namespace) -> int:
         raise ReproflowError(f"--model {args.model!r} names no model or an unknown one; give a comma-separated "
                              f"list of {', '.join(MODELS)}.")
     passes = list(PASSES) if mode == "all" else [mode]
-    name = f"cfp-{'-'.join(models)}-{mode}-{args.size}-L{args.num_layer}-B{args.batch_size}-n{args.nproc}"
+    meshes = args.mesh.replace(",", "-") if args.mesh else ""
+    name = (f"cfp-{'-'.join(models)}-{mode}-{args.size}-L{args.num_layer}-B{args.batch_size}-n{args.nproc}"
+            + (f"-m{meshes}" if meshes else ""))
     run_generated_suite(suite_text(models, passes, args), name, args)
     return 0
 
@@ -65,7 +69,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--size", default="tiny", help="model size (tiny for CPUs; the reference's: see reproflow list)")
     p.add_argument("--num_layer", type=int, default=0, help="layers (0: the size's)")
     p.add_argument("--batch_size", type=int, default=8, help="global batch size")
-    p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the 1-D mesh)")
+    p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the mesh)")
+    p.add_argument("--mesh", default="", help="device mesh shapes, comma-separated: '' (1-D, the default) or AxB "
+                                              "with A*B = nproc, e.g. 1x4,2x2,4x1 (1xN and Nx1 are the 1-D mesh)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before each measurement")
     p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
     p.add_argument("--lower_top", type=int, default=4,

@@ -1,8 +1,9 @@
 """Capture a training step (or one segment of it) as an ATen graph, and run the graph under a plan on a mesh.
 
-A plan is one strategy per ParallelBlock. The runner interprets the graph with DTensors on a 1-D
-DeviceMesh (gloo on CPUs, NCCL on GPUs): every parameter is stored with the partition its block's
-strategy gives it, every contraction's operands are redistributed to its strategy's partitions, and
+A plan is one strategy per ParallelBlock. The runner interprets the graph with DTensors on a 1-D or
+2-D DeviceMesh (gloo on CPUs, NCCL on GPUs; on 2-D a partition has one entry per axis): every
+parameter is stored with the partition its block's strategy gives it, every contraction's operands
+are redistributed to its strategy's partitions, and
 DTensor's own propagation runs everything in between, communicating where partitions disagree
 (block boundaries). Gradients are brought to their parameter's partition (the data-parallel
 all-reduce where the parameter is replicated) and an SGD update is applied, so a timed call is a
@@ -48,6 +49,13 @@ def placement(p: int, mesh_size: int = 2) -> list[Any]:
     return [Replicate()] if p == R or mesh_size == 1 else [Shard(p)]
 
 
+def placements(p: int | tuple[int, ...], mesh: DeviceMesh) -> list[Any]:
+    """DTensor placements of a partition on `mesh`: an int on a 1-D mesh, one entry per axis on a 2-D one."""
+    if isinstance(p, tuple):
+        return [placement(q, mesh.size(i))[0] for i, q in enumerate(p)]
+    return placement(p, mesh.size())
+
+
 @dataclass
 class Captured:
     """A step's graph, its analysis, and example inputs (parameters first)."""
@@ -55,11 +63,11 @@ class Captured:
     analysis: Analysis
     params: dict[str, torch.Tensor]
     inputs: list[torch.Tensor]  # the step's other inputs: tokens and targets, or activation and its gradient
-    input_placements: list[int]
+    input_placements: list[Any]  # partitions: ints on a 1-D mesh, tuples (one per axis) on a 2-D one
 
 
 def capture(module: nn.Module, inputs: Sequence[torch.Tensor], n: int, kind: str,
-            input_placements: Sequence[int] = ()) -> Captured:
+            input_placements: Sequence[Any] = (), mesh: tuple[int, ...] = ()) -> Captured:
     """Capture `module`'s training step and analyse it for n devices. kind "model": inputs are
     (tokens, targets) and the step returns the loss; "layer": (x, dy) -> y and the gradients of x;
     "head": (x, targets) -> loss and the gradient of x. Gradients of every parameter follow."""
@@ -80,25 +88,38 @@ def capture(module: nn.Module, inputs: Sequence[torch.Tensor], n: int, kind: str
     gm = graph.capture(step, {k: v.requires_grad_() for k, v in params.items()}, *example)
     holders = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
     names = dict(zip(holders, params, strict=False))
-    return Captured(graph.analyse(gm, names, n), params, list(inputs),
-                    list(input_placements) or [R] * len(inputs))
+    a = graph.analyse(gm, names, n, mesh)
+    return Captured(a, params, list(inputs), list(input_placements) or [_replicated(a)] * len(inputs))
 
 
-def assignment(a: Analysis, choice: Sequence[int]) -> dict[fx.Node, graph.Strategy]:
-    """Every contraction's strategy under a plan of one strategy per ParallelBlock."""
+def _replicated(a: Analysis) -> Any:
+    """The replicated partition on the analysis's mesh."""
+    return (R,) * len(a.mesh) if a.mesh else R
+
+
+Assignment = Mapping[fx.Node, graph.Strategy | graph.MeshStrategy]
+
+
+def assignment(a: Analysis, choice: Sequence[int]) -> dict[fx.Node, graph.Strategy | graph.MeshStrategy]:
+    """Every contraction's strategy under a plan of one strategy (on the mesh) per ParallelBlock."""
     if len(choice) != len(a.blocks):
         raise ValueError(f"a plan needs {len(a.blocks)} strategies, one per ParallelBlock; got {len(choice)}")
-    return {c: plan[k] for b, k in zip(a.blocks, choice, strict=True) for c, plan in b.plans.items()}
+    return {c: a.plan(b, c, k) for b, k in zip(a.blocks, choice, strict=True) for c in b.plans}
 
 
-def param_placements(a: Analysis, assign: Mapping[fx.Node, graph.Strategy]) -> dict[fx.Node, int]:
-    """Each parameter's stored partition: the one its first contraction (in graph order) uses it with."""
-    out: dict[fx.Node, int] = {}
+def param_placements(a: Analysis, assign: Assignment) -> dict[fx.Node, Any]:
+    """Each parameter's stored partition: the one its first contraction (in graph order) uses it with
+    (on a 2-D mesh, axis by axis)."""
+    out: dict[fx.Node, Any] = {}
     for c in a.contractions():
         s = assign[c]
         for y, want in zip(graph.operands(c), (s.lhs, s.rhs), strict=True):
-            if y in a.param_of and (q := graph.stored(y, a.param_of[y], want, a.n)) is not None:
-                out.setdefault(a.param_of[y], q)
+            if y not in a.param_of:
+                continue
+            wants = want if isinstance(want, tuple) else (want,)
+            q = tuple(graph.stored(y, a.param_of[y], w, a.n) for w in wants)
+            if None not in q:
+                out.setdefault(a.param_of[y], q if isinstance(want, tuple) else q[0])
     return out
 
 
@@ -110,16 +131,17 @@ class StepResult:
 
 
 class Runner:
-    """Runs a captured step on a 1-D mesh with a strategy for every contraction (a plan)."""
+    """Runs a captured step on a mesh with a strategy for every contraction (a plan)."""
 
-    def __init__(self, cap: Captured, mesh: DeviceMesh, assign: Mapping[fx.Node, graph.Strategy]) -> None:
+    def __init__(self, cap: Captured, mesh: DeviceMesh, assign: Assignment) -> None:
         a = cap.analysis
         self.cap, self.mesh = cap, mesh
         self.nodes = list(a.graph.graph.nodes)
         self.forced = {c: (s.lhs, s.rhs) for c, s in assign.items()}
         pplace = param_placements(a, assign)
         holders = [nd for nd in self.nodes if nd.op == "placeholder"]
-        self.holder_places = [pplace.get(nd, R) for nd in holders[:len(cap.params)]] + cap.input_placements
+        self.holder_places = [pplace.get(nd, _replicated(a)) for nd in holders[:len(cap.params)]] + \
+            cap.input_placements
         last: dict[fx.Node, int] = {}
         for i, nd in enumerate(self.nodes):
             for x in nd.all_input_nodes:
@@ -127,14 +149,15 @@ class Runner:
         self.free_after: dict[int, list[fx.Node]] = {}
         for nd, i in last.items():
             self.free_after.setdefault(i, []).append(nd)
-        self.values = [distribute_tensor(v.detach().clone(), mesh, placement(p, mesh.size())) for v, p in
+        self.values = [distribute_tensor(v.detach().clone(), mesh, placements(p, mesh)) for v, p in
                        zip([*cap.params.values(), *cap.inputs], self.holder_places, strict=True)]
 
     def _wrap(self, x: Any) -> Any:
         # Factory ops (ones, arange, zeros) make plain tensors, on the device the graph was traced on:
         # the same on every rank, so replicated.
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
-            return DTensor.from_local(x.to(self.mesh.device_type), self.mesh, [Replicate()], run_check=False)
+            return DTensor.from_local(x.to(self.mesh.device_type), self.mesh, [Replicate()] * self.mesh.ndim,
+                                      run_check=False)
         return x
 
     def compute(self, values: Sequence[DTensor], track: bool = False) -> tuple[list[Any], list[DTensor], int]:
@@ -187,19 +210,26 @@ class Runner:
         return self.step().seconds
 
     def _synchronise(self, grads: list[DTensor], params: list[DTensor]) -> list[DTensor]:
-        """Bring each gradient to its parameter's partition. The partial sums of replicated parameters (the
-        data-parallel gradients) are all-reduced as one flat buffer, as DDP's buckets and XLA's combined
-        all-reduces do; the rest are redistributed one by one."""
-        bucket = [i for i, (g, p) in enumerate(zip(grads, params, strict=True))
-                  if isinstance(g.placements[0], Partial) and isinstance(p.placements[0], Replicate)]
-        out = [g if i in bucket else g.redistribute(self.mesh, p.placements)
+        """Bring each gradient to its parameter's partition. Partial sums on the axes where the parameter is
+        replicated (the data-parallel gradients) are all-reduced as one flat buffer per set of such axes,
+        as DDP's buckets and XLA's combined all-reduces do; the rest are redistributed one by one."""
+        buckets: dict[tuple[int, ...], list[int]] = {}
+        for i, (g, p) in enumerate(zip(grads, params, strict=True)):
+            partial = tuple(k for k, (x, y) in enumerate(zip(g.placements, p.placements, strict=True))
+                            if isinstance(x, Partial) and isinstance(y, Replicate))
+            if partial and all(k in partial or x == y for k, (x, y) in enumerate(zip(g.placements, p.placements,
+                                                                                    strict=True))):
+                buckets.setdefault(partial, []).append(i)
+        mine = {i for b in buckets.values() for i in b}
+        out = [g if i in mine else g.redistribute(self.mesh, p.placements)
                for i, (g, p) in enumerate(zip(grads, params, strict=True))]
-        if bucket:
-            # A functional all-reduce: the same collective eagerly, and one a lowered step can hold.
-            flat = funcol.all_reduce(torch.cat([grads[i].to_local().reshape(-1) for i in bucket]), "sum",
-                                     self.mesh)
+        for axes, bucket in buckets.items():
+            # Functional all-reduces: the same collectives eagerly, and ones a lowered step can hold.
+            flat = torch.cat([grads[i].to_local().reshape(-1) for i in bucket])
+            for k in axes:
+                flat = funcol.all_reduce(flat, "sum", (self.mesh, k) if self.mesh.ndim > 1 else self.mesh)
             for i, piece in zip(bucket, flat.split([grads[i].to_local().numel() for i in bucket]), strict=True):
-                out[i] = DTensor.from_local(piece.view_as(grads[i].to_local()), self.mesh, [Replicate()],
+                out[i] = DTensor.from_local(piece.view_as(grads[i].to_local()), self.mesh, params[i].placements,
                                             run_check=False)
         return out
 
@@ -207,7 +237,7 @@ class Runner:
         lhs, rhs = self.forced[nd]
         i = 1 if graph.op_name(nd) == "addmm" else 0
         for j, p in ((i, lhs), (i + 1, rhs)):
-            want = placement(p, self.mesh.size())
+            want = placements(p, self.mesh)
             if tuple(args[j].placements) != tuple(want):
                 args[j] = args[j].redistribute(self.mesh, want)
         return tuple(args)

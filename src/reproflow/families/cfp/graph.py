@@ -15,7 +15,8 @@ joins with the strategy its propagated operand implies. A backward contraction t
 of the block (the weight of a linear, or its saved input) joins it with the strategy that operand's
 partition implies, so a block's one choice fixes its forward and backward GEMMs, as in the reference.
 Blocks of one half layer (attention, or the MLP / experts) form a segment; segments with the same
-operators and shapes map to one profiled unique segment.
+operators and shapes map to one profiled unique segment. On a 2-D mesh each block takes one of its
+1-D strategies per mesh axis (Analysis.choices, MeshStrategy).
 """
 
 from __future__ import annotations
@@ -75,6 +76,48 @@ class Strategy:
             return "".join("S" if d == p else "R" for d in range(n))
         s = f"{spec(self.out, ranks[2])} = {spec(self.lhs, ranks[0])} x {spec(self.rhs, ranks[1])}"
         return s + (" (allreduce)" if self.allreduce else "")
+
+
+@dataclass(frozen=True)
+class MeshStrategy:
+    """A contraction's strategy on a 2-D mesh: one 1-D strategy per mesh axis. Partitions are then
+    tuples, one entry per axis (the same dim split on both axes is split over all devices, as
+    Alpa's S01)."""
+
+    axes: tuple[Strategy, ...]
+
+    @property
+    def lhs(self) -> tuple[int, ...]:
+        return tuple(s.lhs for s in self.axes)
+
+    @property
+    def rhs(self) -> tuple[int, ...]:
+        return tuple(s.rhs for s in self.axes)
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        return tuple(R if s.allreduce else s.out for s in self.axes)
+
+    @property
+    def allreduce(self) -> bool:
+        return any(s.allreduce for s in self.axes)
+
+    def text(self, ranks: tuple[int, int, int]) -> str:
+        """The seed's notation: `SS = SR x RS @ {0,1}` (each split dim's mesh axes, in the output's dim
+        order then the operands'), `(allreduce @ 1)` for the axes holding partial sums."""
+        def spec(parts: tuple[int, ...], n: int) -> tuple[str, list[str]]:
+            letters, where = "", []
+            for d in range(n):
+                axes = "".join(str(i) for i, p in enumerate(parts) if p == d)
+                letters += "S" if axes else "R"
+                where += [axes] if axes else []
+            return letters, where
+
+        (o, wo), (a, wa), (b, wb) = (spec(self.out, ranks[2]), spec(self.lhs, ranks[0]), spec(self.rhs, ranks[1]))
+        seen = list(dict.fromkeys(wo + wa + wb))
+        text = f"{o} = {a} x {b} @ {{{','.join(seen)}}}"
+        partial = [str(i) for i, s in enumerate(self.axes) if s.allreduce]
+        return text + (f" (allreduce @ {','.join(partial)})" if partial else "")
 
 
 def strategies(node: fx.Node, n: int) -> list[Strategy]:
@@ -250,6 +293,7 @@ class Analysis:
     param_of: dict[fx.Node, fx.Node]  # a parameter, or a layout view of one -> the parameter
     n: int
     seconds: float
+    mesh: tuple[int, ...] = ()  # axis sizes of a 2-D mesh; () for a 1-D mesh of n devices
 
     def contractions(self) -> list[fx.Node]:
         return [nd for nd in self.graph.graph.nodes if op_name(nd) in CONTRACTION]
@@ -257,9 +301,25 @@ class Analysis:
     def unique_segments(self) -> list[int]:
         return sorted(set(self.mapped))
 
+    def choices(self, b: Block) -> list[tuple[int, ...]]:
+        """A block's strategies on the mesh, as indices into its 1-D strategies, one per axis. On a 2-D
+        mesh: the same strategy on both axes (over all devices), then data parallelism (the first
+        strategy splitting the batch or rows) on axis 0 with each other strategy on axis 1, as Megatron
+        with data parallelism; not every pair, which would square a segment's profiled space."""
+        k = range(len(b.strategies))
+        if len(self.mesh) < 2:
+            return [(i,) for i in k]
+        data = next((i for i in k if b.strategies[i].lhs == 0 and not b.strategies[i].allreduce), None)
+        return [(i, i) for i in k] + ([(data, j) for j in k if j != data] if data is not None else [])
+
     def search_space(self, segment: int) -> list[int]:
         lo, hi = self.segments[segment]
-        return [len(b.strategies) for b in self.blocks[lo:hi]]
+        return [len(self.choices(b)) for b in self.blocks[lo:hi]]
+
+    def plan(self, b: Block, c: fx.Node, choice: int) -> Strategy | MeshStrategy:
+        """Contraction c's strategy when its block b takes its `choice`-th strategy on the mesh."""
+        pick = self.choices(b)[choice]
+        return b.plans[c][pick[0]] if len(pick) == 1 else MeshStrategy(tuple(b.plans[c][i] for i in pick))
 
     def operator_space(self, segment: int) -> int:
         """Per-operator enumeration: the product of every contraction's strategy count in the segment."""
@@ -297,9 +357,11 @@ def capture(step: Callable[..., Any], *inputs: Any) -> fx.GraphModule:
     return make_fx(step, tracing_mode="fake")(*inputs)
 
 
-def analyse(gm: fx.GraphModule, param_names: dict[fx.Node, str], n: int) -> Analysis:
-    """Grow ParallelBlocks on the graph for a 1-D mesh of n devices, assign them to layers by their
-    parameters' names and map repeated segments (see the module's docstring)."""
+def analyse(gm: fx.GraphModule, param_names: dict[fx.Node, str], n: int, mesh: tuple[int, ...] = ()) -> Analysis:
+    """Grow ParallelBlocks on the graph for n devices, assign them to layers by their parameters' names
+    and map repeated segments (see the module's docstring). On a 2-D `mesh` (axis sizes, product n)
+    the blocks are the 1-D ones over all n devices, each axis taking one of their strategies
+    (Analysis.choices): a split that divides by n divides by each axis."""
     t0 = time.perf_counter()
     nodes = list(gm.graph.nodes)
     order = {nd: i for i, nd in enumerate(nodes)}
@@ -367,7 +429,8 @@ def analyse(gm: fx.GraphModule, param_names: dict[fx.Node, str], n: int) -> Anal
             segments.append((i, i + 1))
     sigs = [tuple(blocks[j].signature() for j in range(lo, hi)) for lo, hi in segments]
     mapped = [sigs.index(s) for s in sigs]
-    return Analysis(gm, blocks, segments, mapped, param_names, param_of, n, time.perf_counter() - t0)
+    return Analysis(gm, blocks, segments, mapped, param_names, param_of, n, time.perf_counter() - t0,
+                    tuple(mesh) if len(mesh) > 1 else ())
 
 
 def _attach(nd: fx.Node, blocks: list[Block], n: int) -> bool:
@@ -438,13 +501,16 @@ def describe(a: Analysis) -> str:
 
 
 def strategy_map(a: Analysis) -> str:
-    """Every contraction and its available strategies, like the reference's strategy_map.txt."""
+    """Every contraction and its available strategies, like the reference's strategy_map.txt; on a 2-D
+    mesh, the strategies its block's choices give it, in the seed's notation."""
     index = {nd: i for i, nd in enumerate(a.graph.graph.nodes)}
-    n = a.n
+    owner = {c: b for b in a.blocks for c in b.plans}
     out = []
     for nd in a.contractions():
         x, y = operands(nd)
         out.append(f"Instruction {index[nd]}: {nd.format_node()}  {shape(x)} x {shape(y)} -> {shape(nd)}")
         ranks = (len(shape(x) or ()), len(shape(y) or ()), len(shape(nd) or ()))
-        out.extend(f"Strategy {s.text(ranks)}" for s in strategies(nd, n))
+        options = (strategies(nd, a.n) if not a.mesh else
+                   dict.fromkeys(a.plan(owner[nd], nd, k) for k in range(len(a.choices(owner[nd])))))
+        out.extend(f"Strategy {s.text(ranks)}" for s in options)
     return "\n".join(out) + "\n"

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 
 from reproflow import documents
 from reproflow.context import RunContext
-from reproflow.documents import Count, Index, MapOf
+from reproflow.documents import Count, Either, Index, MapOf
 from reproflow.errors import ParamError, PointFailed
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.cli import TORCH_BASELINES
@@ -41,7 +41,20 @@ from reproflow.results import atomic_write
 from reproflow.timing import slowest_steps
 
 P = -2  # partial sums (an output only)
-STATES = (R, 0)  # partitions an activation enters a segment with: replicated, or split by batch
+
+
+def mesh_shape(text: str, world_size: int) -> tuple[int, ...]:
+    """The `mesh` parameter as axis sizes: '' or a shape with a one-device axis (1x4, 4x1) is the 1-D mesh
+    of all ranks (a strategy on a one-device axis moves nothing), 'AxB' a 2-D mesh of A*B ranks."""
+    try:
+        axes = tuple(int(x) for x in text.lower().split("x")) if text else (world_size,)
+    except ValueError:
+        axes = ()
+    if not axes or len(axes) > 2 or min(axes) < 1 or math.prod(axes) != world_size:
+        raise ParamError(f"mesh {text!r} is not a 1-D or 2-D mesh of the job's {world_size} ranks.",
+                         f"'' (1-D) or AxB with A*B = {world_size}, e.g. 2x{world_size // 2}")
+    big = tuple(x for x in axes if x > 1)
+    return big if len(big) == 2 else (world_size,)
 
 
 @dataclass(frozen=True)
@@ -52,11 +65,18 @@ class Setup:
     batch_size: int
     n: int
     work_dir: Path
+    mesh: tuple[int, ...] = ()  # a 2-D mesh's axis sizes; () for 1-D
 
     @classmethod
     def of(cls, params: Mapping[str, Any], n: int) -> Setup:
+        axes = mesh_shape(params.get("mesh", ""), n)
         return cls(params["model"], params["size"], params["num_layer"], params["batch_size"], n,
-                   Path(params["work_dir"]))
+                   Path(params["work_dir"]), axes if len(axes) == 2 else ())
+
+    @property
+    def states(self) -> tuple[Any, ...]:
+        """Partitions an activation enters a segment with: replicated, or split by batch (over all devices)."""
+        return ((R, R), (0, 0)) if self.mesh else (R, 0)
 
     @property
     def config(self) -> models.ModelConfig:
@@ -65,7 +85,8 @@ class Setup:
     @property
     def dir(self) -> Path:
         c = self.config
-        return self.work_dir / f"{self.model}-{self.size}-L{c.num_layers}-B{self.batch_size}-n{self.n}"
+        mesh = f"-m{'x'.join(map(str, self.mesh))}" if self.mesh else ""
+        return self.work_dir / f"{self.model}-{self.size}-L{c.num_layers}-B{self.batch_size}-n{self.n}{mesh}"
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -91,7 +112,7 @@ def global_step(s: Setup, meta: bool = False) -> tuple[models.LanguageModel, exe
     else:
         model = models.build(s.model, s.config)
         tokens, targets = models.batch(s.config, s.batch_size)
-    return model, execute.capture(model, [tokens, targets], s.n, "model")
+    return model, execute.capture(model, [tokens, targets], s.n, "model", mesh=s.mesh)
 
 
 def segment_step(model: models.LanguageModel, key: str, s: Setup) -> execute.Captured:
@@ -100,22 +121,32 @@ def segment_step(model: models.LanguageModel, key: str, s: Setup) -> execute.Cap
     g = torch.Generator().manual_seed(1)
     x = torch.randn(s.batch_size, c.seq_len, c.hidden_size, generator=g)
     if key == "out":
-        return execute.capture(model.segments()[key], [x, models.batch(c, s.batch_size)[1]], s.n, "head")
+        return execute.capture(model.segments()[key], [x, models.batch(c, s.batch_size)[1]], s.n, "head",
+                               mesh=s.mesh)
     dy = torch.randn(s.batch_size, c.seq_len, c.hidden_size, generator=g) / (s.batch_size * c.seq_len)
-    return execute.capture(model.segments()[key], [x, dy], s.n, "layer")
+    return execute.capture(model.segments()[key], [x, dy], s.n, "layer", mesh=s.mesh)
 
 
 def signature(a: Analysis, lo: int, hi: int) -> str:
     return hashlib.sha256(repr([b.signature() for b in a.blocks[lo:hi]]).encode()).hexdigest()[:16]
 
 
-def _place(t: DTensor) -> int:
-    p = t.placements[0]
-    return R if isinstance(p, Replicate) else P if isinstance(p, Partial) else int(p.dim)  # type: ignore[attr-defined]
+def _place(t: DTensor) -> Any:
+    """The partition of a DTensor: an int on a 1-D mesh, a tuple on a 2-D one."""
+    parts = tuple(R if isinstance(p, Replicate) else P if isinstance(p, Partial) else int(p.dim)  # type: ignore[attr-defined]
+                  for p in t.placements)
+    return parts if len(parts) > 1 else parts[0]
 
 
-def _name(p: int) -> str:
+def _name(p: Any) -> str:
+    if isinstance(p, tuple | list):
+        return "".join(_name(q) for q in p)
     return {R: "R", P: "P"}.get(p, f"S({p})")
+
+
+def _key(p: Any) -> Any:
+    """A partition read back from JSON (a list on a 2-D mesh) as the tuple the search compares."""
+    return tuple(p) if isinstance(p, list) else p
 
 
 def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
@@ -147,15 +178,15 @@ def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             Measurement("flop_count", a.flops() / 1e12, "TFLOP")]
 
 
-def _mesh(ctx: RunContext) -> DeviceMesh:
-    return init_device_mesh(ctx.device.type, (ctx.world_size,))
+def _mesh(ctx: RunContext, s: Setup) -> DeviceMesh:
+    return init_device_mesh(ctx.device.type, s.mesh or (ctx.world_size,))
 
 
 def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     s = Setup.of(params, ctx.world_size)
     model, cap = global_step(s)
     a = cap.analysis
-    mesh = _mesh(ctx)
+    mesh = _mesh(ctx, s)
     prof = s.dir / "profile"
     rows: list[Measurement] = []
     unique = a.unique_segments()
@@ -172,12 +203,12 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         seg = segment_step(model, key, s)
         if [b.signature() for b in seg.analysis.blocks] != [b.signature() for b in a.blocks[lo:hi]]:
             raise PointFailed(f"segment {k} ({key}) captured alone has other ParallelBlocks than in the model")
-        space = [len(b.strategies) for b in seg.analysis.blocks]
+        space = [len(seg.analysis.choices(b)) for b in seg.analysis.blocks]
         ctx.log(f"\nRUN AutoSharding FOR SEGMENT {k} segment_{k} ({key})\n\nsegment PB search space: {space}")
         entries = []
         t0 = time.perf_counter()
         for combo in itertools.product(*(range(x) for x in space)):
-            for state in STATES:  # the partition the previous segment hands over
+            for state in s.states:  # the partition the previous segment hands over
                 seg.input_placements = [state, state]
                 runner = execute.Runner(seg, mesh, execute.assignment(seg.analysis, combo))
                 times = slowest_steps(ctx, runner.seconds, params["warmup"], params["repeats"])
@@ -188,7 +219,7 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                                 "in": state, "out": _place(res.outputs[0])})
                 ctx.log(f"SegmentIdx: {k} ParallelBlock Strategy: {list(combo)} input {_name(state)} avgcost: "
                         f"{cost} mem_cost(GB): {mem / 2**30:.6f}")
-        _lower_fastest(ctx, seg, mesh, entries, params)
+        _lower_fastest(ctx, seg, mesh, entries, params, s.states)
         seconds = time.perf_counter() - t0
         if ctx.rank == 0:
             prof.mkdir(parents=True, exist_ok=True)
@@ -208,14 +239,14 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 
 
 def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, entries: list[dict],
-                   params: Mapping[str, Any]) -> None:
+                   params: Mapping[str, Any], states: tuple[Any, ...]) -> None:
     """Time the `lower_top` fastest combinations of each input partition again lowered, as the search
     runs its plan, and keep that time (the DTensor runner's as `eager_time_s`). Profiling every
     combination lowered would cost a trace each (0.2-1.3 s on fake tensors against 0.3 s for a
     combination's DTensor steps); the fastest are the ones a plan picks, and lowering only removes
     per-op overhead (lowered steps measured 0.2-1.1x the DTensor runner's, above 1 only within the
     scatter), so a combination left out is not undercounted."""
-    for state in STATES:
+    for state in states:
         mine = sorted((e for e in entries if e["in"] == state), key=lambda e: e["time_s"])
         for e in mine[:params["lower_top"]]:
             seg.input_placements = [state, state]
@@ -228,19 +259,26 @@ def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, ent
 
 
 def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]:
-    """Measured seconds to redistribute the activation between segments, per (from, to) partition."""
+    """Measured seconds to redistribute the activation between segments, per (from, to) partition (on a
+    2-D mesh, every combination of the axes' partitions to each input partition)."""
     c = s.config
     full = torch.randn(s.batch_size, c.seq_len, c.hidden_size)
+    parts = (R, P, 0, 1, 2)
     out: dict[str, float] = {}
-    for src in (R, P, 0, 1, 2):
-        for dst in STATES:
+    for src in (itertools.product(parts, repeat=len(s.mesh)) if s.mesh else parts):
+        axes = src if isinstance(src, tuple) else (src,)
+        split = [R if q == P else q for q in axes]
+        partial = [k for k, q in enumerate(axes) if q == P]
+        local = distribute_tensor(full, mesh, execute.placements(tuple(split) if s.mesh else split[0], mesh))
+        local = local.to_local() / math.prod(mesh.size(k) for k in partial)
+        want = [Partial() if q == P else execute.placement(q, mesh.size(k))[0] for k, q in enumerate(axes)]
+        for dst in s.states:
             times = []
             for _ in range(repeats + 1):
-                t = (DTensor.from_local(full / mesh.size(), mesh, [Partial()], run_check=False) if src == P
-                     else distribute_tensor(full, mesh, execute.placement(src, mesh.size())))
+                t = DTensor.from_local(local, mesh, want, run_check=False)
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
-                t.redistribute(mesh, execute.placement(dst, mesh.size())).to_local().sum().item()
+                t.redistribute(mesh, execute.placements(dst, mesh)).to_local().sum().item()
                 times.append(time.perf_counter() - t0)
             out[f"{src},{dst}"] = statistics.median(times[1:])
     return out
@@ -255,24 +293,26 @@ class Found:
 
 
 def dynamic_program(a: Analysis, profiles: dict[int, dict[str, Any]], boundary: dict[str, float],
-                    memory_limit: float) -> Found:
-    """The fastest plan under the memory limit: segments in order, state = the activation's partition."""
+                    memory_limit: float, states: tuple[Any, ...] = (R, 0)) -> Found:
+    """The fastest plan under the memory limit: segments in order, state = the activation's partition
+    (`states`: the partitions segments were profiled with, the replicated one first)."""
     t0 = time.perf_counter()
     # state -> Pareto list of (time, memory, choice)
-    frontier: dict[int, list[tuple[float, float, list[int]]]] = {R: [(0.0, 0.0, [])]}
+    frontier: dict[Any, list[tuple[float, float, list[int]]]] = {states[0]: [(0.0, 0.0, [])]}
     for k in range(len(a.segments)):
-        nxt: dict[int, list[tuple[float, float, list[int]]]] = {}
+        nxt: dict[Any, list[tuple[float, float, list[int]]]] = {}
         for prev, paths in frontier.items():
             for e in profiles[a.mapped[k]]["entries"]:
-                if prev in STATES and e["in"] != prev:
+                enter, leave = _key(e["in"]), _key(e["out"])
+                if prev in states and enter != prev:
                     continue  # profiled with exactly this input partition
                 # otherwise (partial sums, another split) redistribute to the input partition, and back for
                 # the gradient
-                move = 0.0 if prev in STATES else boundary[f"{prev},{e['in']}"] + boundary[f"{e['in']},{R}"]
+                move = 0.0 if prev in states else boundary[f"{prev},{enter}"] + boundary[f"{enter},{states[0]}"]
                 for t, m, ch in paths:
                     cand = (t + move + e["time_s"], m + e["memory_bytes"], ch + e["combo"])
                     if cand[1] <= memory_limit:
-                        nxt.setdefault(e["out"], []).append(cand)
+                        nxt.setdefault(leave, []).append(cand)
         frontier = {st: _pareto(v) for st, v in nxt.items()}
     best = min((p for v in frontier.values() for p in v), default=None)
     if best is None:
@@ -310,9 +350,10 @@ def _feeding(a: Analysis, c: Any, layer: str, owner: dict[Any, Any]) -> set[Any]
 
 
 def baseline(a: Analysis, name: str) -> list[int]:
-    """Data parallel: every block splits rows (the batch). Tensor parallel (Megatron): a weight GEMM that
-    reads the output of a column-split GEMM of its layer splits its contraction, any other weight GEMM
-    splits its columns; blocks without weights (attention scores, expert dispatch) split the batch."""
+    """Data parallel: every block splits rows (the batch), over all devices. Tensor parallel (Megatron):
+    a weight GEMM that reads the output of a column-split GEMM of its layer splits its contraction, any
+    other weight GEMM splits its columns; blocks without weights (attention scores, expert dispatch)
+    split the batch; on a 2-D mesh that on axis 1, with data parallelism on axis 0."""
     if name == "data-parallel":
         return [0] * len(a.blocks)
     owner = {c: b for b in a.blocks for c in b.plans}
@@ -327,7 +368,14 @@ def baseline(a: Analysis, name: str) -> list[int]:
                          owner[c].plans[c][choice[owner[c].index]].lhs == R
                          for c in _feeding(a, b.entry, b.layer, owner) if owner[c].index in choice)
         choice[b.index] = contr if fed_by_col else col
-    return [choice[b.index] for b in a.blocks]
+    return [_beside_data(a, b, choice[b.index]) for b in a.blocks]
+
+
+def _beside_data(a: Analysis, b: graph.Block, t: int) -> int:
+    """The index among a block's mesh strategies of 1-D strategy t: alone on a 1-D mesh, on axis 1 beside
+    data parallelism on axis 0 of a 2-D one (on both axes when t is the data-parallel strategy)."""
+    ch = a.choices(b)
+    return next((i for i, c in enumerate(ch) if c[0] != c[-1] and c[-1] == t), ch.index((t,) * len(ch[0])))
 
 
 def _profiled(path: Path, sig: str, lower_top: int) -> bool:
@@ -341,7 +389,8 @@ def _profiled(path: Path, sig: str, lower_top: int) -> bool:
 
 
 SEGMENT_SHAPE = {"segment": Index, "layer": str, "signature": str, "space": [Count], "seconds": float,
-                 "entries": [{"combo": [Index], "time_s": float, "memory_bytes": float, "in": int, "out": int}]}
+                 "entries": [{"combo": [Index], "time_s": float, "memory_bytes": float, "in": Either(int, [int]),
+                             "out": Either(int, [int])}]}
 
 
 def _segment_profile(path: Path, sig: str, space: list[int], again: str) -> dict:
@@ -372,23 +421,26 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         if not path.exists():
             raise ParamError(f"no profile of segment {k} for this model and mesh in {prof}.",
                              "run the profile pass first (reproflow cfp profile with the same options)")
-        profiles[k] = _segment_profile(path, signature(a, lo, hi), [len(b.strategies) for b in a.blocks[lo:hi]],
-                                       again)
+        profiles[k] = _segment_profile(path, signature(a, lo, hi), a.search_space(k), again)
     boundary = documents.read(prof / "boundary.json", again, MapOf(float))
     limit = params["memory_limit_gb"] * 2**30 if params["memory_limit_gb"] > 0 else float("inf")
     try:
-        found = dynamic_program(a, profiles, boundary, limit)
+        found = dynamic_program(a, profiles, boundary, limit, s.states)
     except KeyError as exc:
         raise ParamError(f"{prof / 'boundary.json'} has no time for the boundary {exc}.", again) from None
     profile_s = sum(p["seconds"] for p in profiles.values())
     ctx.log(f"searched ParallelBlock Strategies solution: {found.choice}")
     flops = a.flops()
-    mesh = _mesh(ctx)
+    mesh = _mesh(ctx, s)
     rows = [Measurement("predicted_time", found.predicted_s, "s", {"plan": "cfp"}),
             Measurement("predicted_memory", found.memory_bytes / 2**30, "GB", {"plan": "cfp"})]
     plans: dict[str, tuple[dict, str, float]] = {
         "cfp": (execute.assignment(a, found.choice), str(found.choice), found.search_s + profile_s + a.seconds)}
     for b in (b for b in params["baselines"].split(",") if b):
+        if s.mesh and (b == "alpa" or b in TORCH_BASELINES):
+            ctx.log(f"{b}: not run on the {params['mesh']} mesh (" + ("its integer program is over 1-D strategies"
+                    if b == "alpa" else "it does not depend on the mesh") + "); the 1-D mesh's search runs it")
+            continue
         if b == "alpa":
             c = s.config
             nbytes = s.batch_size * c.seq_len * c.hidden_size * 4
@@ -498,7 +550,7 @@ def enum(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     s = Setup.of(params, ctx.world_size)
     _, cap = global_step(s)
     a = cap.analysis
-    mesh = _mesh(ctx)
+    mesh = _mesh(ctx, s)
     volume = alpa.terms(a, 1.0)  # bandwidth 1: costs in bytes
     ctx.log(f"generated_search_space: {[len(b.strategies) for b in a.blocks]}")
     rows = []
