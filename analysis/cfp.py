@@ -36,9 +36,10 @@ NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a wh
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The newest aggregated rows; the 1-D mesh (an empty `mesh`, read as missing) named so it groups."""
+    """The newest aggregated rows; the 1-D mesh (an empty `mesh`, read as empty or missing) named so it
+    groups and reads."""
     rows = aggregates(newest(frame))
-    return rows.assign(mesh=rows["mesh"].fillna("1-D")) if "mesh" in rows.columns else rows
+    return rows.assign(mesh=rows["mesh"].fillna("").astype(str).replace("", "1-D")) if "mesh" in rows.columns else rows
 
 
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -241,7 +241,8 @@ def test_claims_against_alpa_pytorch_and_deepspeed_each_decided_by_its_worst_cas
     ms = {"gpt": {"cfp": 20, "alpa": 40, "ddp": 10, "fsdp2": 30, "zero1": 25, "zero2": 26, "zero3": 60},
           "llama": {"cfp": 20, "alpa": 35, "ddp": 24, "fsdp2": 30, "zero1": 25, "zero2": 27}}
     rows = [{"mode": "search", "metric": "step_s", "plan": plan, "value": (t + 0.1 * (i % 3)) / 1000, "model": model,
-             "size": "tiny", "num_layer": 0, "batch_size": 8, "world_size": 4, "backend": "gloo", "device": "cpu",
+             "size": "tiny", "num_layer": 0, "batch_size": 8, "world_size": 4, "mesh": "", "backend": "gloo",
+             "device": "cpu",
              "rank": "all", "suite": "s", "experiment": f"{model}-search", "point": "default", "timestamp": 1}
             for model, plans in ms.items() for plan, t in plans.items() for i in range(5)]
     frame = pd.DataFrame(rows)
