@@ -141,12 +141,14 @@ def test_a_value_over_a_median_and_its_order_statistic_interval() -> None:
     _, geometric = ratio_interval([96.0], slow)
     assert Claim("f", "s", "r", _, at_least=0.9, at_most=1.1, interval=geometric).status != HOLDS
     assert median_ratio_interval(2.0, [4.0]) == (0.5, None)
-    # One configuration run by two jobs at two speeds: the interval spans both jobs' intervals.
+    # One configuration run by two jobs at two speeds: the interval spans both jobs' intervals; with a
+    # value taken beside each job that follows its speed, the two agree.
     fast, slow = [64.0, 66.0, 70.0], [96.0, 100.0, 104.0]
-    assert replicated_ratio_interval(66.0, [fast, slow]) == (1.0, (66 / 104, 66 / 64))
-    assert replicated_ratio_interval(66.0, [fast]) == median_ratio_interval(66.0, fast)
-    assert replicated_ratio_interval(2.0, [[4.0]]) == (0.5, None)
-    assert replicated_ratio_interval(2.0, [[4.0], [2.0]]) == (0.5, (0.5, 1.0))
+    assert replicated_ratio_interval([(66.0, fast), (66.0, slow)]) == (1.0, (66 / 104, 66 / 64))
+    assert replicated_ratio_interval([(66.0, fast), (100.0, slow)]) == (1.0, (66 / 70, 100 / 96))
+    assert replicated_ratio_interval([(66.0, fast)]) == median_ratio_interval(66.0, fast)
+    assert replicated_ratio_interval([(2.0, [4.0])]) == (0.5, None)
+    assert replicated_ratio_interval([(2.0, [4.0]), (2.0, [2.0])]) == (0.5, (0.5, 1.0))
     assert median_ratio_interval(2.0, [1.0, 2.0, 4.0]) == (1.0, (0.5, 2.0))  # three samples: their range
     with pytest.raises(ValueError, match="positive"):
         median_ratio_interval(1.0, [1.0, -1.0])

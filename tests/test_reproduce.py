@@ -110,6 +110,16 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     assert error.measured == pytest.approx(70 / 66)
     assert "gpt tiny 1.061 [0.673, 1.094] (from the search's profile: 0.950; the same config trained again: 0.700)" \
         in error.detail
+    # The same config's training as the Megatron-LM plan profiled right after it too: each training is judged
+    # against the prediction beside it (70 over 66, 100 over 100), and the slower job no longer decides.
+    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv",
+          {"actual": [100.0], "predict": [95.0], "predict_after_training": [70.0],
+           "predict_after_megatron_training": [100.0]}, ["tiny"])
+    error = claims(rows, tmp_path)[1]
+    assert error.status == HOLDS and error.measured == pytest.approx(70 / 66)
+    assert error.interval == (pytest.approx(100 / 104), pytest.approx(70 / 64))
+    assert "gpt tiny 1.061 [0.962, 1.094] (from the search's profile: 0.950; the same config trained again: 1.000)" \
+        in error.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

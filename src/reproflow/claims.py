@@ -11,9 +11,10 @@ means) and its verdict is three-valued: it holds when the whole interval is on t
 threshold, does not hold when the whole interval is on the other side, and is inconclusive when the
 interval straddles it; a single noisy ratio would decide by chance. A ratio of a single value to a
 median (a predicted time over measured iterations) takes the median's distribution-free interval
-(`median_ratio_interval`; over runs of one configuration in separate jobs, the span of theirs:
-`replicated_ratio_interval`). A claim the hardware at hand cannot judge (its mechanism needs a device
-per rank, say) is "not applicable here", with the ratio still shown and the reason beside it.
+(`median_ratio_interval`; over runs of one configuration in separate jobs, each with the value taken
+beside it, the span of theirs: `replicated_ratio_interval`). A claim the hardware at hand cannot judge
+(its mechanism needs a device per rank, say) is "not applicable here", with the ratio still shown and
+the reason beside it.
 """
 
 from __future__ import annotations
@@ -165,12 +166,13 @@ def median_ratio_interval(value: float, samples: Sequence[float],
     return ratio, (float(value / x[len(x) - j]), float(value / x[j - 1]))
 
 
-def replicated_ratio_interval(value: float, runs: Sequence[Sequence[float]],
+def replicated_ratio_interval(pairs: Sequence[tuple[float, Sequence[float]]],
                               level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
-    """`value` over the first run's median, with an interval spanning every run's `median_ratio_interval`
-    (runs of one configuration in separate jobs): where the jobs ran at different speeds, the interval says
-    so, and no verdict is drawn from whichever job happened to be counted."""
-    found = [median_ratio_interval(value, run, level) for run in runs]
+    """The first (value, run)'s value over its run's median, with an interval spanning every pair's
+    `median_ratio_interval` (runs of one configuration in separate jobs, each with the value taken beside
+    it): where the jobs ran at different speeds and the values did not follow, the interval says so, and
+    no verdict is drawn from whichever job happened to be counted."""
+    found = [median_ratio_interval(value, run, level) for value, run in pairs]
     ends = [e for ratio, interval in found for e in (ratio, *(interval or ()))]
     return found[0][0], (min(ends), max(ends)) if len(ends) > 1 else None
 

@@ -505,12 +505,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if args.until == "search":
             continue
         after = [getattr(search_args, "submitted", "")] if args.submit else []
-        for plan, impls in (("aceso", ["reproflow"]), ("megatron", ["reproflow", *mcore_impl])):
+        # The plan on reproflow's layers last: its training is the one the profile after it pairs with.
+        for plan, impls in (("aceso", ["reproflow"]), ("megatron", [*mcore_impl, "reproflow"])):
             cmd_train(argparse.Namespace(**shared, config=[where], plan=[plan], num_nodes=nodes,
                                          num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
                                          dropout=0.1, log_path=root, tp_impl=impls, after=after))
-            if plan == "aceso" and not args.submit:
-                profile_after_training(prof, search_args, args.train_iters)
+            if not args.submit and (plan == "aceso" or _same_as_megatron(where)):
+                profile_after_training(prof, search_args, args.train_iters, plan)
     if args.submit or args.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return 0
@@ -520,19 +521,27 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace, train_iters: int) -> Path:
-    """Profile the ops of the config just trained again, at once, and predict it from that profile too
-    (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks sharing a
-    machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms a
-    minute apart here): the search's profile, minutes before the training, then measures the drift as
-    much as the model. Only what the config uses is profiled (its ops' TP sizes, micro-batches and
-    algos on as many ranks as before, the collectives of its TP and DP groups, P2P between its
-    stages), into a database of its own. The suite is named after the training's iterations: a training
-    run again with more of them (a claim asking for samples) is profiled again after; a reused one is not."""
+def _same_as_megatron(where: Path) -> bool:
+    """Whether the newest search in `where` returned the Megatron-LM plan itself."""
+    manifests = sorted(where.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
+    return bool(manifests and json.loads(manifests[-1].read_text()).get("same_as_megatron"))
+
+
+def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace, train_iters: int,
+                           plan: str = "aceso") -> Path:
+    """Profile the ops of the config of `plan` just trained again, at once, and predict it from that
+    profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks
+    sharing a machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms
+    a minute apart here): the search's profile, minutes before the training, then measures the drift as
+    much as the model, and so does one profile for two trainings. Only what the config uses is profiled
+    (its ops' TP sizes, micro-batches and algos on as many ranks as before, the collectives of its TP and
+    DP groups, P2P between its stages), into a database of this profile and the search's for the rest.
+    The suite is named after the plan and the training's iterations: a training run again with more of
+    them (a claim asking for samples) is profiled again after; a reused one is not."""
     from reproflow.report import load_results
 
     setup = _Setup(search)
-    path = resolve_config(search.config_save_path, "aceso")
+    path = resolve_config(search.config_save_path, plan)
     config = read_json(path, setup.model, setup.ops)
     ops = [(tp, dp, algo) for stage in config.stages for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo,
                                                                               strict=True)]
@@ -541,10 +550,12 @@ def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace,
                          prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
                          ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
                          p2p=len(config.stages) > 1)
-    run_generated_suite(text, f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{train_iters}", prof)
+    name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{train_iters}"
+    run_generated_suite(text, name, prof)
     after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
     shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
-    write_from_rows(load_results(prof.results), after, after_training=True)
+    rows = load_results(prof.results)
+    write_from_rows(rows[rows["suite"].astype(str) == name], after, after_training=True)
     pred = _Setup(argparse.Namespace(**{**vars(search), "profiled_time_path": after})).cost.predict(config)
     info = search.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
     _stage_info(pred, info)
