@@ -116,3 +116,35 @@ def test_run_ranks_stops_the_others_when_one_rank_fails(tmp_path):
     code = run_ranks([sys.executable, "-c", "import os, sys, time; r = int(os.environ['RANK']); "
                       "sys.exit(5) if r == 1 else time.sleep(60)"], 3, tmp_path, limit_s=50)
     assert code == 5
+
+
+def test_runners_timed_together_take_turns_each_round(tmp_path) -> None:
+    """interleaved_steps: warm-up rounds, then one step of every runner a round, so a drift reaches all alike."""
+    import torch
+    import torch.distributed as dist
+
+    from reproflow.context import RunContext
+    from reproflow.timing import interleaved_steps
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ctx = RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",
+                         hostname="h", host_size=1)
+        calls: list[str] = []
+        clock = iter(range(1, 100))
+
+        def runner(name: str):
+            def step() -> float:
+                calls.append(name)
+                return float(next(clock))
+            return step
+
+        times = interleaved_steps(ctx, {"a": runner("a"), "b": runner("b")}, warmup=1, count=3)
+        # A turn: one untimed step, then two timed (one where one is left); each round starts one runner later.
+        assert calls == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["b"] * 2 + ["a"] * 2
+        assert times == {"a": [4.0, 5.0, 12.0], "b": [7.0, 8.0, 10.0]}
+        calls.clear()
+        assert interleaved_steps(ctx, {"a": runner("a")}, warmup=1, count=3) == {"a": [14.0, 15.0, 16.0]}
+        assert calls == ["a"] * 4  # alone: no untimed step but the warm-up
+    finally:
+        dist.destroy_process_group()

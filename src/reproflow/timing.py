@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,27 @@ def time_steps(sync: Callable[[], None], step: Callable[[], Any], warmup: int, s
 def slowest_steps(ctx: RunContext, step: Callable[[], float], warmup: int, steps: int) -> list[float]:
     """Seconds of each of `steps` calls after `warmup` untimed ones, each the slowest rank's. `step` runs one
     step (e.g. a training step from a barrier to its last collective) and returns this rank's seconds."""
+    return interleaved_steps(ctx, {"": step}, warmup, steps)[""]
+
+
+def interleaved_steps(ctx: RunContext, steps: Mapping[str, Callable[[], float]], warmup: int, count: int,
+                      per_turn: int = 2) -> dict[str, list[float]]:
+    """`slowest_steps` of several runners (by name), `count` timed steps each, taken in turns after `warmup`
+    untimed rounds: a turn is one untimed step (the caches back after the other runners' steps: timed
+    right after other plans' steps, DDP took 27-29 ms a step, 25-26 with an untimed one first) and
+    `per_turn` timed ones. A machine whose speed
+    drifts while they run slows every runner alike, so their ratios keep; one runner after another would
+    count the drift as a difference between them. Each round starts one runner later, so that every
+    runner takes every place. One runner alone takes no untimed steps but its warm-up."""
     for _ in range(warmup):
-        step()
-    return [max(ctx.gather_floats(step())) for _ in range(steps)]
+        for step in steps.values():
+            step()
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(-(-count // per_turn) if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if len(names) > 1:
+                steps[name]()
+            for _ in range(min(per_turn, count - len(times[name]))):
+                times[name].append(max(ctx.gather_floats(steps[name]())))
+    return times

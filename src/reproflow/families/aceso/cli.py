@@ -470,7 +470,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     targets = [t for t in SETTINGS["tiny" if args.sizes == "tiny" else "small"] if t.model in args.models]
     if args.train_iters is None:
-        args.train_iters = 20 if args.sizes == "tiny" else 5
+        args.train_iters = 40 if args.sizes == "tiny" else 5
     gpn, nodes = args.num_gpus_per_node or local_ranks(args), args.num_nodes
     tps = [t for t in (1, 2, 4, 8) if t <= gpn]
     shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
@@ -789,8 +789,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=int, default=None,
-                   help="iterations per training, the first 2 untimed (default: 20 for tiny models, whose CPU "
-                   "iterations vary by about 10 %%; 5 for the reference sizes)")
+                   help="iterations per training, the first 2 untimed (default: 40 for tiny models, whose CPU "
+                   "iterations vary by about 10 %%, so that the median's interval is about +-5 %%; 5 for the "
+                   "reference sizes)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

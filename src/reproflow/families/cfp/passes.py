@@ -20,7 +20,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from reproflow.families.cfp.cli import TORCH_BASELINES
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.family import Measurement
 from reproflow.results import atomic_write
-from reproflow.timing import slowest_steps
+from reproflow.timing import interleaved_steps, slowest_steps
 
 P = -2  # partial sums (an output only)
 
@@ -459,11 +459,17 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         else:
             choice = baseline(a, b)
             plans[b] = (execute.assignment(a, choice), str(choice), 0.0)
-    for name, (assign, shown, search_s) in plans.items():
+    # Every plan built and checked first, then timed in rounds of one step each: on a machine whose
+    # speed drifts, plans timed one after another would differ by the drift (10-20 % here).
+    steppers: dict[str, Callable[[], float]] = {}
+    lowered: dict[str, execute.Lowered] = {}
+    for name, (assign, _, search_s) in plans.items():
         coords = {"plan": name}
         rows.append(Measurement("search_time", search_s, "s", coords))
         if name in TORCH_BASELINES:
-            rows += _module_baseline(ctx, params, s, name, mesh, flops)
+            module, checked = _module_baseline(ctx, params, s, name, mesh)
+            rows += checked
+            steppers[name] = lambda m=module: m.step()[0]
             continue
         # Each plan runs lowered: one traced SPMD graph of local ops and collectives (see execute.Lowered).
         runner = execute.Lowered(execute.Runner(cap, mesh, assign))
@@ -475,40 +481,41 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                     f"{grad_err:.3g} (relative)")
             rows += [Measurement("loss_error", loss_err, "abs", coords),
                      Measurement("grad_error", grad_err, "rel", coords)]
-        times = slowest_steps(ctx, runner.seconds, params["warmup"], params["runs"])
-        res = runner.last
-        mem = max(ctx.gather_floats(float(res.peak_bytes)))
+        steppers[name], lowered[name] = runner.seconds, runner
+    for name, times in interleaved_steps(ctx, steppers, params["warmup"], params["runs"]).items():
+        coords = {"plan": name}
         tflops = [flops / t / 1e12 for t in times]
-        if name == "cfp":
-            ctx.log(f"searched training cost: {times}, memory_cost: {mem / 2**30:.6f}\nTFLOP_COUNT: {flops / 1e12}\n"
-                    f"tflops: {tflops}")
+        if name in lowered:
+            mem = max(ctx.gather_floats(float(lowered[name].last.peak_bytes)))
+            rows.append(Measurement("memory", mem / 2**30, "GB", coords))
+            if name == "cfp":
+                ctx.log(f"searched training cost: {times}, memory_cost: {mem / 2**30:.6f}\nTFLOP_COUNT: "
+                        f"{flops / 1e12}\ntflops: {tflops}")
+            else:
+                ctx.log(f"{name} plan {plans[name][1]}: training cost {times}, memory {mem / 2**30:.6f} GB, "
+                        f"tflops {tflops}")
         else:
-            ctx.log(f"{name} plan {shown}: training cost {times}, memory {mem / 2**30:.6f} GB, tflops {tflops}")
+            ctx.log(f"{name}: training cost {times}, tflops {tflops}")
         rows += [Measurement("step_time", statistics.median(times), "s", coords),
-                 Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords),
-                 Measurement("memory", mem / 2**30, "GB", coords), *step_samples(times, coords)]
+                 Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords), *step_samples(times, coords)]
     ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
             f"predicted {found.predicted_s:.4f} s per step")
     return rows
 
 
-def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind: str, mesh: DeviceMesh,
-                     flops: float) -> list[Measurement]:
-    """DDP or FSDP2 on the nn.Module: checked, then timed like the graph plans (no memory figure: the
-    module's activations are not tracked the way the graph runner tracks them)."""
+def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind: str,
+                     mesh: DeviceMesh) -> tuple[torch_baselines.ModuleRunner, list[Measurement]]:
+    """DDP, FSDP2 or ZeRO on the nn.Module, and its check's rows (timed with the graph plans; no memory
+    figure: the module's activations are not tracked the way the graph runner tracks them)."""
     runner = torch_baselines.ModuleRunner(kind, s.model, s.config, s.batch_size, mesh)
+    if not params["verify"]:
+        return runner, []
     coords = {"plan": kind}
-    rows = []
-    if params["verify"]:
-        loss_err, grad_err = torch_baselines.check(runner, s.model, s.config, s.batch_size)
-        ctx.log(f"{kind}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
-                f"{grad_err:.3g} (relative)")
-        rows += [Measurement("loss_error", loss_err, "abs", coords), Measurement("grad_error", grad_err, "rel", coords)]
-    times = slowest_steps(ctx, lambda: runner.step()[0], params["warmup"], params["runs"])
-    tflops = [flops / t / 1e12 for t in times]
-    ctx.log(f"{kind}: training cost {times}, tflops {tflops}")
-    return [*rows, Measurement("step_time", statistics.median(times), "s", coords),
-            Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords), *step_samples(times, coords)]
+    loss_err, grad_err = torch_baselines.check(runner, s.model, s.config, s.batch_size)
+    ctx.log(f"{kind}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
+            f"{grad_err:.3g} (relative)")
+    return runner, [Measurement("loss_error", loss_err, "abs", coords),
+                    Measurement("grad_error", grad_err, "rel", coords)]
 
 
 def step_samples(times: list[float], coords: Mapping[str, Any]) -> list[Measurement]:
