@@ -25,7 +25,7 @@ from reproflow.families.aceso.costmodel import KINDS, Config, CostModel, Predict
 from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_config, read_json, write_json
-from reproflow.families.aceso.runtime import resolve_config
+from reproflow.families.aceso.runtime import newest_manifest, resolve_config
 from reproflow.families.aceso.search import Options, search
 from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS, SETTINGS, Setting
 from reproflow.results import atomic_write
@@ -523,8 +523,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def _same_as_megatron(where: Path) -> bool:
     """Whether the newest search in `where` returned the Megatron-LM plan itself."""
-    manifests = sorted(where.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
-    return bool(manifests and json.loads(manifests[-1].read_text()).get("same_as_megatron"))
+    manifest = newest_manifest(where)
+    return bool(manifest and json.loads(manifest.read_text()).get("same_as_megatron"))
 
 
 def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace, train_iters: int,

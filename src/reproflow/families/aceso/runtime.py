@@ -96,6 +96,12 @@ def model_ops(name: str, size: str, num_layers: int | None, mbs: int, algos: Seq
     return [transformer_ops.build(op, d, mbs, a) for op, a in zip(names, algos, strict=True)]
 
 
+def newest_manifest(folder: Path) -> Path | None:
+    """The newest search manifest (search-*.json) of a --config-save-path, or None."""
+    found = sorted(folder.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
 def resolve_config(path: Path, plan: str) -> Path:
     """`path` itself (a .json file), or for a search folder (--config-save-path) the config its newest
     search ranked first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron).
@@ -109,14 +115,14 @@ def resolve_config(path: Path, plan: str) -> Path:
         path = committed if committed.exists() else path
     if path.suffix == ".json":
         return path
-    manifests = sorted(path.glob("search-*.json"), key=lambda p: p.stat().st_mtime)
-    if not manifests:
+    manifest = newest_manifest(path)
+    if manifest is None:
         raise ParamError(f"'config' = {str(path)!r} is a folder without a search manifest (search-*.json).",
                          "a config JSON, or the --config-save-path of a finished `reproflow aceso search`")
-    done = json.loads(manifests[-1].read_text())
+    done = json.loads(manifest.read_text())
     name = done.get("megatron") if plan == "megatron" else (done.get("configs") or [None])[0]
     if not name:
-        raise ParamError(f"the search in {manifests[-1]} found no {plan} config.", "a search that found one")
+        raise ParamError(f"the search in {manifest} found no {plan} config.", "a search that found one")
     return path / name
 
 
