@@ -163,8 +163,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     """profile -> search -> train (Aceso's config and the Megatron-LM plan) -> the reference's tables."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
+    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0"]
     run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
-                    str(results), "--time-budget-total", "1", "--train-iters", "3", *extra, timeout=900)
+                    str(results), *short, *extra, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert "-------- [gpt] End-to-end Throughput (Samples/s) --------" in out
@@ -192,7 +193,7 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
         assert list((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan
     # A second run reuses everything: profiles, search and training are not repeated.
     again = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
-                      str(results), "--time-budget-total", "1", "--train-iters", "3", timeout=300)
+                      str(results), *short, timeout=300)
     assert again.returncode == 0 and "reused: this database" in again.stdout
     assert "0 to run" in again.stdout and " 1 to run" not in again.stdout
 
@@ -214,6 +215,25 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
                                                "0-64"))["experiment"]:
             generated.append({**exp, "name": f"{t.model}-{exp['name']}"})
     assert committed == generated
+
+
+@pytest.mark.distributed
+def test_training_goes_on_until_its_seconds(write_suite, tmp_path: Path) -> None:
+    """train_seconds: past train_iters, iterations go on until the timed ones add up to it, and stop at
+    the first that does; then the instrumented one (a loss, no time)."""
+    wrn = model("resnet", "tiny")
+    path = _config(tmp_path / "w1.json", wrn, [38], [1] * 38, [1] * 38, [0] * 38, [0] * 38)
+    suite = write_suite('[launch]\nbackend = "gloo"\ndevice = "cpu"\ntime_limit = "00:10:00"\n'
+                        '[[experiment]]\nname = "wrn"\nfamily = "aceso"\nlaunch = { procs_per_node = 1 }\n'
+                        f'params = {{ kind = "train", config = "{path}", train_iters = 2, train_seconds = 0.5, '
+                        f'warmup_iters = 0, seq_len = {SEQ}, log_path = "{tmp_path / "logs"}" }}\n')
+    results = tmp_path / "results"
+    run = reproflow("run", str(suite), "--results", str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = load_results(results)
+    steps = [float(v) for v in rows[rows["metric"] == "step_ms"].sort_values("iteration")["value"]]
+    assert len(steps) > 2 and sum(steps) >= 500 > sum(steps[:-1]), steps
+    assert len(_losses(results, "wrn")) == len(steps) + 1
 
 
 @pytest.mark.distributed

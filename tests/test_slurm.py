@@ -303,8 +303,8 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     Megatron-LM plan) as Slurm jobs chained with afterok; the training spans both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--num-nodes", "2", "--num-gpus-per-node", "1",
-                    "--time-budget-total", "1", "--train-iters", "2", "--log-path", str(logs), "--results",
-                    str(results), "--submit")
+                    "--time-budget-total", "1", "--train-iters", "2", "--train-seconds", "0", "--log-path", str(logs),
+                    "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
     # profile, search, train aceso, train megatron (and megatron on megatron-core's layers, if installed)

@@ -388,7 +388,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if gpus % args.num_nodes:
             raise ReproflowError(f"{config}: {gpus} GPUs do not spread over --num-nodes {args.num_nodes}.")
         for impl in args.tp_impl:
-            params = {"train_iters": args.train_iters, "seq_len": args.seq_len, "dropout": args.dropout,
+            params = {"train_iters": args.train_iters, "train_seconds": args.train_seconds, "seq_len": args.seq_len,
+                      "dropout": args.dropout,
                       "log_path": str(args.log_path.resolve()), "tp_impl": impl}
             name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
             text = train_suite(name, [(exp, plan, config)], args.num_nodes, gpus // args.num_nodes, params)
@@ -471,6 +472,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     targets = [t for t in SETTINGS["tiny" if args.sizes == "tiny" else "small"] if t.model in args.models]
     if args.train_iters is None:
         args.train_iters = 40 if args.sizes == "tiny" else 5
+    if args.train_seconds is None:
+        args.train_seconds = 10.0 if args.sizes == "tiny" else 0.0
     gpn, nodes = args.num_gpus_per_node or local_ranks(args), args.num_nodes
     tps = [t for t in (1, 2, 4, 8) if t <= gpn]
     shared = {"results": args.results, "dry_run": args.dry_run, "submit": args.submit, "image": args.image,
@@ -508,7 +511,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         # The plan on reproflow's layers last: its training is the one the profile after it pairs with.
         for plan, impls in (("aceso", ["reproflow"]), ("megatron", [*mcore_impl, "reproflow"])):
             cmd_train(argparse.Namespace(**shared, config=[where], plan=[plan], num_nodes=nodes,
-                                         num_gpus_per_node=gpn, train_iters=args.train_iters, seq_len=t.seq_len,
+                                         num_gpus_per_node=gpn, train_iters=args.train_iters,
+                                         train_seconds=args.train_seconds, seq_len=t.seq_len,
                                          dropout=0.1, log_path=root, tp_impl=impls, after=after))
             if not args.submit and (plan == "aceso" or _same_as_megatron(where)):
                 profile_after_training(prof, search_args, args.train_iters, plan)
@@ -755,6 +759,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--num-gpus-per-node", type=int, default=0, help="ranks per node (default: the config's GPUs)")
     p.add_argument("--train-iters", type=int, default=5, help="iterations (then one more with op timers)")
+    p.add_argument("--train-seconds", type=float, default=0.0,
+                   help="more iterations than --train-iters until the timed ones take this many seconds")
     p.add_argument("--seq-len", type=int, default=0, help="sequence length or image side the database used")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
@@ -792,6 +798,10 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="iterations per training, the first 2 untimed (default: 40 for tiny models, whose CPU "
                    "iterations vary by about 10 %%, so that the median's interval is about +-5 %%; 5 for the "
                    "reference sizes)")
+    p.add_argument("--train-seconds", type=float, default=None,
+                   help="more iterations than --train-iters until the timed ones take this many seconds (default: "
+                   "10 for tiny models: 40 iterations of the tiny Wide-ResNet take 2 s, and their median's "
+                   "interval was +-5 %%; 0 for the reference sizes)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

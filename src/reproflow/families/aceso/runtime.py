@@ -619,18 +619,21 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
         mcore.available()
 
 
-def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, iterations: int, warmup: int,
-             loss_scale: float, report_loss: bool, global_bs: int
+def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, iterations: int, seconds: float,
+             warmup: int, loss_scale: float, report_loss: bool, global_bs: int
              ) -> tuple[list[float], list[float], list[float], dict[str, float]]:
     """The training loop: (this rank's iteration seconds, the slowest rank's, losses, the last timed
-    iteration's stage timers); the last iteration runs with op timers and is not timed."""
+    iteration's stage timers). At least `iterations` timed iterations, and more until the slowest rank's
+    add up to `seconds` (every rank sees the same sums, so all stop together); then one with op timers,
+    not timed."""
     times: list[float] = []
     steps: list[float] = []
     losses: list[float] = []
     timers: dict[str, float] = {}
-    for it in range(iterations):
+    it, instrumented = 0, False
+    while not instrumented:
         stage.iteration = it
-        instrumented = it == iterations - 1
+        instrumented = len(steps) >= iterations and sum(steps) >= seconds
         stage.op_us = {} if instrumented else None
         stage.timers = Timers()
         optimizer.zero_grad(set_to_none=False)
@@ -657,14 +660,16 @@ def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, it
             times.append(end - begin)
             steps.append(slowest)
             timers = dict(stage.timers.ms)
-        ctx.log(f" iteration {it + 1:3d}/{iterations} | elapsed time per iteration (ms): {slowest * 1000:.1f} | "
-                f"global batch size: {global_bs} | loss: {losses[-1]:.6E} |"
+        ctx.log(f" iteration {it + 1:3d}/{iterations + 1 if not seconds else '-'} | elapsed time per iteration (ms): "
+                f"{slowest * 1000:.1f} | global batch size: {global_bs} | loss: {losses[-1]:.6E} |"
                 + (" (instrumented: op timers, not timed)" if instrumented else ""))
+        it += 1
     return times, steps, losses, timers
 
 
 def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """Train the config for `train_iters` iterations (+1 instrumented); measurements of rank 0."""
+    """Train the config for `train_iters` iterations or more (`train_seconds`), then one instrumented;
+    measurements of rank 0."""
     path = resolve_config(Path(params["config"]), params["plan"])
     config, stages = load_config(path, params["seq_len"])
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
@@ -678,17 +683,17 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     loss_scale = 1.0 / (stage.num_micro * last.dp)
     report_loss = stage.last and (ctx.rank - stage.plan.first) % last.tp == 0
     warmup = min(n_stages - s - 1, stage.num_micro)
-    iterations = params["train_iters"] + 1
+    iterations, seconds = params["train_iters"], params["train_seconds"]
     ctx.log(f"aceso train: {path.name}: {n_stages} stages, GPUs {[st.size for st in stages]}, micro-batch "
-            f"{config.micro_bs}, {stage.num_micro} micro-batches, {params['train_iters']} iterations "
-            "+ 1 with op timers")
+            f"{config.micro_bs}, {stage.num_micro} micro-batches, {iterations} iterations"
+            + (f" (or more, until they take {seconds:g} s)" if seconds else "") + " + 1 with op timers")
     # Megatron-LM's --manual-gc: Python's collector off while training (one collection first), so a
     # threshold-triggered collection does not land in one rank's iteration and stall the others.
     gc.collect()
     gc.disable()
     try:
-        times, steps, losses, timers = _iterate(ctx, stage, optimizer, iterations, warmup, loss_scale, report_loss,
-                                                config.global_bs)
+        times, steps, losses, timers = _iterate(ctx, stage, optimizer, iterations, seconds, warmup, loss_scale,
+                                                report_loss, config.global_bs)
     finally:
         gc.enable()
     # The median, where the reference takes the mean of its 3 GPU iterations: on a shared CPU one
