@@ -148,3 +148,36 @@ def test_runners_timed_together_take_turns_each_round(tmp_path) -> None:
         assert calls == ["a"] * 4  # alone: no untimed step but the warm-up
     finally:
         dist.destroy_process_group()
+
+
+def test_profile_passes_go_on_until_their_seconds(tmp_path) -> None:
+    """time_passes: `repeats` passes after `warmup`, or more until the timed ones take `seconds`."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from reproflow.context import RunContext
+    from reproflow.families.aceso.profile import Prepared, time_passes
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ctx = RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",
+                         hostname="h", host_size=1)
+        w, x = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        calls: list[int] = []
+
+        def forward() -> tuple[torch.Tensor, ...]:
+            calls.append(1)
+            time.sleep(0.01)
+            return (x * w,)
+
+        op = Prepared(forward, [x], [w], [torch.ones(3)], {})
+        (plain,) = time_passes(ctx, [op], warmup=1, repeats=2)
+        assert len(calls) == 3 and plain["forward-compute"] >= 10_000
+        calls.clear()
+        time_passes(ctx, [op], warmup=1, repeats=2, seconds=0.2)
+        # Every timed pass sleeps 10 ms: at most 20 of them reach 0.2 s, and 2 do not.
+        assert 3 < len(calls) <= 21, len(calls)
+    finally:
+        dist.destroy_process_group()

@@ -56,6 +56,8 @@ FAMILY = Family(
               minimum=0),
         Param("warmup", "int", 3, "untimed calls per op", minimum=0),
         Param("repeats", "int", 10, "timed calls per op", minimum=1),
+        Param("repeat_seconds", "float", 0.0, "ops: more timed passes than repeats until they take this many "
+              "seconds (0: repeats exactly)", minimum=0.0),
         Param("sizes_mb", "str", "0-64", "collectives: whole-MB sizes, e.g. '0-16,32,64'"),
         Param("p2p_max_mb", "int", 64, "p2p: largest message (1, 2, 4, ... MB)", minimum=1),
         Param("config", "str", "", "train: a config JSON (Aceso's format), or a search's --config-save-path"),

@@ -329,7 +329,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
                   repeats: int, comm_mb: str, algos: list[int] | None = None, ranks: int | None = None,
-                  groups: list[int] | None = None, p2p: bool | None = None) -> str:
+                  groups: list[int] | None = None, p2p: bool | None = None, repeat_seconds: float = 0.0) -> str:
     """A suite (TOML) profiling every op per TP size, micro-batch and algo (default: all the model's),
     plus collectives over each of `groups` ranks (default: the TP sizes over 1) and P2P (default: where
     there are 2 ranks or more). Every op point runs on `ranks` (default max(tps): one node's GPUs), as
@@ -338,8 +338,10 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
     ranks = ranks or max(tps)
     groups = [tp for tp in tps if tp > 1] if groups is None else groups
     common = {"model": model_name, "size": size, "seq_len": seq_len, "warmup": warmup, "repeats": repeats}
+    timed = {"repeat_seconds": repeat_seconds} if repeat_seconds else {}
     exps: list[dict[str, object]] = [
-        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": ranks}, "params": common | {"tp": tp},
+        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": ranks},
+         "params": common | timed | {"tp": tp},
          "matrix": {"mbs": mbs, "algo": algos}} for tp in tps]
     exps += [{"name": f"collectives-{n}", "family": "aceso", "launch": {"procs_per_node": n},
               "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for n in groups]
@@ -403,7 +405,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     database: a suite is generated under --results, so reruns only profile what is missing."""
     stem = model(args.prof_model_name, args.prof_model_size).file_stem
     text = profile_suite(args.prof_model_name, args.prof_model_size, args.prof_mbs_list, args.prof_tp_size,
-                         args.prof_seq_len, args.prof_warmup_times, args.prof_repeat_times, args.prof_comm_sizes)
+                         args.prof_seq_len, args.prof_warmup_times, args.prof_repeat_times, args.prof_comm_sizes,
+                         repeat_seconds=args.prof_repeat_seconds)
     args.submitted = ",".join(run_generated_suite(text, f"aceso-profile-{stem}", args))
     if args.dry_run or getattr(args, "submit", False):
         return 0
@@ -494,6 +497,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                                   prof_tp_size=tps, prof_mbs_list=profiled, prof_seq_len=t.seq_len,
                                   prof_warmup_times=2 if args.sizes == "tiny" else 3,
                                   prof_repeat_times=10,
+                                  # tiny: 10 passes take under a second, shorter than this machine's slowdowns
+                                  prof_repeat_seconds=2.0 if args.sizes == "tiny" else 0.0,
                                   # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
                                   prof_comm_sizes="0-4,8,16,32" if args.sizes == "tiny" else "0-64",
                                   prof_path=root / "profiled-time")
@@ -553,7 +558,7 @@ def profile_after_training(prof: argparse.Namespace, search: argparse.Namespace,
                          sorted({t for t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
                          prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
                          ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
-                         p2p=len(config.stages) > 1)
+                         p2p=len(config.stages) > 1, repeat_seconds=prof.prof_repeat_seconds)
     name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{train_iters}"
     run_generated_suite(text, name, prof)
     after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
@@ -741,6 +746,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--prof-seq-len", type=int, default=0, help="sequence length or image side; 0: the size's")
     p.add_argument("--prof-warmup-times", type=int, default=3)
     p.add_argument("--prof-repeat-times", type=int, default=10)
+    p.add_argument("--prof-repeat-seconds", type=float, default=0.0,
+                   help="more timed passes over the ops than --prof-repeat-times until they take this many seconds")
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
     generated_suite_options(p)

@@ -3,8 +3,8 @@
 
 Per op and point (model, size, micro-batch, algo; TP size = the job's world size): forward time
 and backward time (to the inputs and the weights) and Adam step, timed op by op in whole passes over
-the ops as a training step runs them (median of `repeats` passes after `warmup`, averaged over the
-ranks), input and output size (MB, carried tensors
+the ops as a training step runs them (median of `repeats` passes after `warmup`, or of more until they
+take `repeat_seconds`, averaged over the ranks), input and output size (MB, carried tensors
 included), weights per rank, activations (tensors the forward keeps for backward plus new
 outputs) and reserved memory. `reproflow aceso database` writes these rows as Aceso's CSV files.
 
@@ -226,11 +226,15 @@ def backward_call_s(ctx: RunContext, calls: int = 101) -> float:
     return sorted(seconds)[calls // 2]
 
 
-def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int) -> list[dict[str, float]]:
+def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int,
+                seconds: float = 0.0) -> list[dict[str, float]]:
     """Microseconds of each op's forward, backward and Adam step, timed op by op inside whole passes
     (forward in order with autograd recording, backward in reverse, then the optimizer), as a
-    training step runs them; the median of `repeats` passes after `warmup` (a pass the scheduler
-    preempts does not count), averaged over the ranks.
+    training step runs them; the median of `repeats` passes after `warmup`, or of more until the timed
+    passes take `seconds` (the slowest rank's, so every rank runs as many), averaged over the ranks.
+    A pass the scheduler preempts does not count, nor, with `seconds`, a slowdown of the whole
+    machine shorter than half of them: 10 passes of the tiny T5's ops take under a second, and one
+    such profile, right after a training at the usual speed, timed every op about 21 % slow.
 
     Not one op called over and over on its own tensors, as the reference times it: those stay in
     cache, and where more ranks than cores share a CPU a few short calls run either alone on a core or
@@ -240,10 +244,12 @@ def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int)
     neither of which training pays. On CUDA an op costs the longer of its kernels and its dispatch
     (`lap`)."""
     optimizers = [torch.optim.Adam(p.weights) if p.weights else None for p in ops]
-    seconds = np.zeros((len(ops), 3, warmup + repeats))  # op, (forward, backward, step), pass
+    passes: list[np.ndarray] = []  # per pass: op x (forward, backward, step) seconds
+    timed = 0.0
     call = backward_call_s(ctx)
     ctx.barrier()
-    for n in range(warmup + repeats):
+    while len(passes) < warmup + repeats or timed < seconds:
+        begin = time.perf_counter()
         laps: dict[tuple[int, int], Lap] = {}
         outputs = []
         for k, p in enumerate(ops):
@@ -257,9 +263,13 @@ def time_passes(ctx: RunContext, ops: list[Prepared], warmup: int, repeats: int)
             if opt is not None:
                 laps[k, 2] = lap(ctx, opt.step)[1]
         ctx.sync()
+        one = np.zeros((len(ops), 3))
         for (k, phase), t in laps.items():
-            seconds[k, phase, n] = max(t.device_s(), t.host_s - (call if phase == 1 else 0.0), 0.0)
-    median = np.median(seconds[:, :, warmup:], axis=2)
+            one[k, phase] = max(t.device_s(), t.host_s - (call if phase == 1 else 0.0), 0.0)
+        passes.append(one)
+        if seconds and len(passes) > warmup:
+            timed += max(ctx.gather_floats(time.perf_counter() - begin))
+    median = np.median(np.stack(passes[warmup:]), axis=0)
     return [{name: _mean_over_ranks(ctx, float(t[i])) * 1e6
              for i, name in enumerate(("forward-compute", "backward-compute", "optimizer-step"))} for t in median]
 
@@ -351,7 +361,7 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     for index, op in enumerate(defs):
         torch.manual_seed(1234 + index)
         prepared.append(prepare_op(ctx, tp, op, index, dtype))
-    times = time_passes(ctx, prepared, params["warmup"], params["repeats"])
+    times = time_passes(ctx, prepared, params["warmup"], params["repeats"], params["repeat_seconds"])
     for index, (op, p, t) in enumerate(zip(defs, prepared, times, strict=True)):
         values = {"forward-compute": t["forward-compute"], "backward-compute": t["backward-compute"], **p.values,
                   "optimizer-step": t["optimizer-step"]}
