@@ -20,7 +20,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput aceso-large
 
-.PHONY: help venv lock demo reproduce archive test test-fast faults clean-room lint figures sbatch bench bench-gpu containers clean $(FIGURES)
+.PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room lint figures sbatch bench bench-gpu containers clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -31,12 +31,14 @@ help:
 	@echo "              (aceso-large: the large and scale search steps on the artifact's database, REFERENCE=<folder>"
 	@echo "              holding aceso/profiled-time-eurosys and aceso/reference-results; not part of make demo)"
 	@echo "make archive  reproflow-archive.tar.gz: suites, sbatch scripts, results, logs, report"
-	@echo "make test     set up .venv, run ruff, start a local 2-node Slurm, run the tests, stop it"
+	@echo "make test     set up .venv, run ruff, build Enroot, Pyxis and the CPU image, start a local 2-node Slurm"
+	@echo "              with Pyxis, run the tests, stop it"
 	@echo "make test-fast  the inner loop: ruff and the tests that need no Slurm, no image and no long run"
 	@echo "make clean-room  make test and a short make demo, each in a fresh Debian root filesystem with a clean"
 	@echo "              clone of the current commit (root; about 32 minutes); CLEAN_ROOM='test demo-full' to choose"
 	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"
-	@echo "              cancel, 20 concurrent jobs, 1000+ generated bad inputs; prints N faults injected, N survived"
+	@echo "              cancel, 20 concurrent jobs, images Pyxis cannot start, 1000+ generated bad inputs; prints"
+	@echo "              N faults injected, N survived"
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make lock     re-resolve every Python package into constraints.txt (the venv's and the images' versions)"
@@ -91,15 +93,23 @@ archive: venv
 lint: venv
 	$(BIN)/ruff check .
 
-# Builds and squashes the CPU image (containers/), starts a real 2-node Slurm cluster
-# (tests/slurm/start.sh), runs every test, stops the cluster. Two pytest-xdist workers: one takes the
-# Slurm tests (mostly waiting for the cluster), the other the rest; then the `timing` tests alone.
-TEST_WORKERS ?= 2
-test: lint
-	$(BIN)/reproflow render --check
+# What the tests run containers with: Debian's packages (tests/packages.sh), Enroot and Pyxis built from
+# source (tests/enroot-pyxis.sh), and the CPU image built and squashed by `enroot import` (containers/).
+test-setup: venv
 	bash tests/packages.sh
+	bash tests/enroot-pyxis.sh
 	bash tests/cpu-image.sh $(IMAGES) $(BIN)/python
-	REPROFLOW_CPU_IMAGE=$(abspath $(IMAGES))/reproflow-cpu.sqsh bash tests/slurm/with-cluster.sh bash -c ' \
+
+# The tests' commands with a real 2-node Slurm cluster up (tests/slurm/start.sh; Pyxis loaded where
+# installed), stopped afterwards.
+WITH_CLUSTER = REPROFLOW_CPU_IMAGE=$(abspath $(IMAGES))/reproflow-cpu.sqsh bash tests/slurm/with-cluster.sh
+
+# Every test. Two pytest-xdist workers: one takes the Slurm tests (mostly waiting for the cluster), the
+# other the rest; then the `timing` tests alone.
+TEST_WORKERS ?= 2
+test: lint test-setup
+	$(BIN)/reproflow render --check
+	$(WITH_CLUSTER) bash -c ' \
 		$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing" --durations=30; shared=$$?; \
 		$(BIN)/python -m pytest -m timing --durations=5; alone=$$?; \
 		exit $$(( shared || alone ))'
@@ -109,8 +119,8 @@ test-fast: lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slurm and not slow and not distributed"
 
 # The fault-injection suite alone (it is also part of `make test`), with its summary line.
-faults: venv
-	bash tests/slurm/with-cluster.sh $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
+faults: test-setup
+	$(WITH_CLUSTER) $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
 
 # The README's two commands on a fresh Debian machine (tests/clean-room.sh): run it before calling a
 # change to the set-up (Makefile, pyproject.toml, constraints.txt, tests/slurm, containers, tests/*.sh) done.

@@ -6,9 +6,10 @@
 # result row of jobs that use it) and .sqsh.json (the image's id, builder, base, commit, squash tool).
 #
 # Builder: docker when its engine answers, else podman, else buildah (BUILDER= to choose). Squash:
-# `enroot import` where enroot exists and the builder is docker or podman; otherwise mksquashfs of the
-# image's root filesystem with Enroot's options (what enroot import produces), the image's environment
-# written to /etc/environment as Enroot does. An unchanged image is not squashed again.
+# `enroot import -o <file> dockerd://<image>` (podman:// with podman, in place of the recipe's dockerd://)
+# where enroot exists and the builder is docker or podman; otherwise mksquashfs of the image's root
+# filesystem with Enroot's options (what enroot import produces), the image's environment written to
+# /etc/environment as Enroot does. An unchanged image is not squashed again.
 # The cpu flavour: BASE_IMAGE (e.g. debian:bookworm-slim), or by default a Debian 12 root filesystem made
 # with mmdebstrap (no registry needed; kept as localhost/reproflow-base:bookworm). With podman or buildah its
 # Python wheels are prepared with this machine's pip configuration (in WHEELS, default
@@ -46,8 +47,9 @@ if [ -z "$builder" ]; then
     fi
 fi
 command -v "$builder" >/dev/null || die "BUILDER=$builder is not installed; docker, podman or buildah can build"
+# mksquashfs by hand stays for what enroot cannot import from: buildah's images, or no enroot at all.
 squasher=mksquashfs
-if command -v enroot >/dev/null && [ "$builder" != buildah ]; then squasher=enroot
+if command -v enroot >/dev/null && [ "$builder" != buildah ]; then squasher="enroot $(enroot version)"
 elif ! command -v mksquashfs >/dev/null; then
     die "nothing here makes a squash file: install enroot (github.com/NVIDIA/enroot/releases) or squashfs-tools (mksquashfs)"
 fi
@@ -140,10 +142,18 @@ image_env() {  # the image's ENV, one NAME=value a line
 squash() {  # squash REF OUT: the image's root filesystem as Enroot's squash file
     local ref=$1 out=$2 tmp="$2.tmp" root ctr=""
     rm -f "$tmp"
-    if [ "$squasher" = enroot ]; then
-        local scheme=dockerd
-        [ "$builder" = podman ] && scheme=podman
-        enroot import -o "$tmp" "$scheme://$ref" >&2
+    if [[ $squasher == enroot* ]]; then
+        local scheme=dockerd shim=""
+        if [ "$builder" = podman ]; then
+            # enroot import podman:// removes its extraction container with `docker rm`, and fails (the
+            # container left behind) where no docker engine answers, as here; podman answers to that
+            # name, as podman-docker's does.
+            scheme=podman shim=$(mktemp -d)
+            ln -s "$(command -v podman)" "$shim/docker"
+        fi
+        PATH=${shim:+$shim:}$PATH enroot import -o "$tmp" "$scheme://$ref" >&2 \
+            || die "enroot import $scheme://$ref failed; its output is above"
+        [ -z "$shim" ] || rm -rf "$shim"
     else
         case $builder in
             docker)

@@ -118,3 +118,6 @@ RUN pip install --no-deps --no-build-isolation -e /opt/reproflow && reproflow --
 ARG REPROFLOW_GIT_COMMIT=unknown
 ENV REPROFLOW_GIT_COMMIT=${REPROFLOW_GIT_COMMIT} REPROFLOW_ROOT=/opt/reproflow
 WORKDIR /opt/reproflow
+# `enroot import` makes a container of the image first (docker/podman create), which needs a command;
+# Pyxis and the other runtimes give each step its own.
+CMD ["/bin/bash"]

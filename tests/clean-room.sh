@@ -2,10 +2,13 @@
 # The README's two commands on a fresh Debian machine. For each command asked for, a new Debian root
 # filesystem (mmdebstrap, from Debian's packages) with only the packages the README tells users to
 # install first, a clean clone of the current commit in it, and the command run there as root, in
-# its own PID, mount, UTS and IPC namespaces (every process it leaves is killed when it ends). Nothing
-# comes from this machine but its network and package configuration: the local CA certificates,
-# proxy variables, apt's Debian mirror, and pip's configuration with the local wheel and index
-# folders it names (bound read-only).
+# its own PID, mount, UTS and IPC namespaces (every process it leaves is killed when it ends), the root
+# made the namespace's / by pivot_root (not chroot: the kernel refuses a user namespace, which Enroot
+# makes, to a chrooted process). Nothing comes from this machine but its network and package
+# configuration: the local CA certificates, proxy variables, apt's Debian mirror, pip's configuration
+# with the local files and folders it names (wheel and index folders, a constraints file), and the
+# source mirror of third-party sources, THIRD_PARTY (default ../shared/third-party beside the checkout),
+# at the same place beside the clone (all bound read-only).
 #
 # Usage: tests/clean-room.sh [test] [demo] [demo-full]    (default: test demo)
 #   test       make test
@@ -56,7 +59,7 @@ if [ -n "$(git -C "$repo" status --porcelain --untracked-files=no)" ]; then
     say "uncommitted changes are not in the clean room; it runs commit ${commit:0:12}"
 fi
 
-# pip's configuration: its files, PIP_* variables, and the local folders they name.
+# pip's configuration: its files, PIP_* variables, and the local files and folders they name.
 pip_files=() binds=()
 for f in /etc/pip.conf /etc/xdg/pip/pip.conf "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf" \
          ${PIP_CONFIG_FILE:-}; do
@@ -65,8 +68,11 @@ done
 while read -r path; do
     path=${path#file://}
     [ "${path##*/}" = simple ] && path=${path%/simple}  # an index's files sit beside its simple/ folder
-    [ -d "$path" ] && binds+=("$path")
+    [ -e "$path" ] && binds+=("$path:$path")
 done < <({ cat "${pip_files[@]}" /dev/null; env | grep '^PIP_'; } | grep -oE '(file://)?/[^ ,"]+' | sort -u)
+# The source mirror tests/enroot-pyxis.sh looks in, where the clone's ../shared/third-party is.
+mirror=${THIRD_PARTY:-$repo/../shared/third-party}
+[ ! -d "$mirror" ] || binds+=("$(cd "$mirror" && pwd):/root/shared/third-party")
 envs=()
 while IFS= read -r line; do envs+=("$line"); done < <(env | grep -E '^(PIP_[A-Z_]+|[a-zA-Z_]*_proxy|[A-Z_]*_PROXY|SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE)=' || true)
 
@@ -115,12 +121,19 @@ run_in_root() {
         mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
         mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
         mount -t tmpfs -o mode=755 tmpfs "$root/run"
-        for path in "${binds[@]}"; do
-            mkdir -p "$root$path"
-            mount --bind "$path" "$root$path"
-            mount -o remount,bind,ro "$root$path"
+        for pair in "${binds[@]}"; do
+            path=${pair%%:*} at=$root${pair#*:}
+            if [ -d "$path" ]; then mkdir -p "$at"; else mkdir -p "${at%/*}" && touch "$at"; fi
+            mount --bind "$path" "$at"
+            mount -o remount,bind,ro "$at"
         done
-        exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb CI=true \
+        # The root becomes / of this mount namespace and the old one is let go.
+        cd "$root"
+        mkdir -p .old-root
+        pivot_root . .old-root
+        umount -l /.old-root
+        rmdir /.old-root
+        exec /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb CI=true \
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${envs[@]}" \
             bash -c "cd /root/reproflow && $command"
     ' clean-room "$root" "$command" "${binds[@]}" -- "${envs[@]}" >"$log" 2>&1

@@ -3,7 +3,8 @@
 # from Debian when missing and possible (root with apt):
 #   chromium                                 the report page test (tests/test_reproduce.py)
 #   libatomic1                               Playwright's driver (its node binary) for that test
-#   buildah, mmdebstrap, squashfs-tools      building and squashing the CPU image (containers/build.sh)
+#   podman, buildah, mmdebstrap,             building the CPU image (containers/build.sh: podman builds it and
+#   squashfs-tools                           `enroot import podman://` squashes it; buildah for the build tests)
 #   iproute2                                 the emulated network of local runs (ip, tc: tests/test_network.py)
 # Without root or apt nothing is installed; the tests that need a missing one are skipped and say why.
 set -uo pipefail
@@ -12,7 +13,7 @@ say() { printf 'tests/packages.sh: %s\n' "$*"; }
 need=()
 command -v chromium >/dev/null || [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
 /sbin/ldconfig -p | grep -q 'libatomic\.so\.1 ' || need+=(libatomic1)
-for tool in buildah:buildah mmdebstrap:mmdebstrap mksquashfs:squashfs-tools tc:iproute2; do
+for tool in podman:podman buildah:buildah mmdebstrap:mmdebstrap mksquashfs:squashfs-tools tc:iproute2; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 [ ${#need[@]} -gt 0 ] || exit 0

@@ -232,7 +232,10 @@ def test_training_goes_on_until_its_seconds(write_suite, tmp_path: Path) -> None
     assert run.returncode == 0, run.stderr[-3000:]
     rows = load_results(results)
     steps = [float(v) for v in rows[rows["metric"] == "step_ms"].sort_values("iteration")["value"]]
-    assert len(steps) > 2 and sum(steps) >= 500 > sum(steps[:-1]), steps
+    # The rule on the recorded times, at any speed: at least train_iters, then on to the first iteration
+    # whose sum reaches the seconds (on a machine where two iterations take 0.5 s, just the two).
+    assert len(steps) >= 2 and sum(steps) >= 500, steps
+    assert len(steps) == 2 or sum(steps[:-1]) < 500, steps
     assert len(_losses(results, "wrn")) == len(steps) + 1
 
 

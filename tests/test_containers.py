@@ -1,7 +1,8 @@
 """The images: one Dockerfile whose cpu and gpu flavours share every step but the base and the CUDA-only
-ones, all Python packages from constraints.txt; the CPU image make test builds (its squash file, its
-sidecars, the versions inside it); every family run inside it on the 2-node test cluster through Slurm's
-OCI support; bad images and runtimes refused with the fix before anything runs."""
+ones, all Python packages from constraints.txt; the CPU image make test builds (its squash file made by
+`enroot import`, its sidecars, the versions inside it); every family run inside it on the 2-node test
+cluster through Pyxis and Enroot, and through Slurm's OCI support; bad images and runtimes refused with
+the fix before anything runs."""
 
 from __future__ import annotations
 
@@ -18,17 +19,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
-from slurmtools import cluster, sacct, sbatch, wait  # noqa: F401
+from slurmtools import IMAGE, NEEDS_IMAGE, NEEDS_PYXIS, SMOKE, cluster, sacct, sbatch, wait  # noqa: F401
 from test_versions import canonical, differences, locked
 
+from reproflow.containers import image_problem
 from reproflow.render import image_flavours
 from reproflow.results import file_sha256
 
 DOCKERFILE = ROOT / "containers" / "reproflow.Dockerfile"
-IMAGE = os.environ.get("REPROFLOW_CPU_IMAGE", "")
-NEEDS_IMAGE = pytest.mark.skipif(not IMAGE or not Path(IMAGE).is_file(),
-                                 reason="no CPU image: make test builds it (tests/cpu-image.sh) and sets "
-                                        "REPROFLOW_CPU_IMAGE")
 FAMILIES = {"comms": "param_comms", "gemm": "param_compute", "resharding": "resharding", "aceso-train": "aceso",
             "cfp": "cfp", "spatial": "spatial"}
 
@@ -139,6 +137,19 @@ def test_sha256_of_the_image_and_its_sidecar(tmp_path):
     assert file_sha256(str(tmp_path / "missing.sqsh")) == ""
 
 
+def test_a_squash_file_shorter_than_its_header_says_is_refused(tmp_path):
+    """A squashfs superblock records the file's length (bytes_used at byte 40): a copy cut short is named
+    before a job starts (doctor, submit; the job script makes the same check)."""
+    header = bytearray(96)
+    header[:4] = b"hsqs"
+    header[40:48] = (4096).to_bytes(8, "little")
+    image = tmp_path / "x.sqsh"
+    image.write_bytes(bytes(header) + b"\0" * 4000)
+    assert image_problem(str(image)) == ""
+    image.write_bytes(bytes(header) + b"\0" * 1000)
+    assert "is cut short: it holds 1096 bytes of the 4096 its squashfs header records" in image_problem(str(image))
+
+
 @pytest.mark.distributed
 def test_rows_record_the_image_and_its_sha256(write_suite, tmp_path):
     image = tmp_path / "reproflow-cpu.sqsh"
@@ -197,49 +208,66 @@ def _table(results: Path) -> pd.DataFrame:
     return pd.concat(pd.read_csv(p, dtype=str) for p in results.rglob("*.csv") if "/env/" not in str(p))
 
 
+def pyxis_loaded() -> bool:
+    return "--container-image" in subprocess.run(["srun", "--help"], capture_output=True, text=True).stdout
+
+
+def enroot_version() -> str:
+    return subprocess.run(["enroot", "version"], capture_output=True, text=True).stdout.strip()
+
+
 @NEEDS_IMAGE
 @pytest.mark.slurm
-def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path):  # noqa: F811
-    """sbatch -N 2 --export=NONE of the smoke suite in the CPU image's squash file, through Slurm's OCI
-    support (runc): a point of every family on both nodes, spatial's MPI ranks through hydra."""
+@pytest.mark.parametrize("runtime", [pytest.param("pyxis", marks=NEEDS_PYXIS), "oci"])
+def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, runtime):  # noqa: F811
+    """sbatch -N 2 --export=NONE of the smoke suite in the CPU image's squash file: a point of every family on
+    both nodes. With the default runtime, Pyxis and Enroot (fails where the test cluster does not load Pyxis:
+    the job refuses to start), spatial's MPI ranks through `srun --mpi=pmi2` (the image's MPI is MPICH); through
+    Slurm's OCI support (runc), through hydra started by hand."""
     results = tmp_path / "results"
+    export = f"NONE,IMAGE={IMAGE},RESULTS={results}," + ("SRUN_MPI=pmi2" if runtime == "pyxis" else
+                                                         "CONTAINER_RUNTIME=oci")
     start = time.monotonic()
-    job = sbatch("-N", "2", f"--export=NONE,IMAGE={IMAGE},CONTAINER_RUNTIME=oci,RESULTS={results}",
-                 str(ROOT / "sbatch" / "smoke.sbatch"), cwd=tmp_path)
+    job = sbatch("-N", "2", f"--export={export}", str(SMOKE), cwd=tmp_path)
     state = wait(job, timeout=900)[job]
     seconds = time.monotonic() - start
     log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
     assert state["state"] == "COMPLETED", log[-4000:]
-    assert "through hydra" in log and "check against the unsplit model" in log
-    rows = _table(results)
+    launcher = "srun" if runtime == "pyxis" else "hydra"
+    assert f"MPI rank(s) per node through {launcher}" in log and "check against the unsplit model" in log
+    enroot = enroot_version() if runtime == "pyxis" else ""
+    rows = _table(results).fillna("")
     sha = Path(IMAGE + ".sha256").read_text().split()[0]
     summary = []
     for experiment, family in FAMILIES.items():
         mine = rows[rows["experiment"] == experiment]
         assert set(mine["family"]) == {family}, experiment
         assert set(mine["nodelist"]) == {"node1,node2"}, experiment
-        assert set(mine["image"]) == {IMAGE} and set(mine["image_sha256"].dropna()) == {sha}, experiment
+        assert set(mine["image"]) == {IMAGE} and set(mine["image_sha256"]) - {""} == {sha}, experiment
+        assert set(mine["container_runtime"]) == {runtime} and set(mine["enroot_version"]) == {enroot}, experiment
         summary.append(f"| {family} | {experiment} | {len(mine)} | {mine['nodelist'].iloc[0]} | "
-                       f"{mine['world_size'].iloc[0]} | {sha[:16]} |")
+                       f"{mine['world_size'].iloc[0]} | {runtime} | {enroot or '-'} | {sha[:16]} |")
     assert set(rows["git_commit"]) == {json.loads(Path(IMAGE + ".json").read_text())["git_commit"]}
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
-    (artifacts / "in-container.md").write_text(
-        f"Job {job}: sbatch -N 2 --export=NONE smoke.sbatch in {IMAGE} (CONTAINER_RUNTIME=oci), "
-        f"{seconds:.0f} s from submission to COMPLETED\n\n| family | experiment | rows | nodes | ranks | image "
-        "sha256 |\n|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n")
+    (artifacts / f"in-container-{runtime}.md").write_text(
+        f"Job {job}: sbatch -N 2 --export={export.replace(str(results), '<results>')} smoke.sbatch, "
+        f"{seconds:.0f} s from submission to COMPLETED\n\n| family | experiment | rows | nodes | ranks | container "
+        "runtime | Enroot | image sha256 |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n")
 
 
 @NEEDS_IMAGE
 @pytest.mark.slurm
 @pytest.mark.parametrize("image,runtime,message", [
     ("not-squash", "oci", "is not a squash file (it does not start with squashfs' magic)"),
-    ("apps/reproflow-cpu.sqsh", "oci", "is not an absolute or ./ path: Pyxis would pull it from a registry"),
     ("cpu-image", "apptainer", "CONTAINER_RUNTIME=apptainer, but apptainer is not installed here"),
     ("cpu-image", "pyxis", "srun does not know --container-image: Pyxis is not installed or not enabled"),
     ("cpu-image", "docker", "CONTAINER_RUNTIME=docker is not one of pyxis, oci, apptainer"),
-], ids=["not-squash", "registry-name", "no-apptainer", "no-pyxis", "unknown-runtime"])
+], ids=["not-squash", "no-apptainer", "no-pyxis", "unknown-runtime"])
 def test_a_job_refuses_an_image_or_runtime_it_cannot_start(cluster, tmp_path, image, runtime, message):  # noqa: F811
+    """(The faults a Pyxis job meets with a loaded Pyxis are in test_faults.py.)"""
+    if runtime == "pyxis" and pyxis_loaded():
+        pytest.skip("the test cluster loads Pyxis here")
     if image == "not-squash":
         image = str(tmp_path / "image.sqsh")
         Path(image).write_bytes(b"PK\x03\x04 a zip file")
@@ -263,7 +291,10 @@ def test_doctor_checks_the_runtime_the_jobs_will_use(cluster, tmp_path):  # noqa
     assert apptainer.returncode == 1 and "[FAIL] apptainer not found" in apptainer.stdout
     assert f"[FAIL] image {not_squash} is not a squash file" in apptainer.stdout
     pyxis = reproflow("doctor", "--image", "apps/reproflow-gpu.sqsh", "--results", str(tmp_path))
-    assert "[FAIL] Pyxis is not active" in pyxis.stdout and "[FAIL] enroot not found" in pyxis.stdout
+    if pyxis_loaded():
+        assert "[  ok] container runtime pyxis ready" in pyxis.stdout, pyxis.stdout
+    else:
+        assert "[FAIL] Pyxis is not active" in pyxis.stdout, pyxis.stdout
     assert "is not an absolute or ./ path, so Pyxis would pull it from a registry" in pyxis.stdout
     assert "Traceback" not in oci.stderr + apptainer.stderr + pyxis.stderr
 

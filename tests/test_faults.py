@@ -1,5 +1,7 @@
 """Fault injection: a rank killed mid-collective (here and under Slurm), a rank that hangs, a node set
-down during a 2-node job, a job past its time limit, and 20 jobs writing one results folder at once.
+down during a 2-node job, a job past its time limit, 20 jobs writing one results folder at once, and a
+Pyxis job whose image cannot start (a registry name, a missing, cut-short or corrupt squash file, Enroot
+missing on a node, a mount whose host folder is missing).
 
 Each test injects its fault, then checks the promises: the job ends within its bound (no hang),
 the failure is classified and named (rank and host), every row a job reported written is on disk
@@ -10,8 +12,10 @@ for the summary line printed at the end of the run ("N faults injected, N surviv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +24,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import ROOT, record_fault, reproflow, rows_lost
-from slurmtools import cluster, sbatch, submitted_ids, wait  # noqa: F401 - cluster: the Slurm tests' fixture
+from slurmtools import (  # noqa: F401 - cluster: the Slurm tests' fixture
+    IMAGE,
+    NEEDS_IMAGE,
+    NEEDS_PYXIS,
+    SMOKE,
+    cluster,
+    folder_hidden_on,
+    sbatch,
+    submitted_ids,
+    wait,
+)
 
 from reproflow.render import render_sbatch
 from reproflow.reproduce import run_step
@@ -253,3 +267,83 @@ def test_slurm_twenty_concurrent_jobs_into_one_results_folder_lose_no_row(tmp_pa
     record_fault(f"slurm: 20 concurrent jobs (up to {overlapping} at once) into one results folder", survived, lost,
                  seconds > 400, seconds)
     assert survived and lost == 0 and overlapping >= 2, (tasks, len(files))
+
+
+@pytest.fixture(scope="module")
+def measured_before(tmp_path_factory) -> Path:
+    """Rows of an earlier run (one comms point, measured here) that a failing Pyxis job must leave whole."""
+    results = tmp_path_factory.mktemp("before") / "results"
+    proc = reproflow("run", str(suite_file(results.parent, iters=2)), "--results", str(results))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return results
+
+
+def corrupted_copy(tmp_path: Path) -> str:
+    """The image with its middle half overwritten: header, length and magic whole, its files not."""
+    copy = tmp_path / "corrupt.sqsh"
+    shutil.copyfile(IMAGE, copy)
+    size = copy.stat().st_size
+    with copy.open("r+b") as fh:
+        for offset in range(size // 4, 3 * size // 4, size // 64):
+            fh.seek(offset)
+            fh.write(bytes(range(256)) * 256)
+    return str(copy)
+
+
+def cut_short(tmp_path: Path) -> str:
+    """The first MiB of the image: an interrupted copy."""
+    copy = tmp_path / "short.sqsh"
+    with open(IMAGE, "rb") as fh:
+        copy.write_bytes(fh.read(1 << 20))
+    return str(copy)
+
+
+PYXIS_FAULTS = {  # fault: (the message that names it and its fix, the part that must name the fix)
+    "registry name": "is not an absolute or ./ path: Pyxis would pull it from a registry. Give the squash file's path",
+    "missing squash file": "does not exist. Build it with 'make containers'",
+    "squash file cut short": "its squashfs header records. Copy it again, or rebuild it with 'make containers'",
+    "corrupt squash file": "Enroot could not unpack IMAGE={image} on node1,node2 (its words above): a corrupt squash "
+                           "file",
+    "enroot missing on node2": "enroot is not installed on node2, and Pyxis runs it on every node of a job: install "
+                               "Enroot there",
+    "mount folder missing": "CONTAINER_MOUNTS names {missing}, which does not exist on node1,node2: create it there",
+}
+
+
+@NEEDS_IMAGE
+@NEEDS_PYXIS
+@pytest.mark.slurm
+@SLURM
+@pytest.mark.parametrize("fault", list(PYXIS_FAULTS))
+def test_a_pyxis_job_names_what_keeps_its_image_from_starting(tmp_path, measured_before, fault):
+    """The smoke job with the default runtime (Pyxis) and one fault: it fails before its first step with one
+    line naming the fault and its fix, no hang, and the rows already in its results folder stay whole."""
+    results = tmp_path / "results"
+    shutil.copytree(measured_before, results)
+    before = {p: p.read_bytes() for p in results.rglob("*.csv")}
+    image, missing = IMAGE, str(tmp_path / "no-such-folder")
+    extra = ""
+    if fault == "registry name":
+        image = "apps/reproflow-cpu.sqsh"
+    elif fault == "missing squash file":
+        image = str(tmp_path / "reproflow-cpu.sqsh")
+    elif fault == "squash file cut short":
+        image = cut_short(tmp_path)
+    elif fault == "corrupt squash file":
+        image = corrupted_copy(tmp_path)
+    elif fault == "mount folder missing":
+        extra = f",CONTAINER_MOUNTS={missing}:{missing}"
+    hidden = folder_hidden_on("node2", str(Path(shutil.which("enroot") or "").parent)) \
+        if fault == "enroot missing on node2" else contextlib.nullcontext()
+    start = time.monotonic()
+    with hidden:
+        job = sbatch("-N", "2", f"--export=NONE,IMAGE={image},SRUN_MPI=pmi2,RESULTS={results}{extra}", str(SMOKE),
+                     cwd=tmp_path)
+        state = wait(job, timeout=300)[job]["state"]
+    seconds = time.monotonic() - start
+    log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
+    message = PYXIS_FAULTS[fault].format(image=image, missing=missing)
+    lost = sum(1 for p, text in before.items() if not p.is_file() or p.read_bytes() != text)
+    survived = state == "FAILED" and message in log and "experiment comms" not in log and "Traceback" not in log
+    record_fault(f"pyxis: {fault}", survived, lost, seconds > 240, seconds)
+    assert survived and lost == 0, (state, log[-3000:])

@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
                        description="Check Slurm (commands, controller, nodes, accounting); with --image, the "
-                                   "container runtime (Pyxis with enroot and squashfuse, Slurm's OCI support, or "
+                                   "container runtime (Pyxis with enroot and unsquashfs, Slurm's OCI support, or "
                                    "Apptainer) and the squash file; that --results is shared by the nodes, GPUs "
                                    "and MPI. Prints the fix for each problem; exits 1 if any must be fixed.")
     p.add_argument("--image", default="", help="squash file the jobs will use")

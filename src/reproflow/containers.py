@@ -16,6 +16,7 @@ from pathlib import Path
 
 RUNTIMES = ("pyxis", "oci", "apptainer")
 SQUASHFS_MAGIC = b"hsqs"
+SQUASHFS_HEADER = 96  # a squashfs 4 superblock
 
 
 def image_problem(image: str, *, on_disk: bool = True) -> str:
@@ -32,9 +33,15 @@ def image_problem(image: str, *, on_disk: bool = True) -> str:
     if not path.is_file():
         return f"image {image} does not exist: build it with `make containers`, or fix the path"
     with path.open("rb") as fh:
-        if fh.read(len(SQUASHFS_MAGIC)) != SQUASHFS_MAGIC:
-            return (f"image {image} is not a squash file (it does not start with squashfs' magic 'hsqs'): "
-                    "build one with `make containers`, or `enroot import` an image")
+        head = fh.read(SQUASHFS_HEADER)
+    if head[:len(SQUASHFS_MAGIC)] != SQUASHFS_MAGIC:
+        return (f"image {image} is not a squash file (it does not start with squashfs' magic 'hsqs'): "
+                "build one with `make containers`, or `enroot import` an image")
+    # The header records the file's length (bytes_used, at byte 40): a shorter file is a copy cut short.
+    recorded, size = int.from_bytes(head[40:48].ljust(8, b"\0"), "little"), path.stat().st_size
+    if recorded > size:
+        return (f"image {image} is cut short: it holds {size} bytes of the {recorded} its squashfs header records: "
+                "copy it again, or rebuild it with `make containers`")
     return ""
 
 
@@ -65,8 +72,8 @@ def runtime_problems(runtime: str) -> list[tuple[str, str]]:
                              "enable it in the cluster config); or use --runtime oci / apptainer"))
         for tool, fix in (("enroot", "install enroot on every node (github.com/NVIDIA/enroot/releases: the enroot "
                                      "and enroot+caps packages)"),
-                          ("squashfuse", "install squashfuse on every node (apt/yum package squashfuse): enroot "
-                                         "needs it to start squash files")):
+                          ("unsquashfs", "install squashfs-tools on every node: enroot unpacks squash files with "
+                                         "it")):
             if not shutil.which(tool):
                 problems.append((f"{tool} not found", fix))
     elif runtime == "oci":

@@ -1,7 +1,7 @@
 """`reproflow doctor`: check a cluster before anything is submitted, and say how to fix what is missing.
 
 Checks: Slurm client tools, controller and nodes, accounting (sacct); with an image, the container
-runtime the jobs will use (Pyxis with enroot and squashfuse, Slurm's OCI support, or Apptainer) and
+runtime the jobs will use (Pyxis with enroot, Slurm's OCI support, or Apptainer) and
 that the image is a squash file given by a path; that the results folder is on a filesystem every node
 sees, GPUs per node, and MPI (srun's plugins, mpi4py's library). Each check prints ok, warn or FAIL
 with the fix.
@@ -88,7 +88,7 @@ def check_containers(runtime: str) -> list[Check]:
     if problems:
         return [Check(FAIL, what, fix) for what, fix in problems]
     return [Check(OK, f"container runtime {runtime} ready: " + {
-        "pyxis": "srun knows --container-image, enroot and squashfuse found",
+        "pyxis": "srun knows --container-image, enroot and unsquashfs found",
         "oci": f"{oci_conf()} names an installed runtime, unsquashfs found",
         "apptainer": "apptainer found"}[runtime])]
 

@@ -32,9 +32,9 @@ from reproflow.family import AGGREGATE, Measurement
 from reproflow.params import canonical
 
 # 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network; 4 added
-# host_cpus. Files of every earlier schema are still read.
-SCHEMA_VERSION = 4
-READABLE_SCHEMAS = (1, 2, 3, 4)
+# host_cpus; 5 added container_runtime and enroot_version. Files of every earlier schema are still read.
+SCHEMA_VERSION = 5
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 QUARANTINE = "quarantine"
 # Values of the health_gate column (reproflow.health).
 GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
@@ -54,6 +54,8 @@ PROVENANCE_COLUMNS = (
     "git_commit",
     "image",
     "image_sha256",
+    "container_runtime",
+    "enroot_version",
     "attempt",
     "retry_of",
     "health_gate",
@@ -81,6 +83,10 @@ class Provenance:
     git_commit: str
     image: str
     image_sha256: str
+    # How the job's steps ran in the image (pyxis, oci, apptainer; empty: no container), and with Pyxis
+    # the Enroot version of its nodes, as the job script found them.
+    container_runtime: str = ""
+    enroot_version: str = ""
     # 1 for a first submission; a retry of an infrastructure failure counts up and names the job it retries.
     attempt: int = 1
     retry_of: str = ""

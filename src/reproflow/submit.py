@@ -98,7 +98,7 @@ class SubmititExecutor:
             setup.append(f"export REPROFLOW_RETRY_OF={shlex.quote(self.retry_of)}")
         if self.image:
             image = shell_value("--image", self.image)
-            setup.append(f"export REPROFLOW_IMAGE={shlex.quote(image)}")
+            setup.append(f"export REPROFLOW_IMAGE={shlex.quote(image)} REPROFLOW_CONTAINER_RUNTIME={self.runtime}")
             if self.runtime == "pyxis":
                 srun_args += [f"--container-image={image}", f"--container-mounts={self._mounts()}"]
         params: dict[str, Any] = {

@@ -94,6 +94,8 @@ def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path, gate: Gate
         git_commit=git_commit(str(root)),
         image=image,
         image_sha256=image_sha256(image) if ctx.rank == 0 else "",
+        container_runtime=os.environ.get("REPROFLOW_CONTAINER_RUNTIME", "") if image else "",
+        enroot_version=os.environ.get("REPROFLOW_ENROOT_VERSION", ""),
         attempt=int(os.environ.get("REPROFLOW_ATTEMPT") or 1),
         retry_of=os.environ.get("REPROFLOW_RETRY_OF", ""),
         health_gate=gate.status,

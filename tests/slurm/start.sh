@@ -4,13 +4,22 @@
 #
 # Every node is a slurmd in its own UTS namespace (hostname node1, node2, ...) listening on its own
 # port of a loopback address 127.0.2.N, so jobs see distinct node names and all traffic stays on
-# this machine. Nodes advertise stand-in GPUs as GRES, so GPU scripts can be scheduled; the jobs
-# themselves find no GPU and run on CPU with gloo.
+# this machine; and in its own mount namespace (host mounts still reach it), so a test can take a
+# folder away from one node. Nodes advertise stand-in GPUs as GRES, so GPU scripts can be scheduled;
+# the jobs themselves find no GPU and run on CPU with gloo.
+#
+# Containers: Slurm's OCI support with runc (oci.conf), and Pyxis with Enroot where
+# tests/enroot-pyxis.sh installed them (PYXIS_PLUGIN, default /usr/local/lib/slurm/spank_pyxis.so): a
+# plugstack.conf loads the plugin, and an enroot.conf.d file gives each node its own Enroot data and
+# runtime folders under $DIR/enroot/<node> (Enroot reads $(hostname) there; Pyxis passes Enroot no
+# environment but PATH, so the folders cannot come from each slurmd's environment).
 #
 # It starts from nothing: every file the cluster reads is written by this start before any daemon
 # or Slurm command runs, and nothing an earlier cluster or another checkout left is trusted.
-#   /etc/slurm/slurm.conf, slurmdbd.conf, gres.conf, oci.conf  written here; anything else in /etc/slurm (the
-#       package's plugstack.conf, stale files) is moved to $DIR/aside and put back by stop.sh
+#   /etc/slurm/slurm.conf, slurmdbd.conf, gres.conf, oci.conf, plugstack.conf (with Pyxis)  written here;
+#       anything else in /etc/slurm (the package's plugstack.conf, stale files) is moved to $DIR/aside and
+#       put back by stop.sh
+#   <Enroot's configuration folder>/enroot.conf.d/90-local-slurm.conf (with Pyxis)  written here, removed by stop.sh
 #   $DIR/munge/munge.key   a new key; munged runs on its own socket ($DIR/munge), named in AuthInfo
 #                          and, for connections to slurmdbd, AccountingStoragePass
 #   $DIR/mysql             a new MariaDB data folder, its own socket and port, no option files read
@@ -21,7 +30,7 @@
 # Idempotent: when the recorded daemons are alive, the files are the ones their start wrote and the
 # nodes answer, it only says so. On failure it stops what it started (tests/slurm/stop.sh).
 # Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2),
-# LOCAL_SLURM_GPUS (8 per node).
+# LOCAL_SLURM_GPUS (8 per node), PYXIS_PLUGIN.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,9 +38,12 @@ repo=$(cd "$here/../.." && pwd)
 : "${LOCAL_SLURM_DIR:=$repo/.local-slurm}"
 : "${LOCAL_SLURM_NODES:=2}"
 : "${LOCAL_SLURM_GPUS:=8}"
+: "${PYXIS_PLUGIN:=/usr/local/lib/slurm/spank_pyxis.so}"
 DIR=$LOCAL_SLURM_DIR
 CLUSTER=reproflowtest
-SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR"
+pyxis=""
+if [ -f "$PYXIS_PLUGIN" ] && command -v enroot >/dev/null; then pyxis=$PYXIS_PLUGIN; fi
+SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none}"
 MANIFEST=$DIR/system-files
 MUNGE_SOCKET=$DIR/munge/munge.socket
 DB_PORT=16819
@@ -234,6 +246,25 @@ RunTimeRun="runc --root=$DIR/runc run $id --bundle %b"
 EOF
 written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf /etc/slurm/oci.conf
 
+# Pyxis: loaded by srun, sbatch and every slurmd; named containers live as long as their job. Enroot's
+# folders per node, so the two nodes on this machine do not share containers.
+if [ -n "$pyxis" ]; then
+    echo "required $pyxis runtime_path=$DIR/pyxis container_scope=job sbatch_support=1" > /etc/slurm/plugstack.conf
+    written /etc/slurm/plugstack.conf
+    enroot_conf=$(sed -n 's/^config::export ENROOT_SYSCONF_PATH *"\(.*\)"$/\1/p' "$(command -v enroot)")/enroot.conf.d
+    mkdir -p "$enroot_conf" "$DIR/enroot"
+    cat > "$enroot_conf/90-local-slurm.conf" <<EOF
+# Written by the test cluster's start (tests/slurm/start.sh); its stop removes it.
+ENROOT_RUNTIME_PATH $DIR/enroot/\$(hostname)/run/\${UID}
+ENROOT_DATA_PATH $DIR/enroot/\$(hostname)/data/\${UID}
+ENROOT_CACHE_PATH $DIR/enroot/\$(hostname)/cache/\${UID}
+EOF
+    written "$enroot_conf/90-local-slurm.conf"
+    say "Pyxis ($pyxis) and enroot $(enroot version) on the nodes"
+else
+    say "no Pyxis here ($PYXIS_PLUGIN or enroot missing: tests/enroot-pyxis.sh installs them); containers run through Slurm's OCI support only"
+fi
+
 # Node names resolve to their loopback addresses (a minimal system may have no /etc/hosts yet).
 touch /etc/hosts
 sed -i '/# local-slurm$/d' /etc/hosts
@@ -280,7 +311,7 @@ wait_for 30 slurmctld slurm scontrol ping
 
 # 6. Nodes: each slurmd in its own UTS namespace, so `hostname` inside a job is the node name.
 for i in $(seq 1 "$LOCAL_SLURM_NODES"); do
-    slurm unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
+    slurm unshare --uts --mount --propagation slave sh -c "hostname node$i && exec slurmd -N node$i"
     record "slurmd-node$i" "$(pidfile_pid "$DIR/pids/slurmd-node$i.pid")"
 done
 idle() { [ "$(slurm sinfo -h -N -o '%T' | grep -c '^idle')" -eq "$LOCAL_SLURM_NODES" ]; }

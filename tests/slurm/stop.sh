@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop the test cluster started by tests/slurm/start.sh: cancel jobs, then stop exactly the
 # daemons it recorded (TERM, then KILL after 15 s) and stray slurmstepd; remove the files it wrote
-# (the /etc/slurm files still as it wrote them, the /etc/hosts lines, MariaDB's data and the munge
-# key) and put back what it moved aside from /etc/slurm. $DIR/system-files stays as the record.
+# (the /etc/slurm files and Enroot's drop-in still as it wrote them, the /etc/hosts lines, MariaDB's data,
+# the munge key, the nodes' Enroot containers) and put back what it moved aside from /etc/slurm. $DIR/system-files stays as the record.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,8 @@ restore() {  # the files start.sh wrote go, the ones it moved aside come back
     if [ -s "$DIR/system-files" ]; then
         while read -r sum f; do
             case $f in
-                /etc/slurm/*) echo "$sum  $f" | sha256sum --check --status 2>/dev/null && rm -f "$f" ;;
+                /etc/slurm/* | */enroot.conf.d/90-local-slurm.conf)
+                    echo "$sum  $f" | sha256sum --check --status 2>/dev/null && rm -f "$f" ;;
             esac
         done < "$DIR/system-files"
     fi
@@ -40,7 +41,7 @@ restore() {  # the files start.sh wrote go, the ones it moved aside come back
         rmdir "$DIR/aside" 2>/dev/null || true
     fi
     sed -i '/# local-slurm$/d' /etc/hosts
-    rm -rf "${DIR:?}/mysql" "${DIR:?}/munge"
+    rm -rf "${DIR:?}/mysql" "${DIR:?}/munge" "${DIR:?}/enroot" "${DIR:?}/pyxis"
 }
 
 if [ ! -s "$DIR/daemons" ]; then
