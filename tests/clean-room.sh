@@ -178,11 +178,12 @@ for c in "${commands[@]}"; do
         echo "$cluster_files"
     fi
     tail -n 5 "$log" | sed "s/^/clean-room: $c | /"
-    # What explains a failure outlives the root: the test cluster's logs and the tests' artifacts.
-    for kept in .local-slurm/log test-artifacts logs/reproduce; do
-        [ -d "$root/root/reproflow/$kept" ] || continue
-        mkdir -p "$OUT/$c-files/$kept"
-        cp -a "$root/root/reproflow/$kept/." "$OUT/$c-files/$kept/"
+    # What explains a result outlives the root: the test cluster's logs, the tests' artifacts, the demo's
+    # step logs and claims.
+    for kept in .local-slurm/log test-artifacts logs/reproduce reports/claims.md; do
+        [ -e "$root/root/reproflow/$kept" ] || continue
+        mkdir -p "$OUT/$c-files/$(dirname "$kept")"
+        cp -a "$root/root/reproflow/$kept" "$OUT/$c-files/$(dirname "$kept")/"
     done
     if [ $rc -ne 0 ] || [ -n "${CLEAN_ROOM_KEEP:-}" ]; then
         say "$c: root kept for a look: $root (chroot $root bash)"
