@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make test's CPU image: containers/build.sh cpu into FOLDER (reproflow-cpu.sqsh and its sidecars), with
-# the test environment's Python preparing the wheels. Where no builder or squash tool is installed the
+# make test's CPU image: containers/build.sh cpu into FOLDER (reproflow-cpu.sqsh and its sidecars), built
+# by podman and squashed by `enroot import` (tests/enroot-pyxis.sh installs Enroot), with the test
+# environment's Python preparing the wheels. Where no builder or squash tool is installed the
 # in-container tests are skipped with the reason; under CI (CI=true) that is an error instead.
 #   bash tests/cpu-image.sh FOLDER PYTHON
 set -uo pipefail
