@@ -54,25 +54,23 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-source_of() {  # source_of NAME VERSION TARBALL URL COMMIT: the unpacked source folder, or why not
-    local name=$1 version=$2 tarball=$3 url=$4 commit=$5 dir="$work/$1-$2"
+source_of() {  # source_of NAME VERSION TARBALL URL COMMIT: sets src to the unpacked source; 1 where there is none
+    local name=$1 version=$2 tarball=$3 url=$4 commit=$5
+    src="$work/$1-$2"
     if [ -f "$THIRD_PARTY/$tarball" ]; then
-        tar -xzf "$THIRD_PARTY/$tarball" -C "$work" && [ -d "$dir" ] && { echo "$dir"; return; }
-        die "$THIRD_PARTY/$tarball does not unpack into $name-$version/"
+        tar -xzf "$THIRD_PARTY/$tarball" -C "$work" && [ -d "$src" ] \
+            || die "$THIRD_PARTY/$tarball does not unpack into $name-$version/"
+        return 0
     fi
-    if git clone --quiet --depth 1 --branch "v$version" --recurse-submodules --shallow-submodules "$url" "$dir" \
-            >"$work/$name-clone.log" 2>&1; then
-        [[ $(git -C "$dir" rev-parse HEAD) == "$commit"* ]] || die "$url v$version is not commit $commit"
-        echo "$dir"
-        return
-    fi
-    return 1
+    git clone --quiet --depth 1 --branch "v$version" --recurse-submodules --shallow-submodules "$url" "$src" \
+        >"$work/$name-clone.log" 2>&1 || return 1
+    [[ $(git -C "$src" rev-parse HEAD) == "$commit"* ]] || die "$url v$version is not commit $commit"
 }
 
 start=$SECONDS
 if ! have_enroot; then
-    src=$(source_of enroot "$ENROOT_VERSION" "enroot-$ENROOT_VERSION-with-submodules.tar.gz" "$ENROOT_URL" \
-          "$ENROOT_COMMIT") || skip "no Enroot $ENROOT_VERSION source: not in $THIRD_PARTY and $ENROOT_URL cannot be cloned"
+    source_of enroot "$ENROOT_VERSION" "enroot-$ENROOT_VERSION-with-submodules.tar.gz" "$ENROOT_URL" \
+        "$ENROOT_COMMIT" || skip "no Enroot $ENROOT_VERSION source: not in $THIRD_PARTY and $ENROOT_URL cannot be cloned"
     say "building enroot $ENROOT_VERSION from $src into $PREFIX"
     make -C "$src" -j"$(nproc)" prefix="$PREFIX" install >"$work/enroot-build.log" 2>&1 \
         || { tail -n 20 "$work/enroot-build.log" >&2; die "building Enroot failed"; }
@@ -81,7 +79,7 @@ if ! have_enroot; then
     have_enroot || die "$PREFIX/bin/enroot does not say version $ENROOT_VERSION"
 fi
 if ! have_pyxis; then
-    src=$(source_of pyxis "$PYXIS_VERSION" "pyxis-$PYXIS_VERSION.tar.gz" "$PYXIS_URL" "$PYXIS_COMMIT") \
+    source_of pyxis "$PYXIS_VERSION" "pyxis-$PYXIS_VERSION.tar.gz" "$PYXIS_URL" "$PYXIS_COMMIT" \
         || skip "no Pyxis $PYXIS_VERSION source: not in $THIRD_PARTY and $PYXIS_URL cannot be cloned"
     say "building pyxis $PYXIS_VERSION against Slurm $slurm_version into $PREFIX"
     make -C "$src" prefix="$PREFIX" install >"$work/pyxis-build.log" 2>&1 \
