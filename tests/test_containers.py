@@ -22,7 +22,7 @@ from conftest import ROOT, reproflow
 from slurmtools import IMAGE, NEEDS_IMAGE, NEEDS_PYXIS, SMOKE, cluster, sacct, sbatch, wait  # noqa: F401
 from test_versions import canonical, differences, locked
 
-from reproflow.containers import image_problem
+from reproflow.containers import image_problem, runtime_problems
 from reproflow.render import image_flavours
 from reproflow.results import file_sha256
 
@@ -208,10 +208,6 @@ def _table(results: Path) -> pd.DataFrame:
     return pd.concat(pd.read_csv(p, dtype=str) for p in results.rglob("*.csv") if "/env/" not in str(p))
 
 
-def pyxis_loaded() -> bool:
-    return "--container-image" in subprocess.run(["srun", "--help"], capture_output=True, text=True).stdout
-
-
 def enroot_version() -> str:
     return subprocess.run(["enroot", "version"], capture_output=True, text=True).stdout.strip()
 
@@ -266,7 +262,7 @@ def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, 
 ], ids=["not-squash", "no-apptainer", "no-pyxis", "unknown-runtime"])
 def test_a_job_refuses_an_image_or_runtime_it_cannot_start(cluster, tmp_path, image, runtime, message):  # noqa: F811
     """(The faults a Pyxis job meets with a loaded Pyxis are in test_faults.py.)"""
-    if runtime == "pyxis" and pyxis_loaded():
+    if runtime == "pyxis" and not runtime_problems("pyxis"):
         pytest.skip("the test cluster loads Pyxis here")
     if image == "not-squash":
         image = str(tmp_path / "image.sqsh")
@@ -291,7 +287,7 @@ def test_doctor_checks_the_runtime_the_jobs_will_use(cluster, tmp_path):  # noqa
     assert apptainer.returncode == 1 and "[FAIL] apptainer not found" in apptainer.stdout
     assert f"[FAIL] image {not_squash} is not a squash file" in apptainer.stdout
     pyxis = reproflow("doctor", "--image", "apps/reproflow-gpu.sqsh", "--results", str(tmp_path))
-    if pyxis_loaded():
+    if not runtime_problems("pyxis"):
         assert "[  ok] container runtime pyxis ready" in pyxis.stdout, pyxis.stdout
     else:
         assert "[FAIL] Pyxis is not active" in pyxis.stdout, pyxis.stdout

@@ -298,7 +298,7 @@ def cut_short(tmp_path: Path) -> str:
     return str(copy)
 
 
-PYXIS_FAULTS = {  # fault: (the message that names it and its fix, the part that must name the fix)
+PYXIS_FAULTS = {  # fault: the part of the job's one line that names it and its fix
     "registry name": "is not an absolute or ./ path: Pyxis would pull it from a registry. Give the squash file's path",
     "missing squash file": "does not exist. Build it with 'make containers'",
     "squash file cut short": "its squashfs header records. Copy it again, or rebuild it with 'make containers'",
@@ -320,7 +320,7 @@ def test_a_pyxis_job_names_what_keeps_its_image_from_starting(tmp_path, measured
     line naming the fault and its fix, no hang, and the rows already in its results folder stay whole."""
     results = tmp_path / "results"
     shutil.copytree(measured_before, results)
-    before = {p: p.read_bytes() for p in results.rglob("*.csv")}
+    before = {p: p.read_text() for p in results.rglob("*.csv")}
     image, missing = IMAGE, str(tmp_path / "no-such-folder")
     extra = ""
     if fault == "registry name":
@@ -343,7 +343,7 @@ def test_a_pyxis_job_names_what_keeps_its_image_from_starting(tmp_path, measured
     seconds = time.monotonic() - start
     log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
     message = PYXIS_FAULTS[fault].format(image=image, missing=missing)
-    lost = sum(1 for p, text in before.items() if not p.is_file() or p.read_bytes() != text)
+    lost = sum(len(text.splitlines()) - 1 for p, text in before.items() if not p.is_file() or p.read_text() != text)
     survived = state == "FAILED" and message in log and "experiment comms" not in log and "Traceback" not in log
     record_fault(f"pyxis: {fault}", survived, lost, seconds > 240, seconds)
     assert survived and lost == 0, (state, log[-3000:])
