@@ -36,7 +36,9 @@ RUN python /opt/reproflow/requirements.py /opt/reproflow/pyproject.toml megatron
  && rm /tmp/requirements.txt
 
 FROM python AS cpu-stack
-# Nothing CUDA-only: MPI is the mpich wheel constraints.txt pins, mpi4py's wheel finds it.
+# Nothing CUDA-only: MPI is the mpich wheel constraints.txt pins, mpi4py's wheel finds it. MPICH takes
+# its ranks' wiring from srun through PMI-2 (the sbatch scripts read this to pick srun --mpi).
+ENV REPROFLOW_SRUN_MPI=pmi2
 
 FROM python AS gpu-stack
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -89,8 +91,9 @@ ENV PATH=/opt/openmpi/bin:/opt/amazon/efa/bin:${PATH} \
 RUN pip uninstall -y mpich \
  && MPICC=/opt/openmpi/bin/mpicc pip install --no-binary mpi4py --force-reinstall --no-deps mpi4py \
  && ompi_info --parsable --all | grep -q "mpi_built_with_cuda_support:value:true"
-# That Open MPI reads GPU memory, so spatial parallelism's halo exchange hands it CUDA tensors.
-ENV REPROFLOW_MPI_CUDA_AWARE=1
+# That Open MPI reads GPU memory, so spatial parallelism's halo exchange hands it CUDA tensors; it takes
+# its ranks' wiring from srun through PMIx (the sbatch scripts read this to pick srun --mpi).
+ENV REPROFLOW_MPI_CUDA_AWARE=1 REPROFLOW_SRUN_MPI=pmix
 # NVIDIA apex with its C++ and CUDA extensions (Megatron-LM's fused kernels), then DeepSpeed (the locked
 # version) rebuilt with its fused Adam and CPU Adam ops.
 RUN git clone --depth 1 --branch "${APEX_REF}" https://github.com/NVIDIA/apex.git /tmp/apex \

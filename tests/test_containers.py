@@ -56,9 +56,11 @@ def test_one_dockerfile_whose_flavours_share_every_step_but_the_cuda_ones():
     assert list(s) == ["python", "cpu-stack", "gpu-stack", "image"]
     assert s["python"][0] == "${BASE_IMAGE}" and s["image"][0] == "${STACK}"
     assert s["cpu-stack"][0] == s["gpu-stack"][0] == "python"
-    assert "RUN" not in s["cpu-stack"][1]  # nothing but the base differs for the cpu flavour
+    # The cpu flavour builds nothing of its own: only its base and the srun --mpi plugin its MPICH takes differ.
+    assert not re.search(r"^RUN\b", s["cpu-stack"][1], re.M) and "REPROFLOW_SRUN_MPI=pmi2" in s["cpu-stack"][1]
     gpu = s["gpu-stack"][1]
-    for cuda_only in ("efa_installer.sh", "aws-ofi-nccl", "nvidia-nccl-cu12", "--with-cuda=/usr/local/cuda",
+    for cuda_only in ("REPROFLOW_SRUN_MPI=pmix", "efa_installer.sh", "aws-ofi-nccl", "nvidia-nccl-cu12",
+                      "--with-cuda=/usr/local/cuda",
                       "MPICC=/opt/openmpi/bin/mpicc pip install --no-binary mpi4py", "APEX_CUDA_EXT=1",
                       "import apex, fused_layer_norm_cuda", "DS_BUILD_FUSED_ADAM=1", "nccl-tests",
                       'checkout "${PARAM_COMMIT}"', "mpi_built_with_cuda_support:value:true"):
@@ -218,18 +220,17 @@ def enroot_version() -> str:
 def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, runtime):  # noqa: F811
     """sbatch -N 2 --export=NONE of the smoke suite in the CPU image's squash file: a point of every family on
     both nodes. With the default runtime, Pyxis and Enroot (fails where the test cluster does not load Pyxis:
-    the job refuses to start), spatial's MPI ranks through `srun --mpi=pmi2` (the image's MPI is MPICH); through
-    Slurm's OCI support (runc), through hydra started by hand."""
+    the job refuses to start), spatial's MPI ranks through `srun --mpi=pmi2`, the plugin the image names for its
+    MPICH; through Slurm's OCI support (runc), through hydra started by hand."""
     results = tmp_path / "results"
-    export = f"NONE,IMAGE={IMAGE},RESULTS={results}," + ("SRUN_MPI=pmi2" if runtime == "pyxis" else
-                                                         "CONTAINER_RUNTIME=oci")
+    export = f"NONE,IMAGE={IMAGE},RESULTS={results}" + ("" if runtime == "pyxis" else ",CONTAINER_RUNTIME=oci")
     start = time.monotonic()
     job = sbatch("-N", "2", f"--export={export}", str(SMOKE), cwd=tmp_path)
     state = wait(job, timeout=900)[job]
     seconds = time.monotonic() - start
     log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
     assert state["state"] == "COMPLETED", log[-4000:]
-    launcher = "srun" if runtime == "pyxis" else "hydra"
+    launcher = "srun --mpi=pmi2" if runtime == "pyxis" else "hydra"  # pmi2: the image's MPI, MPICH, says so
     assert f"MPI rank(s) per node through {launcher}" in log and "check against the unsplit model" in log
     enroot = enroot_version() if runtime == "pyxis" else ""
     rows = _table(results).fillna("")

@@ -337,7 +337,7 @@ def test_a_pyxis_job_names_what_keeps_its_image_from_starting(tmp_path, measured
         if fault == "enroot missing on node2" else contextlib.nullcontext()
     start = time.monotonic()
     with hidden:
-        job = sbatch("-N", "2", f"--export=NONE,IMAGE={image},SRUN_MPI=pmi2,RESULTS={results}{extra}", str(SMOKE),
+        job = sbatch("-N", "2", f"--export=NONE,IMAGE={image},RESULTS={results}{extra}", str(SMOKE),
                      cwd=tmp_path)
         state = wait(job, timeout=300)[job]["state"]
     seconds = time.monotonic() - start
