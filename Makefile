@@ -20,7 +20,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput aceso-large
 
-.PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room lint figures sbatch bench bench-gpu containers clean $(FIGURES)
+.PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room lint figures sbatch bench bench-gpu containers gpu-image-here clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -45,6 +45,7 @@ help:
 	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost -> benchmarks/results/*.csv"
 	@echo "make bench-gpu  (GPU node) GEMM vs bare torch.mm and the bf16 peak -> benchmarks/results/gpu/gemm.csv"
 	@echo "make containers  build the images (FLAVOURS=gpu cpu) and squash them -> \$$APPS/reproflow-<flavour>.sqsh"
+	@echo "make gpu-image-here  build the gpu image here on a stand-in CUDA base, squash it, check inside it"
 
 # constraints.txt pins every package; the images install through the same file.
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -146,6 +147,18 @@ bench-gpu: venv
 FLAVOURS ?= gpu
 containers:
 	bash containers/build.sh $(FLAVOURS)
+
+# The gpu flavour built here, where NVIDIA's registry and AWS's EFA installer cannot be reached (opt-in, too
+# long for make test; docs/cluster.md has its time and size): a stand-in CUDA base (containers/cuda-standin.
+# Dockerfile), every other step the cluster's own, squashed by enroot import into $(IMAGES); then the checks
+# inside the squash file and `reproflow doctor --image` against the test cluster.
+gpu-image-here: venv
+	bash tests/packages.sh
+	bash tests/enroot-pyxis.sh
+	CUDA_STANDIN=1 APPS=$(abspath $(IMAGES)) PYTHON=$(abspath $(BIN))/python bash containers/build.sh gpu
+	bash containers/check-gpu-image.sh $(IMAGES)
+	$(WITH_CLUSTER) $(BIN)/reproflow doctor --image $(abspath $(IMAGES))/reproflow-gpu.sqsh \
+		--results $(abspath $(IMAGES))/doctor-results
 
 clean:
 	rm -rf $(RESULTS) $(REPORTS) $(LOGS) reproflow-archive.tar.gz

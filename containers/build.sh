@@ -15,11 +15,19 @@
 # Python wheels are prepared with this machine's pip configuration (in WHEELS, default
 # ~/.cache/reproflow/wheels/<hash of the lock>) and installed with no index; docker builds download them.
 # PYTHON (default python3) prepares them and must be the image's Python, 3.11.
+# The gpu flavour: its third-party sources come from a source mirror folder (THIRD_PARTY, default
+# ../shared/third-party beside the checkout: pinned tarballs) mounted at /opt/sources with podman or buildah,
+# else from upstream (containers/fetch-source.sh); its pins are checked first (containers/pins.py).
+# CUDA_STANDIN=1 builds it where NVIDIA's registry and AWS's EFA installer cannot be reached: the base is
+# containers/cuda-standin.Dockerfile on the cpu flavour's Debian base, torch comes from PyPI (its CUDA build),
+# and the EFA installer is skipped (SKIP=efa-installer: libfabric from source in its place), each recorded in
+# the sidecar. Each build step's seconds go to $APPS/.build-reproflow-<flavour>.steps.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 : "${APPS:=/apps}"
 : "${PYTHON:=python3}"
+: "${THIRD_PARTY:=../shared/third-party}"
 DOCKERFILE=${DOCKERFILE:-containers/reproflow.Dockerfile}
 BASE_TAG=localhost/reproflow-base:bookworm
 # Enroot's default ENROOT_SQUASH_OPTIONS: fast to make and to mount.
@@ -47,6 +55,26 @@ if [ -z "$builder" ]; then
     fi
 fi
 command -v "$builder" >/dev/null || die "BUILDER=$builder is not installed; docker, podman or buildah can build"
+case $builder in
+    docker) build_command=(docker build) ;;
+    # Docker's image format: in OCI's, podman and buildah ignore SHELL (and with it pipefail).
+    podman) build_command=(podman build --format docker --layers --isolation chroot) ;;
+    buildah) build_command=(buildah bud --format docker --layers --isolation chroot) ;;
+esac
+# pip inside a podman or buildah build of the gpu flavour trusts what this machine's pip trusts (BUILD_CA, default the cert of its
+# pip configuration: a proxy's or a site's CA): the file and a pip.conf naming it are mounted for the build's
+# steps only (as empty files they stay in the image). Docker builds use their own engine's settings.
+if [ -z "${BUILD_CA+set}" ]; then
+    BUILD_CA=${PIP_CERT:-$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | tail -n 1)}
+fi
+trust=()
+if [ -n "$BUILD_CA" ] && [ "$builder" != docker ]; then
+    [ -f "$BUILD_CA" ] || die "BUILD_CA=$BUILD_CA does not exist: name a CA bundle file, or BUILD_CA= for none"
+    trust_dir=$(mktemp -d)
+    trap 'rm -rf "$trust_dir"' EXIT
+    printf '[global]\ncert = /etc/ssl/certs/build-host-ca.crt\n' > "$trust_dir/pip.conf"
+    trust=(--volume "$(realpath "$BUILD_CA"):/etc/ssl/certs/build-host-ca.crt:ro" --volume "$trust_dir/pip.conf:/etc/pip.conf:ro")
+fi
 # mksquashfs by hand stays for what enroot cannot import from: buildah's images, or no enroot at all.
 squasher=mksquashfs
 if command -v enroot >/dev/null && [ "$builder" != buildah ]; then squasher="enroot $(enroot version)"
@@ -54,25 +82,39 @@ elif ! command -v mksquashfs >/dev/null; then
     die "nothing here makes a squash file: install enroot (github.com/NVIDIA/enroot/releases) or squashfs-tools (mksquashfs)"
 fi
 
-build() {  # build FLAVOUR BASE WHEELS REF: the image; on failure, the step that failed
+build() {  # build FLAVOUR BASE WHEELS REF [BUILD-ARG ...]: the image; on failure, the step that failed
     local flavour=$1 base=$2 wheels=$3 ref=$4 log="$APPS/.build-reproflow-$1.log"
     local args=(--target image -f "$DOCKERFILE" -t "$ref" --build-arg "STACK=$flavour-stack"
                 --build-arg "REPROFLOW_GIT_COMMIT=$(commit)")
+    shift 4
+    for arg in "$@"; do args+=(--build-arg "$arg"); done
     [ -z "$base" ] || args+=(--build-arg "BASE_IMAGE=$base")
     if [ "$flavour" = cpu ]; then args+=(--build-arg "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"); fi
     if [ -n "$wheels" ]; then args+=(--build-arg PIP_NO_INDEX=1 --volume "$wheels:/opt/wheels:ro"); fi
-    case $builder in
-        docker) args=(build "${args[@]}") ;;
-        podman) args=(build --layers --isolation chroot "${args[@]}") ;;
-        buildah) args=(bud --layers --isolation chroot "${args[@]}") ;;
-    esac
+    if [ "$flavour" = gpu ] && [ -d "$THIRD_PARTY" ] && [ "$builder" != docker ]; then
+        args+=(--volume "$(cd "$THIRD_PARTY" && pwd):/opt/sources:ro")
+    fi
     say "building $ref with $builder (log: $log)"
-    if ! "$builder" "${args[@]}" . >"$log" 2>&1; then
+    [ "$flavour" = cpu ] || args+=("${trust[@]}")  # the cpu flavour's pip reads only its prepared wheels
+    if ! "${build_command[@]}" "${args[@]}" . 2>&1 | timed "$APPS/.build-reproflow-$flavour.steps" >"$log"; then
         local step
         step=$(grep -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+|^#[0-9]+ \[' "$log" | tail -n 1 || true)
         tail -n 15 "$log" >&2
         die "building reproflow-$flavour failed at ${step:-an unknown step}; the whole log: $log"
     fi
+}
+
+timed() {  # timed STEPS: the build's output passed on; each step's seconds written to STEPS
+    local line step="" started=$SECONDS
+    : > "$1"
+    while IFS= read -r line; do
+        printf '%s\n' "$line"
+        if [[ $line =~ ^(\[[0-9]+/[0-9]+\]\ )?STEP\ [0-9]+/[0-9]+:\ (.*)$ ]]; then
+            [ -z "$step" ] || printf '%5d s  %s\n' $((SECONDS - started)) "${step:0:110}" >> "$1"
+            step=${BASH_REMATCH[2]} started=$SECONDS
+        fi
+    done
+    [ -z "$step" ] || printf '%5d s  %s\n' $((SECONDS - started)) "${step:0:110}" >> "$1"
 }
 
 commit() {  # the checkout's commit, -dirty when tracked files changed (as result rows record it)
@@ -123,6 +165,17 @@ cpu_base() {  # the cpu flavour's base image: BASE_IMAGE, or Debian 12 from mmde
     esac
     rm -f "$tar"
     echo "$BASE_TAG"
+}
+
+standin_base() {  # the gpu flavour's stand-in base: the CUDA toolchain's wheels on the cpu flavour's Debian
+    local debian tag log="$APPS/.build-reproflow-cuda-standin.log"
+    debian=$(cpu_base)
+    tag=localhost/reproflow-cuda-standin:$(sed -n 's/^ARG CUDA_TOOLKIT_VERSION=//p' containers/cuda-standin.Dockerfile)
+    say "building the stand-in CUDA base $tag (log: $log)" >&2
+    "${build_command[@]}" "${trust[@]}" -f containers/cuda-standin.Dockerfile -t "$tag" --build-arg "DEBIAN_BASE=$debian" \
+        containers 2>&1 | timed "$APPS/.build-reproflow-cuda-standin.steps" >"$log" \
+        || { tail -n 15 "$log" >&2; die "building the stand-in CUDA base failed; the whole log: $log"; }
+    echo "$tag"
 }
 
 image_id() {
@@ -178,13 +231,24 @@ squash() {  # squash REF OUT: the image's root filesystem as Enroot's squash fil
 
 mkdir -p "$APPS"
 for flavour in "${flavours[@]}"; do
-    base=${BASE_IMAGE:-} wheels=""
+    base=${BASE_IMAGE:-} wheels="" extra=() skipped=""
     if [ "$flavour" = cpu ]; then
         base=$(cpu_base)
         [ "$builder" = docker ] || wheels=$(wheels)
+    else
+        "$PYTHON" containers/pins.py >&2 || die "the gpu flavour's pins disagree (above): fix containers/reproflow.Dockerfile"
+        [ -d "$THIRD_PARTY" ] && [ "$builder" != docker ] && say "third-party sources: the mirror $THIRD_PARTY first"
+        if [ "${CUDA_STANDIN:-0}" = 1 ]; then
+            base=$(standin_base)
+            # PyPI's torch at the locked version is the CUDA build the Dockerfile's index serves.
+            extra=(TORCH_INDEX_URL=https://pypi.org/simple SKIP=efa-installer)
+            skipped='"efa-installer": "efa-installer.amazonaws.com is not reachable from this build host: libfabric '
+            skipped+="$(sed -n 's/^ARG LIBFABRIC_VERSION=//p' "$DOCKERFILE") from source with the EFA provider in its place\""
+        fi
     fi
     ref="localhost/reproflow-$flavour:latest"
-    build "$flavour" "$base" "$wheels" "$ref"
+    build "$flavour" "$base" "$wheels" "$ref" "${extra[@]}"
+    say "step times: $APPS/.build-reproflow-$flavour.steps"
     id=$(image_id "$ref")
     out="$APPS/reproflow-$flavour.sqsh"
     if [ -f "$out" ] && [ -f "$out.json" ] && grep -q "\"image_id\": \"$id\"" "$out.json" \
@@ -211,7 +275,8 @@ for flavour in "${flavours[@]}"; do
   "builder": "$builder",
   "squashed_with": "$squasher",
   "git_commit": "$(commit)",
-  "constraints_sha256": "$(sha256sum constraints.txt | cut -d' ' -f1)"
+  "constraints_sha256": "$(sha256sum constraints.txt | cut -d' ' -f1)",
+  "skipped": {${skipped}}
 }
 EOF
     say "$out $(cut -d' ' -f1 "$out.sha256") ($(du -h "$out" | cut -f1))"

@@ -23,6 +23,7 @@ from slurmtools import IMAGE, NEEDS_IMAGE, NEEDS_PYXIS, SMOKE, cluster, sacct, s
 from test_versions import canonical, differences, locked
 
 from reproflow.containers import image_problem, runtime_problems
+from reproflow.doctor import check_image
 from reproflow.render import image_flavours
 from reproflow.results import file_sha256
 
@@ -59,11 +60,11 @@ def test_one_dockerfile_whose_flavours_share_every_step_but_the_cuda_ones():
     # The cpu flavour builds nothing of its own: only its base and the srun --mpi plugin its MPICH takes differ.
     assert not re.search(r"^RUN\b", s["cpu-stack"][1], re.M) and "REPROFLOW_SRUN_MPI=pmi2" in s["cpu-stack"][1]
     gpu = s["gpu-stack"][1]
-    for cuda_only in ("REPROFLOW_SRUN_MPI=pmix", "efa_installer.sh", "aws-ofi-nccl", "nvidia-nccl-cu12",
+    for cuda_only in ("REPROFLOW_SRUN_MPI=pmix", "efa_installer.sh", "aws-ofi-nccl", 'nvidia-nccl-cu${cuda_major}',
                       "--with-cuda=/usr/local/cuda",
                       "MPICC=/opt/openmpi/bin/mpicc pip install --no-binary mpi4py", "APEX_CUDA_EXT=1",
                       "import apex, fused_layer_norm_cuda", "DS_BUILD_FUSED_ADAM=1", "nccl-tests",
-                      'checkout "${PARAM_COMMIT}"', "mpi_built_with_cuda_support:value:true"):
+                      'fetch-source /opt/param "${PARAM_COMMIT}"', "mpi_built_with_cuda_support:value:true"):
         assert cuda_only in gpu, cuda_only
     assert image_flavours(ROOT) == ["cpu", "gpu"]
 
@@ -88,15 +89,154 @@ def test_every_python_package_comes_at_the_locked_version():
         assert canonical(token) in pins, f"{token} is installed by name but not pinned in constraints.txt"
 
 
-def test_every_other_version_is_pinned():
+def test_every_other_version_is_pinned_and_every_source_by_commit_or_sha256():
     text = DOCKERFILE.read_text()
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
     assert base and ":" in base.group(1).rsplit("/", 1)[-1] and not base.group(1).endswith(":latest")
-    args = dict(re.findall(r"^ARG (\w+(?:VERSION|_REF|_COMMIT))=(\S+)$", text, re.M))
-    assert {"EFA_INSTALLER_VERSION", "AWS_OFI_NCCL_VERSION", "OPENMPI_VERSION", "APEX_REF", "PARAM_COMMIT",
-            "NCCL_TESTS_VERSION", "GDRCOPY_VERSION"} <= set(args)
-    assert all(v not in ("latest", "main", "master") for v in args.values()), args
+    args = dict(re.findall(r"^ARG (\w+(?:VERSION|_COMMIT|_SHA256))=(\S+)$", text, re.M))
+    assert {"EFA_INSTALLER_VERSION", "AWS_OFI_NCCL_COMMIT", "OPENMPI_SHA256", "APEX_COMMIT", "PARAM_COMMIT",
+            "NCCL_TESTS_COMMIT", "GDRCOPY_COMMIT", "LIBFABRIC_COMMIT"} <= set(args)
+    args.pop("REPROFLOW_GIT_COMMIT")  # the checkout's, given by make containers
+    for name, value in args.items():
+        form = "[0-9a-f]{64}" if name.endswith("_SHA256") else "[0-9a-f]{40}" if name.endswith("_COMMIT") else \
+            r"\d+(\.\d+)+"
+        assert re.fullmatch(form, value), (name, value)
     assert args["PARAM_COMMIT"] == "6236487e8969838822b52298c2a2318f6ac47bbd"  # the AWS recipe's pin
+    # Every third-party source goes through fetch-source with one of those pins; none is cloned by hand.
+    fetched = re.findall(r"fetch-source (\S+) \"(?:sha256:)?\$\{(\w+)\}\"", text)
+    assert {arg for _, arg in fetched} == {"GDRCOPY_COMMIT", "LIBFABRIC_COMMIT", "AWS_OFI_NCCL_COMMIT",
+                                          "OPENMPI_SHA256", "APEX_COMMIT", "PARAM_COMMIT", "NCCL_TESTS_COMMIT"}
+    assert "git clone" not in text
+
+
+def pins(tmp_path: Path, dockerfile: str | None = None, standin: str | None = None,
+         constraints: str | None = None) -> subprocess.CompletedProcess:
+    """containers/pins.py on the project's files, or on copies with the given texts."""
+    paths = []
+    for option, text, name in (("--dockerfile", dockerfile, "reproflow.Dockerfile"),
+                               ("--standin", standin, "cuda-standin.Dockerfile"), ("--constraints", constraints,
+                                                                                   "constraints.txt")):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+            paths += [option, str(tmp_path / name)]
+    return subprocess.run([sys.executable, "containers/pins.py", *paths], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_the_gpu_flavours_pins_agree_on_one_cuda(tmp_path):
+    proc = pins(tmp_path)
+    assert proc.returncode == 0 and "pins agree on one CUDA" in proc.stdout, proc.stderr
+
+
+# The four defects the gpu flavour once had (base 12.9.1 with the cu129 index, nvidia-nccl-cu12, apex 25.07,
+# aws-ofi-nccl v1.16.0), each put back alone, and the ways the other pins can drift.
+DRIFTS = {
+    "cu129-index": ("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130",
+                    "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129",
+                    "has no torch 2.13.0 (PyTorch builds it for CUDA 12.6, 13.0, 13.2), so pip takes PyPI's CUDA 13.0"),
+    "cuda-12.9-base": ("ARG BASE_IMAGE=nvidia/cuda:13.0.2-", "ARG BASE_IMAGE=nvidia/cuda:12.9.1-",
+                       "is CUDA 12.9 but torch 2.13.0 is the CUDA 13.0 build"),
+    "nccl-cu12": ('pip show "nvidia-nccl-cu${cuda_major}"', "pip show nvidia-nccl-cu12",
+                  "reads the package nvidia-*-cu12, but torch 2.13.0 brings nvidia-*-cu13"),
+    "apex-25.07": ("ARG APEX_COMMIT=6424da3b4faa6c8f062da4a48c424fff3f02d42d", "ARG APEX_COMMIT=25.07",
+                   "apex 25.07 ignores APEX_CPP_EXT/APEX_CUDA_EXT"),
+    "apex-25.09": ("ARG APEX_COMMIT=6424da3b4faa6c8f062da4a48c424fff3f02d42d", "ARG APEX_COMMIT=25.09",
+                   "apex 25.09 compiles for CUDA 12 at most (it hard-codes compute_70"),
+    "apex-unknown": ("ARG APEX_COMMIT=6424da3b4faa6c8f062da4a48c424fff3f02d42d", "ARG APEX_COMMIT=" + "0" * 40,
+                     "is not in containers/pins.py's APEX table"),
+    "ofi-1.16": ("ARG AWS_OFI_NCCL_VERSION=1.21.1", "ARG AWS_OFI_NCCL_VERSION=v1.16.0",
+                 "ARG AWS_OFI_NCCL_VERSION=v1.16.0 does not compile against CUDA 13 headers: pin 1.17.0 or later"),
+    "libfabric-vs-efa": ("ARG LIBFABRIC_VERSION=2.6.0", "ARG LIBFABRIC_VERSION=1.17.0",
+                         "is not the 2.6.0 EFA installer 1.50.0 brings"),
+    "efa-unknown": ("ARG EFA_INSTALLER_VERSION=1.50.0", "ARG EFA_INSTALLER_VERSION=9.9.9",
+                    "EFA installer 9.9.9 is not in containers/pins.py's EFA_LIBFABRIC table"),
+}
+
+
+@pytest.mark.parametrize("drift", sorted(DRIFTS))
+def test_the_pin_check_fails_on_each_disagreement(tmp_path, drift):
+    old, new, message = DRIFTS[drift]
+    text = DOCKERFILE.read_text()
+    assert old in text
+    proc = pins(tmp_path, dockerfile=text.replace(old, new))
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("reproflow.Dockerfile: ")
+
+
+def test_the_pin_check_holds_the_stand_in_toolchain_and_the_lock(tmp_path):
+    standin = (ROOT / "containers" / "cuda-standin.Dockerfile").read_text()
+    proc = pins(tmp_path, standin=standin.replace("CUDA_TOOLKIT_VERSION=13.0.3", "CUDA_TOOLKIT_VERSION=12.9.1"))
+    assert proc.returncode == 1
+    assert "cuda-standin.Dockerfile: ARG CUDA_TOOLKIT_VERSION=12.9.1 is not the cuda-toolkit torch 2.13.0 requires " \
+           "(13.0.3)" in proc.stderr
+    constraints = (ROOT / "constraints.txt").read_text().replace("torch==2.13.0", "torch==2.14.0")
+    proc = pins(tmp_path, constraints=constraints)
+    assert proc.returncode == 1 and "torch==2.14.0 is not in containers/pins.py's TORCH table" in proc.stderr
+
+
+def git_archive(tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A small repository, and a `git archive` tarball of its commit named like the mirror's."""
+    repo = tmp_path / f"{name}-repo"
+    repo.mkdir()
+    (repo / "README").write_text(f"{name}\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    mirror = tmp_path / "mirror"
+    mirror.mkdir(exist_ok=True)
+    tarball = mirror / f"{name}-1.0.tar.gz"
+    subprocess.run([*git, "archive", "--format=tar.gz", f"--prefix={name}-1.0/", "-o", str(tarball), commit],
+                   check=True)
+    return repo, commit
+
+
+def fetch_source(tmp_path: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "containers/fetch-source.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "SOURCE_MIRROR": str(mirror)})
+
+
+def test_fetch_source_takes_the_mirror_first_then_upstream_and_checks_every_pin(tmp_path):
+    repo, commit = git_archive(tmp_path, "thing")
+    mirror = tmp_path / "mirror"
+    # The mirror's tarball is found by the commit git archive recorded in it, whatever its name.
+    proc = fetch_source(tmp_path, str(tmp_path / "a"), commit, "https://example.invalid/thing.git", mirror=mirror)
+    assert proc.returncode == 0 and f"{commit} from the mirror's thing-1.0.tar.gz" in proc.stderr, proc.stderr
+    assert (tmp_path / "a" / "README").read_text() == "thing\n"
+    # Without it, upstream at the same commit.
+    proc = fetch_source(tmp_path, str(tmp_path / "b"), commit, str(repo), mirror=tmp_path / "empty")
+    assert proc.returncode == 0 and f"{commit} from {repo}" in proc.stderr, proc.stderr
+    assert (tmp_path / "b" / "README").is_file() and not (tmp_path / "b" / ".git").exists()
+    # A release tarball by sha256: the mirror's file, or a download whose sha256 must match.
+    tarball = mirror / "thing-1.0.tar.gz"
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    proc = fetch_source(tmp_path, str(tmp_path / "c"), f"sha256:{digest}", "https://example.invalid/t.tgz",
+                        mirror=mirror)
+    assert proc.returncode == 0 and (tmp_path / "c" / "README").is_file(), proc.stderr
+    proc = fetch_source(tmp_path, str(tmp_path / "d"), "sha256:" + "0" * 64, f"file://{tarball}", mirror=mirror)
+    assert proc.returncode == 1 and f"file://{tarball} (its sha256 is not {'0' * 64})" in proc.stderr, proc.stderr
+    # Nothing at the pin: what was tried, and the fix; nothing written.
+    proc = fetch_source(tmp_path, str(tmp_path / "e"), "1" * 40, "https://example.invalid/thing.git", mirror=mirror)
+    assert proc.returncode == 1 and f"no source at {'1' * 40}; tried:" in proc.stderr
+    assert f"{mirror} (no tarball at this pin)" in proc.stderr and "https://example.invalid/thing.git (" in proc.stderr
+    assert "put the pinned tarball in the mirror folder" in proc.stderr and not (tmp_path / "e").exists()
+    proc = fetch_source(tmp_path, str(tmp_path / "f"), "main", "https://example.invalid/thing.git", mirror=mirror)
+    assert proc.returncode == 2 and "PIN 'main' is neither a 40-digit commit nor sha256:<hex>" in proc.stderr
+
+
+def test_doctor_names_what_the_images_build_left_out(tmp_path):
+    image = tmp_path / "reproflow-gpu.sqsh"
+    header = bytearray(96)
+    header[:4] = b"hsqs"
+    header[40:48] = (96).to_bytes(8, "little")
+    image.write_bytes(bytes(header))
+    assert [c.status for c in check_image(str(image))] == ["ok"]
+    (tmp_path / "reproflow-gpu.sqsh.json").write_text(json.dumps(
+        {"flavour": "gpu", "skipped": {"efa-installer": "efa-installer.amazonaws.com is not reachable"}}))
+    checks = check_image(str(image))
+    assert [c.status for c in checks] == ["ok", "warn"]
+    assert checks[1].what == f"image {image} was built without efa-installer: efa-installer.amazonaws.com is " \
+                             "not reachable" and "make containers" in checks[1].fix
 
 
 def test_the_images_install_pyprojects_requirements():

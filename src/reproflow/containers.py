@@ -9,6 +9,7 @@ when one fails; the sbatch scripts make the same checks when the job starts.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -43,6 +44,22 @@ def image_problem(image: str, *, on_disk: bool = True) -> str:
         return (f"image {image} is cut short: it holds {size} bytes of the {recorded} its squashfs header records: "
                 "copy it again, or rebuild it with `make containers`")
     return ""
+
+
+def image_skipped(image: str) -> dict[str, str]:
+    """What the image's build left out (part -> why): from its .json sidecar, else the names the image
+    records in its environment (REPROFLOW_IMAGE_SKIPPED, read with unsquashfs)."""
+    sidecar = Path(image + ".json")
+    if sidecar.is_file():
+        try:
+            return dict(json.loads(sidecar.read_text()).get("skipped", {}))
+        except (ValueError, TypeError):
+            return {}
+    if not shutil.which("unsquashfs"):
+        return {}
+    environment = _run(["unsquashfs", "-cat", image, "etc/environment"])
+    found = re.search(r"^REPROFLOW_IMAGE_SKIPPED=(.*)$", environment, re.M)
+    return {part: "the image records it as skipped" for part in (found.group(1).split() if found else [])}
 
 
 def _run(cmd: list[str]) -> str:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from reproflow.containers import image_problem, oci_conf, runtime_problems
+from reproflow.containers import image_problem, image_skipped, oci_conf, runtime_problems
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -101,7 +101,12 @@ def check_image(image: str) -> list[Check]:
     if problem:
         what, _, fix = problem.partition(": ")
         return [Check(FAIL, what, fix)]
-    return [Check(OK, f"image {image} is a squash file")]
+    # A part left out at build time (the EFA installer where it cannot be downloaded) is missed on the nodes.
+    return [Check(OK, f"image {image} is a squash file")] + [
+        Check(WARN, f"image {image} was built without {part}: {why}",
+              "rebuild it with `make containers` on a build host that can fetch it before running on nodes that "
+              "need it")
+        for part, why in sorted(image_skipped(image).items())]
 
 
 def check_shared_results(results: Path, nodes: int) -> list[Check]:
