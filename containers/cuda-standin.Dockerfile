@@ -2,7 +2,8 @@
 # reached: Debian 12, the cpu flavour's base, with the CUDA toolchain torch's CUDA build asks for, from
 # PyPI's wheels, laid out the way NVIDIA's devel images lay it out. `make gpu-image-here` builds it and then
 # the gpu flavour on it (containers/build.sh with CUDA_STANDIN=1).
-#   /usr/local/cuda/{bin,include,lib64}: nvcc, headers (NVML's too), runtime (cudnn comes with torch's own wheels)
+#   /usr/local/cuda/{bin,include,lib64}: nvcc, headers (NVML's too), the libraries with their lib*.so links for
+#       the linker (the wheels ship only lib*.so.N), in ld.so.conf (cudnn comes with torch's own wheels)
 #   /usr/local/cuda/lib64/stubs/libcuda.so: a libcuda to link against (Open MPI's CUDA support links it;
 #       at run time the node's driver provides the real one). NVIDIA's images ship a stub there; here it is
 #       the driver library of Debian's non-free libcuda1 package, pinned by its sha256.
@@ -32,6 +33,8 @@ RUN cuda="/opt/cuda-wheels/nvidia/cu${CUDA_TOOLKIT_VERSION%%.*}" \
  && dpkg-deb -x "${LIBCUDA_DEB}" /tmp/libcuda \
  && cp "$(find /tmp/libcuda -name 'libcuda.so.*.*' | head -n 1)" "$cuda/lib/stubs/libcuda.so" \
  && rm -rf /tmp/libcuda "${LIBCUDA_DEB}" \
+ && for lib in "$cuda"/lib/lib*.so.[0-9]*; do \
+        dev="${lib%%.so.*}.so"; [ -e "$dev" ] || ln -s "${lib##*/}" "$dev"; done \
  && echo /usr/local/cuda/lib64 > /etc/ld.so.conf.d/000_cuda.conf && ldconfig \
  && /usr/local/cuda/bin/nvcc --version | tail -n 2
 # As NVIDIA's images: Enroot's and the NVIDIA container runtime's hooks give such a container the node's driver.
