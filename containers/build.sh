@@ -57,9 +57,10 @@ fi
 command -v "$builder" >/dev/null || die "BUILDER=$builder is not installed; docker, podman or buildah can build"
 case $builder in
     docker) build_command=(docker build) ;;
-    # Docker's image format: in OCI's, podman and buildah ignore SHELL (and with it pipefail).
-    podman) build_command=(podman build --format docker --layers --isolation chroot) ;;
-    buildah) build_command=(buildah bud --format docker --layers --isolation chroot) ;;
+    # Docker's image format: in OCI's, podman and buildah ignore SHELL (and with it pipefail). A failed
+    # build leaves no working container behind (--force-rm).
+    podman) build_command=(podman build --format docker --layers --force-rm --isolation chroot) ;;
+    buildah) build_command=(buildah bud --format docker --layers --force-rm --isolation chroot) ;;
 esac
 # pip inside a podman or buildah build of the gpu flavour trusts what this machine's pip trusts (BUILD_CA, default the cert of its
 # pip configuration: a proxy's or a site's CA): the file and a pip.conf naming it are mounted for the build's

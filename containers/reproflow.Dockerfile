@@ -105,10 +105,11 @@ RUN cuda_major="$(python -c 'import torch; print(torch.version.cuda.split(".")[0
  && nccl="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/nccl" \
  && mkdir -p /opt/nccl/lib && ln -s "$nccl/include" /opt/nccl/include \
  && ln -s "$nccl/lib/libnccl.so.2" /opt/nccl/lib/libnccl.so.2 && ln -s libnccl.so.2 /opt/nccl/lib/libnccl.so
-# The OFI plugin that takes NCCL over EFA.
+# The OFI plugin that takes NCCL over EFA (its autogen reads the version from git, or from .release_version
+# in a source without git's history).
 # hadolint ignore=DL3003
 RUN fetch-source /tmp/ofi "${AWS_OFI_NCCL_COMMIT}" https://github.com/aws/aws-ofi-nccl.git \
- && cd /tmp/ofi && ./autogen.sh >/dev/null \
+ && cd /tmp/ofi && echo "${AWS_OFI_NCCL_VERSION}" > .release_version && ./autogen.sh >/dev/null \
  && ./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa --with-cuda=/usr/local/cuda \
         --enable-platform-aws --disable-tests >/dev/null \
  && make -j "$(nproc)" >/dev/null && make install >/dev/null && rm -rf /tmp/ofi
