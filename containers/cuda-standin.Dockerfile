@@ -2,8 +2,9 @@
 # reached: Debian 12, the cpu flavour's base, with the CUDA toolchain torch's CUDA build asks for, from
 # PyPI's wheels, laid out the way NVIDIA's devel images lay it out. `make gpu-image-here` builds it and then
 # the gpu flavour on it (containers/build.sh with CUDA_STANDIN=1).
-#   /usr/local/cuda/{bin,include,lib64}: nvcc, headers (NVML's too), the libraries with their lib*.so links for
-#       the linker (the wheels ship only lib*.so.N), in ld.so.conf (cudnn comes with torch's own wheels)
+#   /usr/local/cuda/{bin,include,lib64}: nvcc, headers (NVML's, the profiler API's and CUPTI's too), the
+#       libraries with their lib*.so links for the linker (the wheels ship only lib*.so.N), in ld.so.conf
+#       (cudnn comes with torch's own wheels)
 #   /usr/local/cuda/lib64/stubs/libcuda.so: a libcuda to link against (Open MPI's CUDA support links it;
 #       at run time the node's driver provides the real one). NVIDIA's images ship a stub there; here it is
 #       the driver library of Debian's non-free libcuda1 package, pinned by its sha256.
@@ -20,9 +21,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
 # The toolchain's wheels in their own folder, outside the image's Python environment.
+ARG CUDA_PARTS=nvcc,cudart,crt,cccl,nvvm,nvrtc,nvml,profiler,cupti,cublas,cusparse,cusolver,curand,cufft,nvtx,nvjitlink,culibos
 RUN python3 -m venv /tmp/pip \
  && /tmp/pip/bin/pip install --no-cache-dir --disable-pip-version-check --target /opt/cuda-wheels \
-        "cuda-toolkit[nvcc,cudart,crt,cccl,nvvm,nvrtc,nvml,cublas,cusparse,cusolver,curand,cufft,nvtx,nvjitlink,culibos]==${CUDA_TOOLKIT_VERSION}" \
+        "cuda-toolkit[${CUDA_PARTS}]==${CUDA_TOOLKIT_VERSION}" \
  && rm -rf /tmp/pip
 # hadolint ignore=DL3003
 RUN cuda="/opt/cuda-wheels/nvidia/cu${CUDA_TOOLKIT_VERSION%%.*}" \
