@@ -62,14 +62,15 @@ case $builder in
     podman) build_command=(podman build --format docker --layers --force-rm --isolation chroot) ;;
     buildah) build_command=(buildah bud --format docker --layers --force-rm --isolation chroot) ;;
 esac
-# pip inside a podman or buildah build of the gpu flavour trusts what this machine's pip trusts (BUILD_CA, default the cert of its
-# pip configuration: a proxy's or a site's CA): the file and a pip.conf naming it are mounted for the build's
-# steps only (as empty files they stay in the image). Docker builds use their own engine's settings.
-if [ -z "${BUILD_CA+set}" ]; then
+# pip inside a podman or buildah build of the gpu flavour trusts what this machine's pip trusts (BUILD_CA,
+# default the cert of its pip configuration: a proxy's or a site's CA): the file and a pip.conf naming it are
+# mounted for the build's steps only (as empty files they stay in the image). Docker builds use their own
+# engine's settings.
+trust=()
+if [[ " ${flavours[*]} " == *" gpu "* ]] && [ -z "${BUILD_CA+set}" ]; then
     BUILD_CA=${PIP_CERT:-$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | tail -n 1)}
 fi
-trust=()
-if [ -n "$BUILD_CA" ] && [ "$builder" != docker ]; then
+if [ -n "${BUILD_CA:-}" ] && [ "$builder" != docker ]; then
     [ -f "$BUILD_CA" ] || die "BUILD_CA=$BUILD_CA does not exist: name a CA bundle file, or BUILD_CA= for none"
     trust_dir=$(mktemp -d)
     trap 'rm -rf "$trust_dir"' EXIT
@@ -242,9 +243,14 @@ for flavour in "${flavours[@]}"; do
         if [ "${CUDA_STANDIN:-0}" = 1 ]; then
             base=$(standin_base)
             # PyPI's torch at the locked version is the CUDA build the Dockerfile's index serves.
-            extra=(TORCH_INDEX_URL=https://pypi.org/simple SKIP=efa-installer)
-            skipped='"efa-installer": "efa-installer.amazonaws.com is not reachable from this build host: libfabric '
-            skipped+="$(sed -n 's/^ARG LIBFABRIC_VERSION=//p' "$DOCKERFILE") from source with the EFA provider in its place\""
+            extra=(TORCH_INDEX_URL=https://pypi.org/simple)
+            efa=https://efa-installer.amazonaws.com/aws-efa-installer-$(sed -n 's/^ARG EFA_INSTALLER_VERSION=//p' "$DOCKERFILE").tar.gz
+            if ! answer=$(curl -fsSI --max-time 20 "$efa" 2>&1 >/dev/null); then
+                extra+=(SKIP=efa-installer)
+                skipped="\"efa-installer\": \"$efa did not answer here (${answer//\"/\'}): libfabric "
+                skipped+="$(sed -n 's/^ARG LIBFABRIC_VERSION=//p' "$DOCKERFILE") built from source with the EFA provider in its place\""
+                say "skipping the EFA installer: $efa did not answer ($answer)"
+            fi
         fi
     fi
     ref="localhost/reproflow-$flavour:latest"

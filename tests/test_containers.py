@@ -255,6 +255,13 @@ def test_make_containers_names_what_would_work():
     assert "BUILDER=no-such-builder is not installed; docker, podman or buildah can build" in proc.stderr
     proc = subprocess.run(["bash", "containers/build.sh", "arm"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 1 and "no flavour 'arm': choose gpu or cpu" in proc.stderr
+    if shutil.which("podman"):
+        proc = subprocess.run(["bash", "containers/build.sh", "gpu"], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "BUILDER": "podman", "BUILD_CA": "/nonexistent/ca.crt",
+                                   "APPS": "/nonexistent"})
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+        assert "BUILD_CA=/nonexistent/ca.crt does not exist: name a CA bundle file, or BUILD_CA= for none" \
+            in proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah is not installed (tests/packages.sh installs it)")
