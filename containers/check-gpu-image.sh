@@ -6,10 +6,11 @@
 # used, what was skipped and why, each in-image check) and writes it to APPS/reproflow-gpu.summary.md.
 # Exits 1 when a check fails.
 set -euo pipefail
-apps=$(cd "${1:?usage: check-gpu-image.sh APPS}" && pwd)
+apps=${1:?usage: check-gpu-image.sh APPS}
 image=$apps/reproflow-gpu.sqsh
-summary=$apps/reproflow-gpu.summary.md
 [ -f "$image" ] && [ -f "$image.json" ] || { echo "no $image (and .json): build it with make gpu-image-here" >&2; exit 1; }
+apps=$(cd "$apps" && pwd)
+image=$apps/reproflow-gpu.sqsh summary=$apps/reproflow-gpu.summary.md
 command -v enroot >/dev/null || { echo "enroot not found: tests/enroot-pyxis.sh builds it" >&2; exit 1; }
 builder=$(sed -n 's/.*"builder": "\(.*\)".*/\1/p' "$image.json")
 

@@ -71,8 +71,8 @@ def test_one_dockerfile_whose_flavours_share_every_step_but_the_cuda_ones():
 
 def test_hadolint_passes():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    proc = subprocess.run([hadolint, "--config", str(ROOT / "containers" / "hadolint.yaml"), str(DOCKERFILE)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([hadolint, "--config", str(ROOT / "containers" / "hadolint.yaml"), str(DOCKERFILE),
+                           str(ROOT / "containers" / "cuda-standin.Dockerfile")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -255,6 +255,10 @@ def test_make_containers_names_what_would_work():
     assert "BUILDER=no-such-builder is not installed; docker, podman or buildah can build" in proc.stderr
     proc = subprocess.run(["bash", "containers/build.sh", "arm"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 1 and "no flavour 'arm': choose gpu or cpu" in proc.stderr
+    proc = subprocess.run(["bash", "containers/check-gpu-image.sh", "/nonexistent"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 1
+    assert proc.stderr == "no /nonexistent/reproflow-gpu.sqsh (and .json): build it with make gpu-image-here\n"
     if shutil.which("podman"):
         proc = subprocess.run(["bash", "containers/build.sh", "gpu"], cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "BUILDER": "podman", "BUILD_CA": "/nonexistent/ca.crt",
