@@ -40,6 +40,7 @@ nccl = ".".join(map(str, torch.cuda.nccl.version()))
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}")'
 check "apex's C++ and CUDA extensions import" python -c '
 import importlib, importlib.metadata as md
+import torch  # noqa: F401  (the extensions link its libraries)
 names = sorted({f.name.split(".")[0] for f in md.files("apex") if f.name.endswith(".so") and "/" not in str(f)})
 failed = []
 for name in names:
@@ -69,6 +70,7 @@ ls /opt/aws-ofi-nccl/lib/libnccl-net*.so* | head -n 1 | xargs -r basename
 fi_info --version | head -n 1; fi_info --list | grep -w efa'
 check "param's comms.py and driver.py at the pinned commit" bash -c '
 ls "$PARAM_DIR/train/comms/pt/comms.py" "$PARAM_DIR/train/compute/pt/driver.py" && echo "PARAM_COMMIT=$PARAM_COMMIT"'
+check "Open MPI's and libfabric's tools on the caller's PATH" bash -c 'command -v mpirun ompi_info fi_info'
 check "the srun --mpi plugin it names" bash -c 'echo "REPROFLOW_SRUN_MPI=$REPROFLOW_SRUN_MPI"; [ "$REPROFLOW_SRUN_MPI" = pmix ]'
 check "what the build left out" bash -c 'echo "REPROFLOW_IMAGE_SKIPPED=${REPROFLOW_IMAGE_SKIPPED:-none}"'
 EOF

@@ -148,6 +148,9 @@ RUN fetch-source /opt/param "${PARAM_COMMIT}" https://github.com/facebookresearc
         CUDA_HOME=/usr/local/cuda NVCC_GENCODE="${NVCC_GENCODE}" \
  && make -C /opt/nccl-tests -j "$(nproc)" MPI=1 NAME_SUFFIX=_mpi MPI_HOME=/opt/openmpi NCCL_HOME=/opt/nccl \
         CUDA_HOME=/usr/local/cuda NVCC_GENCODE="${NVCC_GENCODE}"
+# Enroot (and Pyxis through it) starts processes with the caller's PATH, not the image's: Open MPI's and
+# libfabric's tools are linked into /usr/local/bin, the virtual environment's, which every PATH has.
+RUN ln -s /opt/openmpi/bin/* /opt/amazon/efa/bin/* /usr/local/bin/
 ENV PARAM_DIR=/opt/param PARAM_COMMIT=${PARAM_COMMIT} NCCL_TESTS_DIR=/opt/nccl-tests/build \
     REPROFLOW_IMAGE_SKIPPED=${SKIP}
 
