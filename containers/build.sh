@@ -265,7 +265,9 @@ for flavour in "${flavours[@]}"; do
     fi
     say "squashing $ref into $out with $squasher"
     rm -f "$out.sha256" "$out.json"
+    squashed=$SECONDS
     squash "$ref" "$out"
+    squashed=$((SECONDS - squashed))
     (cd "$APPS" && sha256sum "reproflow-$flavour.sqsh" > "reproflow-$flavour.sqsh.sha256")
     # Copies of earlier images that OCI jobs unpacked beside this one (their default OCI_CACHE) are stale.
     sha=$(cut -d' ' -f1 "$out.sha256")
@@ -286,5 +288,5 @@ for flavour in "${flavours[@]}"; do
   "skipped": {${skipped}}
 }
 EOF
-    say "$out $(cut -d' ' -f1 "$out.sha256") ($(du -h "$out" | cut -f1))"
+    say "$out $(cut -d' ' -f1 "$out.sha256") ($(du -h "$out" | cut -f1), squashed in $squashed s)"
 done
