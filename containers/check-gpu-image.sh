@@ -63,8 +63,9 @@ echo "${#bins[@]} binaries (MPI=0 and _mpi), every library found; libnccl.so.2 -
 [ "${#bins[@]}" -gt 0 ] && [ -z "$missing" ] || { echo "missing: $missing"; exit 1; }'
 # (Open MPI's CUDA components load the driver's libcuda.so.1, which only a GPU node has: not said here.)
 check "mpi4py loads Open MPI built with CUDA support" bash -c '
+export OMPI_MCA_mca_base_component_show_load_errors=0
 ompi_info --parsable --all | grep "mpi_built_with_cuda_support:value:true"
-OMPI_MCA_mca_base_component_show_load_errors=0 python -c "import mpi4py; mpi4py.rc.initialize = False
+python -c "import mpi4py; mpi4py.rc.initialize = False
 from mpi4py import MPI
 print(\"mpi4py\", mpi4py.__version__, \"loads\", MPI.Get_library_version().splitlines()[0].strip())"'
 check "aws-ofi-nccl and libfabric (EFA provider)" bash -c '
