@@ -99,9 +99,22 @@ def _html_files(files: list[Path]) -> str:
     return "\n".join(parts)
 
 
-def _md_table(data: pd.DataFrame) -> str:
-    from reproflow.report import to_markdown
+def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-flavoured markdown table (no extra dependency)."""
+    def cell(v: object) -> str:
+        if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+            return ""
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v).replace("|", "\\|")  # a bar inside a cell would end it
 
+    head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+def _md_table(data: pd.DataFrame) -> str:
     if len(data) <= FOLD_ROWS:
         return to_markdown(data)
     return to_markdown(data.head(FOLD_ROWS)) + f"\n({len(data) - FOLD_ROWS} more rows in the CSV)\n"

@@ -19,6 +19,7 @@ import pandas as pd
 from reproflow.claims import Claim
 from reproflow.errors import ReproflowError
 from reproflow.family import AGGREGATE, families
+from reproflow.page import Section, hardware_table, to_markdown, write_page
 from reproflow.params import canonical
 from reproflow.results import GATE_FAIL, PROVENANCE_COLUMNS, point_file_problem, quarantine, result_files
 
@@ -117,21 +118,6 @@ def over_baseline(table: pd.DataFrame, keys: Sequence[str], baseline: pd.Series,
     return pd.Series(table[column].to_numpy() / matched["_baseline"].to_numpy(), index=table.index)
 
 
-def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
-    """A GitHub-flavoured markdown table (no extra dependency)."""
-    def cell(v: object) -> str:
-        if v is None or v is pd.NA or (isinstance(v, float) and v != v):
-            return ""
-        if isinstance(v, float):
-            return format(v, floatfmt)
-        return str(v).replace("|", "\\|")  # a bar inside a cell would end it
-
-    head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([head, rule, *body]) + "\n"
-
-
 def integral(frame: pd.DataFrame) -> pd.DataFrame:
     """Float columns holding only whole numbers (sizes, shapes after a concat with gaps) as integers."""
     out = frame.copy()
@@ -227,8 +213,6 @@ def build_reports(results: Path, out_dir: Path, root: Path, only: Sequence[str] 
     """Tables and figures for every family that has results (or only the families in `only`), then,
     for all families, the claims checked and the report page (report.html, report.md); returns the
     files written."""
-    from reproflow.page import Section, hardware_table, write_page
-
     os.environ.setdefault("MPLBACKEND", "Agg")
     unknown = sorted(set(only) - set(families()))
     if unknown:
