@@ -114,17 +114,19 @@ def problems(dockerfile: Path, standin: Path, constraints: Path) -> list[str]:
             out.append(f"{where}: reads the package nvidia-*-cu{name}, but torch {torch} brings nvidia-*-cu{major}: "
                        "derive the name from torch.version.cuda")
 
-    apex = args.get("APEX_COMMIT") or need("APEX_REF" if "APEX_COMMIT" not in args else "APEX_COMMIT")
+    # APEX_REF was the pin's name while it was a release tag.
+    apex = args.get("APEX_REF") or need("APEX_COMMIT")
     known = APEX.get(apex)
+    good = next((ref for ref, (takes_env, newest) in APEX.items() if takes_env and newest >= major), "?")
     if known is None:
         out.append(f"{where}: apex at {apex} is not in containers/pins.py's APEX table: add whether it takes "
                    "APEX_CPP_EXT/APEX_CUDA_EXT and the newest CUDA it compiles for")
     elif not known[0]:
         out.append(f"{where}: apex {apex} ignores APEX_CPP_EXT/APEX_CUDA_EXT (they arrived in 25.09): it would build "
-                   f"no extension; pin {next(r for r, k in APEX.items() if k[1] >= major and k[0])}")
+                   f"no extension; pin {good}")
     elif known[1] < major:
         out.append(f"{where}: apex {apex} compiles for CUDA {known[1]} at most (it hard-codes compute_70, which "
-                   f"nvcc {major} rejects): pin {next(r for r, k in APEX.items() if k[1] >= major and k[0])}")
+                   f"nvcc {major} rejects): pin {good}")
 
     ofi = need("AWS_OFI_NCCL_VERSION")
     least = OFI_NCCL_FOR_CUDA.get(major, (99,))
