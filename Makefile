@@ -93,6 +93,7 @@ archive: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # What the tests run containers with: Debian's packages (tests/packages.sh), Enroot and Pyxis built from
 # source (tests/enroot-pyxis.sh), and the CPU image built and squashed by `enroot import` (containers/).

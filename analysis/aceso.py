@@ -27,7 +27,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import (
+from reproflow.families.aceso.database import AFTER_TRAINING
+from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
+from reproflow.reporting.claims import (
     Claim,
     deciding,
     median_ratio_interval,
@@ -35,10 +37,8 @@ from reproflow.claims import (
     ratio_interval,
     replicated_ratio_interval,
 )
-from reproflow.families.aceso.database import AFTER_TRAINING
-from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
-from reproflow.family import AGGREGATE
-from reproflow.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.reporting.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.spec.family import AGGREGATE
 
 MODELS = ("gpt", "t5", "resnet")
 SIZE_ORDER = ("tiny", "350M", "770M", "250M", "500M", "1B", "1_3B", "2B", "2_6B", "3B", "4B", "6B", "6_7B", "6_8B",

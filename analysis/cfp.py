@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import Claim, deciding, not_measured, ratio_interval
-from reproflow.report import aggregates, newest, over_baseline, save_figure, wide, write_table
+from reproflow.reporting.claims import Claim, deciding, not_measured, ratio_interval
+from reproflow.reporting.report import aggregates, newest, over_baseline, save_figure, wide, write_table
 
 KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "mesh", "backend", "device"]
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",

@@ -10,9 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import Claim, not_measured
 from reproflow.families.param_comms import bus_factor
-from reproflow.report import (
+from reproflow.reporting.claims import Claim, not_measured
+from reproflow.reporting.report import (
     aggregates,
     compare_implementations,
     newest,

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.report import (
+from reproflow.reporting.report import (
     aggregates,
     compare_implementations,
     newest,

@@ -17,12 +17,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.claims import Claim, not_measured, pooled_ratio_interval, ratio_interval
 from reproflow.families.resharding import FAMILY
 from reproflow.families.resharding.plan import LOADBALANCE, problem
-from reproflow.network import UNSHAPED
-from reproflow.params import resolve
-from reproflow.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.launch.network import UNSHAPED
+from reproflow.reporting.claims import Claim, not_measured, pooled_ratio_interval, ratio_interval
+from reproflow.reporting.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.spec.params import resolve
 
 CONFIG = ["resharding_mode", "resharding_loadbalance_mode", "use_local_allgather"]
 SETTING = ["world_size", "backend", "device", "device_name"]

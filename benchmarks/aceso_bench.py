@@ -27,13 +27,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.cli import main as reproflow
+from reproflow.app.cli import main as reproflow
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.search import DepthSearch, Options, search
-from reproflow.report import load_results, to_markdown
+from reproflow.reporting.report import load_results, to_markdown
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
 MINISET = SHARED / "profiled-time-miniset"

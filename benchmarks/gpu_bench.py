@@ -21,11 +21,11 @@ import pandas as pd
 import torch
 from rank_ratio import _value, alternate, bare_gemm_tflops
 
-from reproflow.context import RunContext
 from reproflow.families.param_compute import DATASETS
-from reproflow.family import get_family
-from reproflow.params import resolve
-from reproflow.report import to_markdown
+from reproflow.rank.context import RunContext
+from reproflow.reporting.report import to_markdown
+from reproflow.spec.family import get_family
+from reproflow.spec.params import resolve
 
 GOAL = 0.95
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16}

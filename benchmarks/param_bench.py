@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from reproflow.local import run_ranks
-from reproflow.report import to_markdown
+from reproflow.launch.local import run_ranks
+from reproflow.reporting.report import to_markdown
 
 GOAL = 0.95
 HERE = Path(__file__).resolve().parent

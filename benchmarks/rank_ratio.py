@@ -19,10 +19,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from reproflow.context import RunContext
-from reproflow.family import get_family
-from reproflow.params import resolve
-from reproflow.timing import bare_loop_seconds
+from reproflow.rank.context import RunContext
+from reproflow.rank.timing import bare_loop_seconds
+from reproflow.spec.family import get_family
+from reproflow.spec.params import resolve
 
 
 def _value(rows, metric: str) -> float:

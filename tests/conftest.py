@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reproflow.results import point_file_problem
+from reproflow.store.results import point_file_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None,
               timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the reproflow CLI as a user would, capturing output."""
     full_env = dict(os.environ) | (env or {})
-    return subprocess.run([sys.executable, "-m", "reproflow.cli", *args], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, "-m", "reproflow.app.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

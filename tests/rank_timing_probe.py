@@ -11,8 +11,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from reproflow.context import RunContext
-from reproflow.timing import bare_loop_seconds, time_per_op
+from reproflow.rank.context import RunContext
+from reproflow.rank.timing import bare_loop_seconds, time_per_op
 
 
 def main() -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from reproflow.context import RunContext
 from reproflow.families.resharding import FAMILY, plan_for
 from reproflow.families.resharding.execute import run_plan
-from reproflow.params import resolve
+from reproflow.rank.context import RunContext
+from reproflow.spec.params import resolve
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reproflow.errors import ReproflowError
 from reproflow.families.aceso.costmodel import Config, CostModel, Stage
 from reproflow.families.aceso.database import (
     OP_COLUMNS,
@@ -20,6 +19,7 @@ from reproflow.families.aceso.database import (
 )
 from reproflow.families.aceso.models import GPT_LAYER, model, op_spec, reshard
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
+from reproflow.spec.errors import ReproflowError
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
 MINISET, EUROSYS = ARTIFACT / "profiled-time-miniset", ARTIFACT / "profiled-time-eurosys"

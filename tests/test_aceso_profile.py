@@ -17,7 +17,7 @@ from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.transformer_ops import GPT_OPS as OPS
 from reproflow.families.aceso.transformer_ops import T5_OPS
-from reproflow.report import load_results
+from reproflow.reporting.report import load_results
 
 pytestmark = pytest.mark.distributed
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import reproflow
 
-from reproflow.errors import ParamError
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import config_from_counts, write_json
 from reproflow.families.aceso.runtime import (
@@ -24,7 +23,8 @@ from reproflow.families.aceso.runtime import (
     model_ops,
     pieces,
 )
-from reproflow.report import load_results
+from reproflow.reporting.report import load_results
+from reproflow.spec.errors import ParamError
 
 SEQ = 64  # GPT sequence / T5 encoder sequence / ResNet image side: seconds on a CPU
 
@@ -204,7 +204,7 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
     import tomllib
     from conftest import ROOT
 
-    from reproflow.families.aceso.cli import profile_suite
+    from reproflow.families.aceso.commands import profile_suite
     from reproflow.families.aceso.settings import SETTINGS
 
     committed = tomllib.loads((ROOT / "workflows" / "aceso-small-profile.toml").read_text())["experiment"]

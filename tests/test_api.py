@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 import reproflow
-from reproflow.errors import ReproflowError
+from reproflow.spec.errors import ReproflowError
 
 pytestmark = [pytest.mark.distributed]
 

@@ -199,7 +199,7 @@ def test_committed_suite_is_what_cfp_all_generates() -> None:
     """workflows/cfp-small.toml (rendered to sbatch/) holds the experiments of `reproflow cfp all`."""
     import tomllib
 
-    from reproflow.cli import build_parser
+    from reproflow.app.cli import build_parser
     from reproflow.families.cfp.cli import PASSES, suite_text
 
     args = build_parser().parse_args(["cfp", "all", "--model", "gpt,moe,llama"])
@@ -235,8 +235,8 @@ def test_one_device_plans_need_no_communication_and_no_shards():
 def test_claims_against_alpa_pytorch_and_deepspeed_each_decided_by_its_worst_case(tmp_path: Path) -> None:
     """Known step times: CFP beats the Alpa-style plan and DeepSpeed on both models, loses to DDP on one
     (so PyTorch's claim does not hold, decided by that case), and ZeRO-3 is missing for one model."""
-    from reproflow.claims import FAILS, HOLDS, NOT_MEASURED
-    from reproflow.report import load_analysis
+    from reproflow.reporting.claims import FAILS, HOLDS, NOT_MEASURED
+    from reproflow.reporting.report import load_analysis
 
     ms = {"gpt": {"cfp": 20, "alpa": 40, "ddp": 10, "fsdp2": 30, "zero1": 25, "zero2": 26, "zero3": 60},
           "llama": {"cfp": 20, "alpa": 35, "ddp": 24, "fsdp2": 30, "zero1": 25, "zero2": 27}}
@@ -247,13 +247,13 @@ def test_claims_against_alpa_pytorch_and_deepspeed_each_decided_by_its_worst_cas
             for model, plans in ms.items() for plan, t in plans.items() for i in range(5)]
     frame = pd.DataFrame(rows)
     frame = pd.concat([frame, frame[frame["metric"] == "step_s"].assign(metric="step_time")])
-    alpa, torch_, deepspeed = load_analysis(ROOT, "cfp").claims(frame, tmp_path)
+    alpa, torch_, deepspeed = load_analysis("cfp").claims(frame, tmp_path)
     assert alpa.status == HOLDS and alpa.detail.startswith("gpt 2.00x, llama 1.75x")
     assert torch_.status == FAILS and torch_.measured == pytest.approx(0.5, rel=0.02)
     assert "gpt ddp 0.50x" in torch_.detail and "llama fsdp2 1.50x" in torch_.detail
     assert deepspeed.status == HOLDS and deepspeed.measured == pytest.approx(1.25, rel=0.02)
     assert "gpt zero3 2.99x" in deepspeed.detail and "llama zero3" not in deepspeed.detail
-    none = load_analysis(ROOT, "cfp").claims(frame[~frame["plan"].str.startswith("zero")], tmp_path)[2]
+    none = load_analysis("cfp").claims(frame[~frame["plan"].str.startswith("zero")], tmp_path)[2]
     assert none.status == NOT_MEASURED and "zero1, zero2, zero3" in none.detail
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reproflow.claims import (
+from reproflow.reporting.claims import (
     FAILS,
     HOLDS,
     INCONCLUSIVE,

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from conftest import reproflow
 
-from reproflow.errors import NotApplicable
 from reproflow.families import param_compute
-from reproflow.params import resolve
+from reproflow.spec.errors import NotApplicable
+from reproflow.spec.params import resolve
 
 pytestmark = pytest.mark.distributed
 

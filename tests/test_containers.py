@@ -22,10 +22,10 @@ from conftest import ROOT, reproflow
 from slurmtools import IMAGE, NEEDS_IMAGE, NEEDS_PYXIS, SMOKE, cluster, sacct, sbatch, wait  # noqa: F401
 from test_versions import canonical, differences, locked
 
-from reproflow.containers import image_problem, runtime_problems
-from reproflow.doctor import check_image
-from reproflow.render import image_flavours
-from reproflow.results import file_sha256
+from reproflow.launch.containers import image_problem, runtime_problems
+from reproflow.launch.doctor import check_image
+from reproflow.launch.render import image_flavours
+from reproflow.store.results import file_sha256
 
 DOCKERFILE = ROOT / "containers" / "reproflow.Dockerfile"
 FAMILIES = {"comms": "param_comms", "gemm": "param_compute", "resharding": "resharding", "aceso-train": "aceso",

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, reproflow
 
 from reproflow.families.param_comms import COLLECTIVES, bus_factor
-from reproflow.local import run_ranks
+from reproflow.launch.local import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -101,7 +101,7 @@ def test_timed_loop_matches_an_independent_bare_loop(tmp_path):
     """reproflow's latency is the time of real collectives: close to a bare torch.distributed loop."""
     cmd = [sys.executable, str(ROOT / "tests" / "rank_timing_probe.py"), str(1 << 20), "10", "5"]
     proc = subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; "
-                           "from reproflow.local import run_ranks; "
+                           "from reproflow.launch.local import run_ranks; "
                            f"sys.exit(run_ranks({cmd!r}, 2, Path({str(tmp_path)!r})))"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -123,8 +123,8 @@ def test_runners_timed_together_take_turns_each_round(tmp_path) -> None:
     import torch
     import torch.distributed as dist
 
-    from reproflow.context import RunContext
-    from reproflow.timing import interleaved_steps
+    from reproflow.rank.context import RunContext
+    from reproflow.rank.timing import interleaved_steps
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -157,8 +157,8 @@ def test_profile_passes_go_on_until_their_seconds(tmp_path) -> None:
     import torch
     import torch.distributed as dist
 
-    from reproflow.context import RunContext
     from reproflow.families.aceso.profile import Prepared, time_passes
+    from reproflow.rank.context import RunContext
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

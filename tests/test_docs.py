@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from reproflow.cli import build_parser
+from reproflow.app.cli import build_parser
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

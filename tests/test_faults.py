@@ -36,11 +36,11 @@ from slurmtools import (  # noqa: F401 - cluster: the Slurm tests' fixture
     wait,
 )
 
-from reproflow.render import render_sbatch
-from reproflow.reproduce import run_step
-from reproflow.results import point_file_problem
-from reproflow.retry import CANCELLED, INFRASTRUCTURE, TIME_LIMIT, classify, job_log
-from reproflow.suite import load_suite
+from reproflow.app.reproduce import run_step
+from reproflow.launch.render import render_sbatch
+from reproflow.launch.retry import CANCELLED, INFRASTRUCTURE, TIME_LIMIT, classify, job_log
+from reproflow.spec.suite import load_suite
+from reproflow.store.results import point_file_problem
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 SLURM = pytest.mark.usefixtures("cluster")
@@ -158,7 +158,7 @@ def test_slurm_node_down_during_a_two_node_job_is_retried_elsewhere_and_tagged(t
     suite = suite_file(tmp_path, nodes=2, procs=1, iters=6000)
     results = tmp_path / "results"
     start = time.monotonic()
-    supervisor = subprocess.Popen([sys.executable, "-m", "reproflow.cli", "submit", str(suite), "--results",
+    supervisor = subprocess.Popen([sys.executable, "-m", "reproflow.app.cli", "submit", str(suite), "--results",
                                    str(results), "--retries", "1"], cwd=ROOT, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
     try:

@@ -22,15 +22,15 @@ from conftest import BAD_INPUTS, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reproflow import cli
-from reproflow.errors import ParamError, ReproflowError
+from reproflow.app import cli
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import config_from_counts, write_json
 from reproflow.families.aceso.runtime import load_config, model_ops
 from reproflow.families.cfp.passes import _segment_profile
-from reproflow.render import render_sbatch
-from reproflow.submit import SubmititExecutor
-from reproflow.suite import LAUNCH_FIELDS, load_suite
+from reproflow.launch.render import render_sbatch
+from reproflow.launch.submit import SubmititExecutor
+from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.suite import LAUNCH_FIELDS, load_suite
 
 MARK = Path(tempfile.gettempdir()) / f"reproflow-injected-{os.getpid()}"
 PAYLOADS = [f"$(touch {MARK})", f"`touch {MARK}`", f"'; touch {MARK}; '", f'"; touch {MARK}; "',
@@ -365,7 +365,7 @@ def test_at_least_a_thousand_bad_inputs_without_a_traceback_or_an_injection():
 
 
 def test_ranks_beyond_the_gpus_share_them_only_without_nccl():
-    from reproflow.context import gpu_of
+    from reproflow.rank.context import gpu_of
 
     assert [gpu_of(r, 2, "nccl") for r in (0, 1)] == [0, 1]
     assert [gpu_of(r, 1, "gloo") for r in (0, 1, 2)] == [0, 0, 0]

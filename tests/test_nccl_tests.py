@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import ROOT
 
-from reproflow.errors import ParamError
 from reproflow.families.param_comms import FAMILY, table
 from reproflow.families.param_comms.nccl_tests import (
     BINARY,
@@ -21,9 +20,10 @@ from reproflow.families.param_comms.nccl_tests import (
     runtime_check,
     sweep_length,
 )
-from reproflow.family import Measurement
-from reproflow.params import resolve
-from reproflow.tools import ToolOutputError
+from reproflow.rank.tools import ToolOutputError
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Measurement
+from reproflow.spec.params import resolve
 
 DATA = ROOT / "tests" / "data" / "nccl-tests"
 ALL_REDUCE = (DATA / "all_reduce_perf.txt").read_text()

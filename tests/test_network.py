@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from conftest import reproflow
 
-from reproflow.errors import ReproflowError
-from reproflow.local import LocalExecutor
-from reproflow.network import UNSHAPED, EmulatedNetwork, parse_rate
-from reproflow.suite import load_suite
+from reproflow.launch.local import LocalExecutor
+from reproflow.launch.network import UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.suite import load_suite
 
 
 @pytest.mark.parametrize(("text", "mbit"), [("1gbit", 1000.0), ("200mbit", 200.0), ("200", 200.0),

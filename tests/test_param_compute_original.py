@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.errors import SuiteError
 from reproflow.families.param_compute import DATASETS, FAMILY
 from reproflow.families.param_compute.original import argv, parse_compute
-from reproflow.params import resolve
-from reproflow.suite import load_suite
+from reproflow.spec.errors import SuiteError
+from reproflow.spec.params import resolve
+from reproflow.spec.suite import load_suite
 
 DATA = ROOT / "tests" / "data" / "param"
 GEMM_C = (DATA / "compute_gemm_C_cpu.txt").read_text()

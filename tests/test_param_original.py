@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.errors import ParamError, SuiteError
 from reproflow.families.param_comms import FAMILY
 from reproflow.families.param_comms.original import argv, parse_comms, runtime_check
-from reproflow.params import resolve
-from reproflow.suite import load_suite
+from reproflow.spec.errors import ParamError, SuiteError
+from reproflow.spec.params import resolve
+from reproflow.spec.suite import load_suite
 
 DATA = ROOT / "tests" / "data" / "param"
 ALL_REDUCE = (DATA / "comms_all_reduce_w2_gloo.txt").read_text()

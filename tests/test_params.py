@@ -1,7 +1,7 @@
 import pytest
 
-from reproflow.errors import ParamError
-from reproflow.params import Param, canonical, format_size, parse_size, resolve
+from reproflow.spec.errors import ParamError
+from reproflow.spec.params import Param, canonical, format_size, parse_size, resolve
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from conftest import record_fault, reproflow, rows_lost
 
-from reproflow.report import load_results
-from reproflow.results import (
+from reproflow.launch.retry import CANCELLED, EXPERIMENT, INFRASTRUCTURE, OK, TIME_LIMIT, classify, fit
+from reproflow.reporting.report import load_results
+from reproflow.store.results import (
     QUARANTINE,
     REDACTED,
     append_line,
@@ -21,7 +22,6 @@ from reproflow.results import (
     point_file_problem,
     redact_environment,
 )
-from reproflow.retry import CANCELLED, EXPERIMENT, INFRASTRUCTURE, OK, TIME_LIMIT, classify, fit
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,8 @@ import jinja2
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.render import render_sbatch, sbatch_path
-from reproflow.suite import load_suite
+from reproflow.launch.render import render_sbatch, sbatch_path
+from reproflow.spec.suite import load_suite
 
 SUITES = sorted((ROOT / "workflows").glob("*.toml"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reproflow.report import load_results, to_markdown
+from reproflow.reporting.report import load_results, to_markdown
 
 
 def test_rows_from_before_a_parameter_existed_get_its_default(tmp_path):

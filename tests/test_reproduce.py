@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, NOT_MEASURED, Claim
-from reproflow.errors import ReproflowError
-from reproflow.family import families
-from reproflow.report import load_analysis
-from reproflow.reproduce import PLAN, Estimate, Plan, Progress, Step, Target, load_plan, plan_resamples
+from reproflow.app.reproduce import PLAN, Estimate, Plan, Progress, Step, Target, load_plan, plan_resamples
+from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, NOT_MEASURED, Claim
+from reproflow.reporting.report import load_analysis
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.family import families
 
 # Screenshots of the page the browser test took, kept after the run for people to look at.
 ARTIFACTS = ROOT / "test-artifacts"
@@ -65,7 +65,7 @@ def _wide(path: Path, rows: dict[str, list[float]], sizes: list[str]) -> None:
 
 
 def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
-    claims = load_analysis(ROOT, "aceso").claims
+    claims = load_analysis("aceso").claims
     empty = claims(pd.DataFrame(), tmp_path)
     assert [c.status for c in empty] == [NOT_MEASURED, NOT_MEASURED] and all("make fig" in c.detail for c in empty)
     _wide(tmp_path / "aceso" / "e2e_thpt_small_gpt.csv", {"megatron": [2.0], "aceso": [3.0]}, ["tiny"])
@@ -125,7 +125,7 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:
     targets = load_plan(ROOT / PLAN).targets
     for name in families():
-        module = load_analysis(ROOT, name)
+        module = load_analysis(name)
         for claim in getattr(module, "claims", lambda *_: [])(pd.DataFrame(), tmp_path):
             assert claim.status == NOT_MEASURED and claim.family == name and claim.paper
             assert claim.target in targets and f"make {claim.target}" in claim.detail
@@ -141,7 +141,7 @@ def test_a_claim_holds_only_inside_its_bounds() -> None:
 
 def test_time_left_follows_the_plan_until_the_step_has_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr("reproflow.reproduce.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("reproflow.app.reproduce.time.monotonic", lambda: now[0])
     plan = [Estimate(Step("first", "run a", 2.0, 4), 1, 4, 0, 2.0, "plan"),
             Estimate(Step("cfp", "cfp all", 1.5, 12), 1, 12, None, 1.5, "plan")]
     progress = Progress(plan, out=lambda _: None, tty=False)

@@ -9,18 +9,18 @@ from fractions import Fraction as F
 import pytest
 import torch
 
-from reproflow.errors import ParamError
 from reproflow.families.resharding import FAMILY, balance
 from reproflow.families.resharding.cases import N_TO_M, ONE_TO_M
+from reproflow.families.resharding.execute import box_values
 from reproflow.families.resharding.layout import (
-    box_values,
     device_boxes,
     numel,
     parse_mesh,
     parse_spec,
 )
 from reproflow.families.resharding.plan import LOADBALANCE, make_plan
-from reproflow.params import resolve
+from reproflow.spec.errors import ParamError
+from reproflow.spec.params import resolve
 
 HOST = 4  # ranks per host, as the reference's p3.8xlarge
 

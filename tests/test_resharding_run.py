@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.local import run_ranks
+from reproflow.launch.local import run_ranks
 
 pytestmark = pytest.mark.distributed
 # Smallest scale every case divides into (dim 0 of 1024 / 128 = 8 rows); 2 runs, 1 dropped.

@@ -239,8 +239,8 @@ warmup_runs = 1
 
 
 def test_resharding_meshes_sit_on_separate_nodes(tmp_path, write_suite):
-    from reproflow.render import render_sbatch
-    from reproflow.suite import load_suite
+    from reproflow.launch.render import render_sbatch
+    from reproflow.spec.suite import load_suite
 
     script = tmp_path / "resharding.sbatch"
     script.write_text(render_sbatch(load_suite(write_suite(RESHARDING, "resharding-two-hosts")), ROOT))
@@ -347,8 +347,8 @@ steps = 1
 def test_spatial_mpi_ranks_start_through_srun_on_two_nodes(tmp_path, write_suite):
     """The MPI path of the sbatch script: srun --mpi starts one MPI rank per task (pmi2 here: the MPICH
     wheel has no PMIx client); tiles on node1, the two layer-parallel replicas on node2."""
-    from reproflow.render import render_sbatch
-    from reproflow.suite import load_suite
+    from reproflow.launch.render import render_sbatch
+    from reproflow.spec.suite import load_suite
 
     script = tmp_path / "spatial.sbatch"
     script.write_text(render_sbatch(load_suite(write_suite(SPATIAL, "spatial-two-nodes")), ROOT))

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from conftest import reproflow
 
-from reproflow.errors import ParamError
 from reproflow.families.spatial import FAMILY
 from reproflow.families.spatial.halo import Patch, Span, Window
 from reproflow.families.spatial.layers import AvgPool, Conv, MaxPool, Norm
 from reproflow.families.spatial.layout import Layout
 from reproflow.families.spatial.models import FactorizedReduce, amoebanet_d, resnet_layers, resnet_v2
 from reproflow.families.spatial.pipeline import partition, program
+from reproflow.spec.errors import ParamError
 
 
 def test_layers_on_a_whole_image_match_torch():
@@ -252,10 +252,9 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
 
 
 def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):
-    from conftest import ROOT
 
-    from reproflow.claims import HOLDS, NOT_APPLICABLE
-    from reproflow.report import load_analysis
+    from reproflow.reporting.claims import HOLDS, NOT_APPLICABLE
+    from reproflow.reporting.report import load_analysis
 
     def rows(experiment, spatial_size, slice_method, verify, seconds):
         return [{"suite": "s", "experiment": experiment, "point": slice_method, "world_size": 5, "backend": "gloo",
@@ -270,7 +269,7 @@ def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_chec
         + rows("check", 1, "vertical", True, [0.90]))  # a one-step check of another size: not a timed step
     frame = pd.concat([frame, pd.DataFrame([{**frame.iloc[0].to_dict(), **steady[0]},
                                             {**frame.iloc[5].to_dict(), **steady[1]}])], ignore_index=True)
-    claims = load_analysis(ROOT, "spatial").claims
+    claims = load_analysis("spatial").claims
     claim = claims(frame, tmp_path)[2]
     assert claim.status == HOLDS and claim.measured == pytest.approx(1.95, rel=0.03), claim
     # 5 ranks on one host of 2 cores take turns on the cores: the ratio is shown, the claim not judged.

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.errors import SuiteError
-from reproflow.suite import format_slurm_time, load_suite, slurm_seconds
+from reproflow.spec.errors import SuiteError
+from reproflow.spec.suite import format_slurm_time, load_suite, slurm_seconds
 
 GOOD = """
 [suite]
@@ -110,7 +110,7 @@ def test_paths_outside_checkout_still_find_the_project(tmp_path: Path):
 def test_a_rank_checks_only_its_own_experiment(write_suite):
     """`load_suite(only=...)` (what a rank calls) runs the family's checks on that experiment's points alone;
     without it every point is checked. get_family's one-module import gives the registry's family."""
-    from reproflow.family import families, get_family
+    from reproflow.spec.family import families, get_family
 
     path = write_suite("""
         [[experiment]]

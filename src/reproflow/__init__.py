@@ -7,6 +7,7 @@ the command line starts without pandas.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -15,7 +16,6 @@ __all__ = ["build_report", "check_claims", "load_suite", "read_results", "run_su
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from reproflow import api
-
-        return getattr(api, name)
+        # By name: the API sits above every layer, and `reproflow.__version__` must not pull it in.
+        return getattr(importlib.import_module("reproflow.api"), name)
     raise AttributeError(f"module 'reproflow' has no attribute {name!r}")

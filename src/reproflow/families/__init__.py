@@ -1,1 +1,1 @@
-"""Experiment families. Each subpackage exports `FAMILY` (a reproflow.family.Family)."""
+"""Experiment families. Each subpackage exports `FAMILY` (a reproflow.spec.family.Family)."""

@@ -8,31 +8,42 @@ also holds the model zoo (models.py), the database format (database.py), the per
 `reproflow aceso` (cli.py).
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reproflow.context import RunContext
-from reproflow.families.aceso import profile, runtime
-from reproflow.families.aceso.cli import register_cli
-from reproflow.family import Family, Measurement
-from reproflow.params import Param
+from reproflow.spec.family import Family, Measurement
+from reproflow.spec.params import Param
+
+if TYPE_CHECKING:
+    from reproflow.rank.context import RunContext
 
 
+# The profiler and the runtime import torch: only when a point is checked or run, not when listed.
 def check(params: Mapping[str, Any], world_size: int) -> None:
+    from reproflow.families.aceso import profile, runtime
+
     (runtime.check if params["kind"] == "train" else profile.check)(params, world_size)
 
 
 def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
+    from reproflow.families.aceso import runtime
+
     if params["kind"] == "train":
         runtime.check(params, ctx.world_size, at_run_time=True)
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
+    from reproflow.families.aceso import profile, runtime
+
     return (runtime.train if params["kind"] == "train" else profile.run)(ctx, params)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
     if params["kind"] != "train":
+        from reproflow.families.aceso import profile
+
         return profile.table(params, rows)
     v = {m.metric: m.value for m in rows if m.rank is None and "iteration" not in m.coords}
     losses = [m.value for m in rows if m.metric == "loss"]
@@ -82,7 +93,6 @@ FAMILY = Family(
     table=table,
     check=check,
     runtime_check=runtime_check,
-    register_cli=register_cli,
 )
 
 __all__ = ["FAMILY"]

@@ -29,17 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from reproflow.errors import ReproflowError
 from reproflow.families.aceso.database import FIELDS, P2P_LATENCY_FILE, Database, optimizer_file
 from reproflow.families.aceso.models import Model, is_layer_start, op_spec, reshard
+from reproflow.families.aceso.settings import KINDS
+from reproflow.spec.errors import ReproflowError
 
 F = {name: i for i, name in enumerate(FIELDS)}
 # Bits of (op, tp, dp, algo) of producer and consumer, then the size in 1/1000 MB: 63 bits in all.
 PAIR_BITS = (9, 5, 5, 1, 9, 5, 5, 1, 23)
 SHARED_ZERO_OPS = ("enc-attention-softmax", "bn1")
-# "reference": the reference's predictions exactly; "runtime": also what reproflow's runtime spends outside
-# the pipeline (the data-parallel gradient all-reduce and the optimizer step).
-KINDS = ("runtime", "reference")
 
 
 def _flags(values: list[int] | np.ndarray) -> np.ndarray:

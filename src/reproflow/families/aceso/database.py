@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reproflow.errors import ReproflowError
 from reproflow.families.aceso.models import Model
-from reproflow.results import atomic_write
+from reproflow.spec.errors import ReproflowError
+from reproflow.store.results import atomic_write
 
 OP_COLUMNS = ("op_name", "forward-compute", "backward-compute", "input_size", "output_size", "weights",
               "activations", "fwd_reserved", "bwd_reserved")

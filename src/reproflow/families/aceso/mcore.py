@@ -15,8 +15,8 @@ import warnings
 
 import torch
 
-from reproflow.errors import ParamError
 from reproflow.families.aceso.tp import Group, OpDef
+from reproflow.spec.errors import ParamError
 
 
 def available() -> None:

@@ -12,9 +12,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reproflow import documents
-from reproflow.documents import Count, Either, Index
-from reproflow.errors import ParamError
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
 from reproflow.families.aceso.models import (
     GPT,
@@ -24,7 +21,10 @@ from reproflow.families.aceso.models import (
     T5_ENCODER_LAYER_OPS,
     Model,
 )
-from reproflow.results import atomic_write
+from reproflow.spec import documents
+from reproflow.spec.documents import Count, Either, Index
+from reproflow.spec.errors import ParamError
+from reproflow.store.results import atomic_write
 
 
 def config_from_counts(model: Model, global_bs: int, micro_bs: int, model_ops: list[str], counts: list[int],

@@ -26,15 +26,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
-from reproflow.errors import ParamError
 from reproflow.families.aceso import resnet_ops, transformer_ops
 from reproflow.families.aceso.database import FIELDS, OP_COLUMNS, P2P_LATENCY_FILE
 from reproflow.families.aceso.models import GPT, RESNET, T5
 from reproflow.families.aceso.tp import Env, Group, OpDef
-from reproflow.family import Measurement
-from reproflow.memory import SavedBytes, keep_freed_memory
-from reproflow.timing import time_steps
+from reproflow.rank.context import ALL_GATHER, REDUCE_SCATTER, RunContext
+from reproflow.rank.memory import SavedBytes, keep_freed_memory
+from reproflow.rank.timing import time_steps
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Measurement
 
 MB = 2**20
 IMAGE = 224  # Wide-ResNet input side, as the reference (ImageNet)

@@ -47,17 +47,17 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from reproflow.context import RunContext
-from reproflow.errors import ParamError, ReproflowError
 from reproflow.families.aceso import mcore, resnet_ops, transformer_ops
 from reproflow.families.aceso.costmodel import Config
 from reproflow.families.aceso.models import RESNET, is_layer_start, model
 from reproflow.families.aceso.plans import read_config, read_json
 from reproflow.families.aceso.tp import Act, Env, Group, OpDef, gather, split, weight_seed
-from reproflow.family import Measurement
-from reproflow.memory import keep_freed_memory
-from reproflow.paths import project_root
-from reproflow.results import atomic_write
+from reproflow.rank.context import RunContext
+from reproflow.rank.memory import keep_freed_memory
+from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.family import Measurement
+from reproflow.spec.paths import project_root
+from reproflow.store.results import atomic_write
 
 MB = 2**20
 IMAGE = 224

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The performance models: "reference", the reference's predictions exactly; "runtime", also what
+# reproflow's runtime spends outside the pipeline (the data-parallel gradient all-reduce and the
+# optimizer step).
+KINDS = ("runtime", "reference")
+
 
 @dataclass(frozen=True)
 class SearchOptions:

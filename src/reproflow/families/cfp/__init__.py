@@ -9,17 +9,22 @@ and Megatron-style tensor-parallel plans and the Alpa-style per-contraction inte
 (alpa.py) beside it (passes.py). `reproflow cfp` is the command line.
 """
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from __future__ import annotations
 
-from reproflow.context import RunContext
-from reproflow.errors import ParamError
-from reproflow.families.cfp.cli import BASELINES, register_cli
-from reproflow.families.cfp.models import MODELS
-from reproflow.family import Family, Measurement
-from reproflow.params import Param
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Family, Measurement
+from reproflow.spec.params import Param
+
+if TYPE_CHECKING:
+    from reproflow.rank.context import RunContext
 
 MODES = ("analysis", "profile", "search", "enum")
+MODELS = ("gpt", "moe", "llama")
+TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")  # torch_baselines.py's, named here: it imports DTensor
+BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -86,7 +91,6 @@ FAMILY = Family(
     run=run,
     table=table,
     check=check,
-    register_cli=register_cli,
 )
 
 __all__ = ["FAMILY"]

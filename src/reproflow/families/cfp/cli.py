@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 
-from reproflow.cli import generated_suite_options, run_generated_suite
-from reproflow.errors import ReproflowError
-from reproflow.families.cfp.models import MODELS
-from reproflow.suite import suite_toml
+from reproflow import api
+from reproflow.api.options import generated_suite_options, placement
+from reproflow.families.cfp import BASELINES, MODELS
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.suite import suite_toml
 
 PASSES = ("analysis", "profile", "search")
-TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")  # torch_baselines.py's, named here: it imports DTensor
-BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 
 
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
@@ -53,7 +52,7 @@ def cmd_cfp(args: argparse.Namespace) -> int:
     meshes = args.mesh.replace(",", "-") if args.mesh else ""
     name = (f"cfp-{'-'.join(models)}-{mode}-{args.size}-L{args.num_layer}-B{args.batch_size}-n{args.nproc}"
             + (f"-m{meshes}" if meshes else ""))
-    run_generated_suite(suite_text(models, passes, args), name, args)
+    api.run_generated_suite(suite_text(models, passes, args), name, placement(args))
     return 0
 
 

@@ -17,9 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reproflow.errors import ParamError
-
-MODELS = ("gpt", "moe", "llama")
+from reproflow.spec.errors import ParamError
 
 
 @dataclass(frozen=True)

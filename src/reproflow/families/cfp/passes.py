@@ -29,16 +29,15 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
-from reproflow import documents
-from reproflow.context import RunContext
-from reproflow.documents import Count, Either, Index, MapOf
-from reproflow.errors import ParamError, PointFailed
-from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
-from reproflow.families.cfp.cli import TORCH_BASELINES
+from reproflow.families.cfp import TORCH_BASELINES, alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.graph import Analysis, R
-from reproflow.family import Measurement
-from reproflow.results import atomic_write
-from reproflow.timing import interleaved_steps, slowest_steps
+from reproflow.rank.context import RunContext
+from reproflow.rank.timing import interleaved_steps, slowest_steps
+from reproflow.spec import documents
+from reproflow.spec.documents import Count, Either, Index, MapOf
+from reproflow.spec.errors import ParamError, PointFailed
+from reproflow.spec.family import Measurement
+from reproflow.store.results import atomic_write
 
 P = -2  # partial sums (an output only)
 

@@ -12,31 +12,21 @@ from rank-1 in one group. With `implementation = "param"` the original comms.py 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Family, Measurement
+from reproflow.spec.params import Param
 
-from reproflow.context import ALL_GATHER, REDUCE_SCATTER, RunContext
-from reproflow.errors import ParamError
-from reproflow.families.param_comms import nccl_tests, original
-from reproflow.family import Family, Measurement
-from reproflow.params import Param
-from reproflow.timing import STATS, rank_stats, time_per_op
+if TYPE_CHECKING:
+    from reproflow.rank.context import RunContext
 
 IMPLEMENTATIONS = ("reproflow", "param", "nccl-tests")
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 # Collectives whose buffer is split across ranks: at least one element per rank.
 SPLIT = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 MAX_SIZES = 100
 
 
@@ -92,127 +82,31 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     if params["collective"] == "send_recv" and world_size < 2:
         raise ParamError("send_recv needs at least 2 ranks.")
     if params["implementation"] == "param":
+        from reproflow.families.param_comms import original
+
         original.check(params)
 
 
 def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
     """The original tool must be present where the job runs."""
+    from reproflow.families.param_comms import nccl_tests, original
+
     if params["implementation"] == "param":
         original.runtime_check(params, ctx.backend)
     elif params["implementation"] == "nccl-tests":
         nccl_tests.runtime_check(params, ctx)
 
 
-class _Buffers:
-    """The tensors of one collective at one size, and the call that issues it once."""
-
-    def __init__(self, collective: str, total: int, per_rank: int, dtype: torch.dtype, ctx: RunContext,
-                 root: int) -> None:
-        self.collective, self.ctx, self.root = collective, ctx, root
-        dev = ctx.device
-        if dtype.is_floating_point:
-            make = lambda n: torch.rand(n, device=dev).to(dtype) / ctx.world_size  # noqa: E731
-        else:
-            make = lambda n: torch.randint(0, 10, (n,), device=dev, dtype=dtype)  # noqa: E731
-        if collective == "all_gather":
-            self.inp, self.out = make(per_rank), torch.empty(total, dtype=dtype, device=dev)
-        elif collective == "reduce_scatter":
-            self.inp, self.out = make(total), torch.empty(per_rank, dtype=dtype, device=dev)
-        elif collective in ("all_to_all", "send_recv"):
-            self.inp, self.out = make(total), torch.empty(total, dtype=dtype, device=dev)
-        else:
-            self.inp = self.out = make(total)
-
-    def issue(self, async_op: bool) -> Any:
-        c, r = self.collective, self.ctx
-        if c == "all_reduce":
-            return dist.all_reduce(self.inp, async_op=async_op)
-        if c == "all_gather":
-            return ALL_GATHER(self.out, self.inp, async_op=async_op)
-        if c == "reduce_scatter":
-            return REDUCE_SCATTER(self.out, self.inp, async_op=async_op)
-        if c == "all_to_all":
-            return dist.all_to_all_single(self.out, self.inp, async_op=async_op)
-        if c == "broadcast":
-            return dist.broadcast(self.inp, src=self.root, async_op=async_op)
-        if c == "reduce":
-            return dist.reduce(self.inp, dst=self.root, async_op=async_op)
-        ops = [
-            dist.P2POp(dist.isend, self.inp, (r.rank + 1) % r.world_size),
-            dist.P2POp(dist.irecv, self.out, (r.rank - 1) % r.world_size),
-        ]
-        works = dist.batch_isend_irecv(ops)
-        if async_op:
-            return works
-        for w in works:
-            w.wait()
-        return None
-
-    def count_errors(self) -> int:
-        """Fill known values, run the collective once, and count wrong output elements (-c in nccl-tests)."""
-        c, r = self.collective, self.ctx
-        w, me = r.world_size, r.rank
-        per = self.out.numel() // w if c in ("all_gather", "all_to_all") else 0
-        if c == "all_to_all":
-            # Rank r sends chunk j filled with r*w + j; rank r then holds chunk j = j*w + r.
-            self.inp.copy_(torch.arange(w, device=r.device).repeat_interleave(per) + me * w)
-            expected = torch.arange(w, device=r.device).repeat_interleave(per) * w + me
-        elif c == "broadcast":
-            self.inp.fill_(3 if me == self.root else 0)
-            expected = torch.full_like(self.inp, 3, dtype=torch.float64)
-        elif c == "send_recv":
-            self.inp.fill_(me + 1)
-            expected = torch.full((self.out.numel(),), (me - 1) % w + 1, device=r.device)
-        elif c == "all_gather":
-            self.inp.fill_(me + 1)
-            expected = torch.arange(1, w + 1, device=r.device).repeat_interleave(per)
-        else:
-            self.inp.fill_(me + 1)
-            expected = torch.full((self.out.numel(),), w * (w + 1) / 2, device=r.device)
-        self.issue(False)
-        r.sync()
-        if c == "reduce" and me != self.root:
-            return 0  # only the root's buffer is defined after a reduce
-        got = self.out.to(torch.float64)
-        tol = 1e-2 if self.out.dtype in (torch.float16, torch.bfloat16) else 1e-6
-        return int((~torch.isclose(got, expected.to(torch.float64), rtol=tol, atol=0)).sum().item())
-
-
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Sweep the message sizes of one collective with the chosen implementation."""
+    # The implementations run collectives (torch): imported on the ranks, not where suites are listed.
+    from reproflow.families.param_comms import measure, nccl_tests, original
+
     if params["implementation"] == "param":
         return original.run(ctx, params)
     if params["implementation"] == "nccl-tests":
         return nccl_tests.run(ctx, params)
-    return measure(ctx, params)
-
-
-def measure(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """reproflow's own sweep; every rank runs this, rank 0's rows are kept."""
-    collective, dtype_name = params["collective"], params["dtype"]
-    dtype = DTYPES[dtype_name]
-    element_size = torch.empty(0, dtype=dtype).element_size()
-    factor = bus_factor(collective, ctx.world_size)
-    out: list[Measurement] = []
-    for size in message_sizes(params["begin_size"], params["end_size"], params["step_factor"],
-                              params["step_bytes"]):
-        total, per_rank = element_counts(collective, size, element_size, ctx.world_size)
-        bufs = _Buffers(collective, total, per_rank, dtype, ctx, params["root"])
-        seconds = time_per_op(ctx, bufs.issue, params["warmup_iters"], params["iters"], params["blocking"])
-        per_rank_s = ctx.gather_floats(seconds)
-        stats = rank_stats(per_rank_s)
-        nbytes = total * element_size
-        algbw = nbytes / stats["p50"] / 1e9
-        coords = {"size_bytes": nbytes, "elements_per_rank": per_rank}
-        out.extend(Measurement("time_us", s * 1e6, "us", coords, rank=i) for i, s in enumerate(per_rank_s))
-        out.extend(Measurement(f"latency_{k}_us", stats[k] * 1e6, "us", coords) for k in STATS)
-        out.append(Measurement("algbw", algbw, "GB/s", coords))
-        out.append(Measurement("busbw", algbw * factor, "GB/s", coords))
-        if params["check"]:
-            wrong = sum(int(x) for x in ctx.gather_floats(float(bufs.count_errors())))
-            out.append(Measurement("wrong_elements", float(wrong), "count", coords))
-        del bufs
-    return out
+    return measure.measure(ctx, params)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
@@ -260,7 +154,7 @@ FAMILY = Family(
         Param("warmup_iters", "int", 5, "untimed iterations per size (param --w)", minimum=0, maximum=100000),
         Param("iters", "int", 20, "timed iterations per size (param --n)", minimum=1, maximum=1000000),
         Param("blocking", "bool", False, "wait for every operation (param --z 1); default: back to back"),
-        Param("dtype", "str", "float32", "element type (param --data-type)", choices=tuple(DTYPES)),
+        Param("dtype", "str", "float32", "element type (param --data-type)", choices=DTYPES),
         Param("root", "int", 0, "root rank of broadcast and reduce (param --root)", minimum=0),
         Param("check", "bool", True, "after timing, run once on known data and count wrong elements"),
         Param("implementation", "str", "reproflow", "who measures: reproflow, the original param comms.py "

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reproflow.context import RunContext
-from reproflow.errors import ParamError
-from reproflow.family import Measurement
-from reproflow.tools import ToolOutputError, read_output, run_on_rank0
+from reproflow.rank.context import RunContext
+from reproflow.rank.tools import ToolOutputError, read_output, run_on_rank0
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Measurement
 
 BINARY = {
     "all_reduce": "all_reduce_perf",

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reproflow.context import RunContext
-from reproflow.errors import ParamError
-from reproflow.family import Measurement
-from reproflow.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
+from reproflow.rank.context import RunContext
+from reproflow.rank.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
+from reproflow.spec.errors import ParamError
+from reproflow.spec.family import Measurement
 
 PARAM_COLLECTIVE = {
     "all_reduce": "all_reduce",

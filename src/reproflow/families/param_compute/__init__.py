@@ -8,20 +8,17 @@ Datasets A, B, C are param's; S is reproflow's CPU-sized set (same shapes scaled
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from reproflow.spec.errors import NotApplicable, ParamError
+from reproflow.spec.family import Family, Measurement
+from reproflow.spec.params import Param
+from reproflow.store.results import cpu_flags
 
-from reproflow.context import RunContext
-from reproflow.errors import NotApplicable, ParamError
-from reproflow.families.param_compute import original
-from reproflow.family import Family, Measurement
-from reproflow.params import Param
-from reproflow.results import cpu_flags
-from reproflow.timing import rank_stats, time_steps
+if TYPE_CHECKING:
+    from reproflow.rank.context import RunContext
 
 _GEMM_A = [(m, 4096, 4096) for m in (128, 256, 512, 1024)] + [(m, 1024, 1024) for m in (128, 256, 512, 1024)]
 _GEMM_A += [(4096, 4096, k) for k in (128, 256, 512, 1024)] + [(1024, 1024, k) for k in (128, 256, 512)]
@@ -49,12 +46,9 @@ DATASETS: dict[str, dict[str, list[tuple[int, ...]]]] = {
         "S": [(4, 1024, 1024, 1024, b) for b in (64, 256)],
     },
 }
+KERNELS = ("gemm", "emb", "linear")
 SHAPE_LEN = {"gemm": 3, "emb": 4, "linear": 5}
 DTYPES = ("float32", "tf32", "bfloat16", "float16")
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
 def shapes(params: Mapping[str, Any]) -> list[tuple[int, ...]]:
@@ -74,6 +68,8 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     if kernel == "emb" and params["dtype"] != "float32":
         raise ParamError("the emb kernel measures float32 tables only, as param does.")
     if params["implementation"] == "param":
+        from reproflow.families.param_compute import original
+
         original.check(params)
 
 
@@ -87,6 +83,8 @@ def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
     """The original driver.py must be present where the job runs; half-precision matmuls on a CPU
     without native half-precision arithmetic are not applicable there (emulated, not what param measures)."""
     if params["implementation"] == "param":
+        from reproflow.families.param_compute import original
+
         original.runtime_check(params, ctx.device.type)
     wanted = HALF_FLAGS.get(params["dtype"])
     if ctx.device.type == "cpu" and wanted and params["kernel"] in ("gemm", "linear"):
@@ -95,52 +93,6 @@ def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
             raise NotApplicable(f"{params['dtype']} matmuls on this CPU are emulated in float32 (it has none of "
                                 f"{', '.join(wanted)}): tens of times slower and not the arithmetic param measures; "
                                 "measure them on a GPU or a CPU with one of those instructions")
-
-
-def _gemm(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
-    m, n, k = shape
-    gen = torch.Generator().manual_seed(0)
-    dt = _dtype(params["dtype"])
-    a = torch.randn(m, k, generator=gen).to(dt).to(ctx.device)
-    b = torch.randn(k, n, generator=gen).to(dt).to(ctx.device)
-    return time_steps(ctx.sync, lambda: torch.mm(a, b), params["warmups"], params["steps"])
-
-
-def _emb(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
-    features, dim, nnz, batch = shape
-    gen = torch.Generator().manual_seed(0)
-    # Made on the device: dataset A's 26M-row tables take many seconds to fill on a CPU and copy over.
-    bag = nn.EmbeddingBag(features, dim, mode="sum", device=ctx.device)
-    indices = torch.randint(0, features, (batch * nnz,), generator=gen).to(ctx.device)
-    offsets = (torch.arange(batch) * nnz).to(ctx.device)
-    with torch.no_grad():
-        return time_steps(ctx.sync, lambda: bag(indices, offsets), params["warmups"], params["steps"])
-
-
-def _linear(ctx: RunContext, shape: tuple[int, ...], params: Mapping[str, Any]) -> float:
-    layers, width_in, hidden, width_out, batch = shape
-    torch.manual_seed(1)
-    sizes = [width_in] + [hidden] * layers + [width_out]
-    blocks: list[nn.Module] = []
-    for a, b in pairwise(sizes):
-        blocks += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*blocks, nn.Softmax(dim=1)).to(ctx.device, _dtype(params["dtype"]))
-    loss_fn = nn.CrossEntropyLoss()
-    opt_name = params["optimizer"]
-    opt = None
-    if opt_name != "none":
-        opt = (torch.optim.SGD if opt_name == "sgd" else torch.optim.Adagrad)(model.parameters(), lr=0.01)
-    x = torch.randn(batch, width_in, device=ctx.device).to(_dtype(params["dtype"]))
-    y = torch.randint(0, width_out, (batch,), device=ctx.device)
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x).float(), y)
-        loss.backward()
-        if opt is not None:
-            opt.step()
-
-    return time_steps(ctx.sync, step, params["warmups"], params["steps"])
 
 
 def work(kernel: str, shape: tuple[int, ...]) -> dict[str, float]:
@@ -156,46 +108,16 @@ def work(kernel: str, shape: tuple[int, ...]) -> dict[str, float]:
     return {"tflops": 6.0 * batch * sum(a * b for a, b in pairwise(sizes)), "qps": float(batch)}
 
 
-KERNELS: dict[str, Callable[[RunContext, tuple[int, ...], Mapping[str, Any]], float]] = {
-    "gemm": _gemm,
-    "emb": _emb,
-    "linear": _linear,
-}
 COORDS = {"gemm": ("m", "n", "k"), "emb": ("features", "dim", "nnz", "batch"),
           "linear": ("layers", "input", "hidden", "output", "batch")}
 UNITS = {"tflops": ("TFLOP/s", 1e12), "bandwidth": ("GB/s", 1e9), "qps": ("samples/s", 1.0)}
 
 
-def _own(ctx: RunContext, params: Mapping[str, Any]) -> list[tuple[tuple[int, ...], float]]:
-    previous = torch.get_float32_matmul_precision()
-    # "tf32" turns on TensorFloat-32 for fp32 storage (param PR #54); CPUs ignore it.
-    torch.set_float32_matmul_precision("high" if params["dtype"] == "tf32" else "highest")
-    try:
-        return [(shape, KERNELS[params["kernel"]](ctx, shape, params)) for shape in shapes(params)]
-    finally:
-        torch.set_float32_matmul_precision(previous)
-
-
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    """Measure every shape on every rank (reproflow's kernels or param's driver.py); rows hold
-    per-rank times and rates at the p50 time across ranks."""
-    kernel = params["kernel"]
-    tool: dict[str, str] = {}
-    if params["implementation"] == "param":
-        timed, tool = original.measure(ctx, params, shapes(params))
-    else:
-        timed = _own(ctx, params)
-    out: list[Measurement] = []
-    for shape, seconds in timed:
-        per_rank = ctx.gather_floats(seconds)
-        p50 = rank_stats(per_rank)["p50"]
-        coords = dict(zip(COORDS[kernel], shape, strict=True)) | tool
-        out.extend(Measurement("time_s", s, "s", coords, rank=i) for i, s in enumerate(per_rank))
-        out.append(Measurement("time_p50_s", p50, "s", coords))
-        for metric, amount in work(kernel, shape).items():
-            unit, scale = UNITS[metric]
-            out.append(Measurement(metric, amount / p50 / scale, unit, coords))
-    return out
+    """Measure every shape on every rank (kernels.py; torch is imported on the ranks only)."""
+    from reproflow.families.param_compute import kernels
+
+    return kernels.run(ctx, params)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
@@ -224,7 +146,7 @@ FAMILY = Family(
     name="param_compute",
     summary="GEMM TFLOP/s, EmbeddingBag GB/s and MLP TFLOP/s per rank (param train/compute/pt)",
     params=(
-        Param("kernel", "str", "gemm", "what to measure (param driver subcommand)", choices=tuple(KERNELS)),
+        Param("kernel", "str", "gemm", "what to measure (param driver subcommand)", choices=KERNELS),
         Param("dataset", "str", "A", "param's shape set A, B, C, or reproflow's CPU-sized S",
               choices=("A", "B", "C", "S")),
         Param("shapes", "int-lists", [], "explicit shapes instead of a dataset: GEMM [M,N,K], emb "

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reproflow.context import RunContext
-from reproflow.errors import ParamError
-from reproflow.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
+from reproflow.rank.context import RunContext
+from reproflow.rank.tools import ToolOutputError, checkout_commit, param_checkout, read_output, run_group
+from reproflow.spec.errors import ParamError
 
 DRIVER = Path("train") / "compute" / "pt" / "driver.py"
 # Numbers per result line and the column holding the time per step.

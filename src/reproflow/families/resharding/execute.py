@@ -15,15 +15,16 @@ compares its tile with the expected part of the source arange.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from reproflow.context import ALL_GATHER, RunContext
-from reproflow.families.resharding.layout import box_values, numel, relative
+from reproflow.families.resharding.layout import Box, numel, relative
 from reproflow.families.resharding.plan import Plan
+from reproflow.rank.context import ALL_GATHER, RunContext
 
 _GROUPS: dict[tuple[int, ...], object] = {}
 
@@ -35,6 +36,18 @@ def group(ranks: tuple[int, ...]) -> object:
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(list(key))
     return _GROUPS[key]
+
+
+
+def box_values(shape: tuple[int, ...], box: Box, device: torch.device) -> torch.Tensor:
+    """The part `box` of arange(prod(shape)).reshape(shape) as int32, without building the whole tensor."""
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    out = torch.zeros([hi - lo for lo, hi in box], dtype=torch.int64, device=device)
+    for dim, ((lo, hi), stride) in enumerate(zip(box, strides, strict=True)):
+        view = [1] * len(shape)
+        view[dim] = hi - lo
+        out += (torch.arange(lo, hi, dtype=torch.int64, device=device) * stride).view(view)
+    return out.to(torch.int32)
 
 
 @dataclass

@@ -18,9 +18,7 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-import torch
-
-from reproflow.errors import ParamError
+from reproflow.spec.errors import ParamError
 
 # (start, stop) per tensor dim
 Box = tuple[tuple[int, int], ...]
@@ -143,17 +141,6 @@ def numel(box: Box) -> int:
 def relative(box: Box, within: Box) -> tuple[slice, ...]:
     """Slices selecting `box` inside a tensor that holds `within`."""
     return tuple(slice(lo - w0, hi - w0) for (lo, hi), (w0, _) in zip(box, within, strict=True))
-
-
-def box_values(shape: tuple[int, ...], box: Box, device: torch.device) -> torch.Tensor:
-    """The part `box` of arange(prod(shape)).reshape(shape) as int32, without building the whole tensor."""
-    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    out = torch.zeros([hi - lo for lo, hi in box], dtype=torch.int64, device=device)
-    for dim, ((lo, hi), stride) in enumerate(zip(box, strides, strict=True)):
-        view = [1] * len(shape)
-        view[dim] = hi - lo
-        out += (torch.arange(lo, hi, dtype=torch.int64, device=device) * stride).view(view)
-    return out.to(torch.int32)
 
 
 def allgather_rewrite(spec: Spec, mesh: Mesh, shape: tuple[int, ...]) -> tuple[Spec | None, str]:

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reproflow.errors import ParamError
 from reproflow.families.resharding import balance
 from reproflow.families.resharding.cases import CASES
 from reproflow.families.resharding.layout import (
@@ -36,6 +35,7 @@ from reproflow.families.resharding.layout import (
     parse_shape,
     parse_spec,
 )
+from reproflow.spec.errors import ParamError
 
 MODES = ("send_recv", "broadcast")
 LOADBALANCE = ("normal", "no_loadbalance", "loadbalance_size", "loadbalance_order")

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from reproflow.cli import generated_suite_options, run_generated_suite
-from reproflow.errors import ReproflowError
+from reproflow import api
+from reproflow.api.options import generated_suite_options, placement
 from reproflow.families.spatial.layout import SLICES, Layout
-from reproflow.suite import suite_toml
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.suite import suite_toml
 
 
 def _parts(text: str) -> int:
@@ -79,7 +80,7 @@ def cmd_spatial(args: argparse.Namespace) -> int:
                       {"nodes": 1, "time_limit": "02:00:00"}, exps)
     name = (f"spatial-{args.model}-{args.image_size}-b{args.batch_size}-s{args.split_size}x{params['spatial_size']}"
             f"-p{params['num_spatial_parts']}" + ("-compare" if args.compare else ""))
-    run_generated_suite(text, name, args)
+    api.run_generated_suite(text, name, placement(args))
     return 0
 
 

@@ -26,7 +26,7 @@ from reproflow.families.spatial.halo import Grid, Patch, Space, Span
 from reproflow.families.spatial.layers import Fused, Seq
 from reproflow.families.spatial.layout import Layout
 from reproflow.families.spatial.models import amoebanet_d, resnet_v2
-from reproflow.memory import SavedBytes
+from reproflow.rank.memory import SavedBytes
 
 # fp64 is not the reference's: the checks against the unsplit model run in it, because the gradients of
 # a freshly initialised 110-layer network move by ~10 % when the input moves by 1e-6 in fp32.

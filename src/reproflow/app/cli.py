@@ -1,0 +1,404 @@
+"""The `reproflow` command: list, run, render, submit, status, report, and the families' own commands.
+
+User errors (bad suite, unknown name, missing tool) print one paragraph and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reproflow import __version__, api
+from reproflow.api import options
+from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.family import PACKAGE, families, family_names
+from reproflow.spec.params import canonical
+from reproflow.spec.paths import project_root
+from reproflow.spec.suite import Suite, load_suite, named_suite
+
+EPILOG = """examples:
+  reproflow list                         families, suites and their points
+  reproflow run param-demo               run the demo suite here (4 gloo ranks + GEMM)
+  reproflow run param-comms --procs 2 --dry-run
+  reproflow run resharding -e n-to-m --explain    the plan of every resharding case
+  reproflow resharding --suite n-to-m --case case1 --resharding-mode broadcast
+      --resharding-loadbalance-mode loadbalance_order    one case with the reference's options
+  reproflow aceso search --help          Aceso's search on a profiled database
+  reproflow render --check               are the committed sbatch scripts current?
+  reproflow submit param-comms --nodes 2 --image /apps/reproflow.sqsh --dry-run
+  reproflow report                       tables (CSV, markdown) and figures (PNG, PDF)
+"""
+
+
+def _all_suites(checks: bool = True) -> list[Suite]:
+    return [load_suite(p, checks=checks) for p in sorted((project_root() / "workflows").glob("*.toml"))]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print families with their parameters, then suites with their experiments and points."""
+    if not args.suites:
+        print("families:")
+        for fam in families().values():
+            print(f"  {fam.name}: {fam.summary}")
+            for p in fam.params:
+                print(f"      {p.name} = {canonical(p.default)!r}  ({p.allowed()}) {p.help}")
+    # Points as declared: the families' cross-field checks (torch for some) run with `run --dry-run`.
+    suites = [named_suite(s, checks=False) for s in args.suites] if args.suites else _all_suites(checks=False)
+    print("suites:")
+    for suite in suites:
+        print(f"  {suite.name} ({suite.path}): {suite.description}")
+        for exp in suite.experiments:
+            la = exp.launch
+            print(f"    {exp.name}: {exp.family}, {len(exp.points)} point(s), {la.nodes} node(s) x "
+                  f"{la.procs_per_node} rank(s), backend {la.backend}, device {la.device}, repeats {la.repeats}")
+            if args.suites or args.points:
+                for point in exp.points:
+                    print(f"      - {point.label}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a suite's experiments locally, one process group each (or show the plan, run nothing)."""
+    return api.run_suite(args.suite, args.experiment, results=args.results, sets=args.set, procs=args.procs,
+                         network=args.network, force=args.force, dry_run=args.dry_run, explain=args.explain)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Write (or with --check, compare) the sbatch script of each suite."""
+    from reproflow.launch.render import render_sbatch, sbatch_path
+
+    root = project_root()
+    suites = [named_suite(s) for s in args.suites] if args.suites else _all_suites()
+    stale = []
+    for suite in suites:
+        text = render_sbatch(suite, root)
+        path = sbatch_path(root, suite)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+        print(f"wrote {path}")
+    if stale:
+        print("out of date (run `make sbatch`): " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"{len(suites)} sbatch script(s) match their templates")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Submit a suite's experiments to Slurm through submitit; with --wait or --retries, supervise them."""
+    if not (args.wait or args.retries) or args.dry_run:
+        api.submit_suite(args.suite, args.experiment, **_submit_options(args), dry_run=args.dry_run)
+        return 0
+    from reproflow.launch import retry
+
+    suite = named_suite(args.suite, args.set)
+    executor = api.submitit_executor(args.results, **_submit_options(args))
+    verdicts = []
+    for exp in suite.select(args.experiment):
+        attempts = executor.supervise(suite, exp, args.retries)
+        verdicts += attempts[-1].verdicts
+        retried = len(attempts) - 1
+        outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
+        tagged = f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)" if retried else ""
+        print(f"reproflow: {suite.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
+    return 0 if all(v.category == retry.OK for v in verdicts) else 1
+
+
+def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of `reproflow submit` that say where and how its jobs run."""
+    return {"sets": args.set, "nodes": args.nodes, "procs": args.procs, "partition": args.partition,
+            "image": args.image, "mounts": args.mounts, "runtime": args.runtime, "force": args.force,
+            "after": args.after, "array": args.array, "max_parallel": args.max_parallel}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print measured and failed points, and the Slurm state of submitted jobs."""
+    from reproflow.launch import retry
+    from reproflow.launch.status import experiment_status, sacct_jobs, submitted_jobs
+
+    results = Path(args.results)
+    rows = experiment_status(results)
+    if not rows:
+        print(f"no results under {results}")
+    for row in rows:
+        print(f"{row.suite}/{row.experiment}: {row.done} point(s) measured, {row.failed} failed")
+    recorded = submitted_jobs(results)
+    jobs = sacct_jobs(str(j["job_id"]) for j in recorded)
+    if jobs is None:
+        if recorded:
+            print(f"{len(recorded)} submitted job(s); their states are unknown: sacct is not available here")
+        return 0
+    if jobs:
+        print(f"{'JOBID':<12} {'STATE':<14} {'NAME':<44} {'NODES':<14} {'START':<19} END")
+    for job in jobs:
+        print(f"{job.job_id:<12} {job.state:<14} {job.name:<44} {job.nodelist:<14} {job.start:<19} {job.end}")
+    # Why each unfinished job ended: the failure taxonomy, from its state, its submitit logs, its nodes' events.
+    folders = {str(j["job_id"]): results / str(j["suite"]) / "submitit" for j in recorded}
+    for job in jobs:
+        if job.state in retry.FINAL_STATES - {"COMPLETED"}:
+            folder = folders.get(job.job_id) or folders.get(job.job_id.split("_")[0])
+            log = retry.job_log(folder, job.job_id) if folder else retry.batch_log(job)
+            print("  " + retry.classify(job.job_id, job.state, log, retry.failed_nodes(job, log)).line())
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the cluster; exit 1 when something must be fixed before submitting."""
+    from reproflow.launch.doctor import FAIL, diagnose
+
+    checks = diagnose(args.image, Path(args.results), args.nodes, args.runtime)
+    for check in checks:
+        print(check.line())
+    failed = sum(c.status == FAIL for c in checks)
+    print(f"reproflow doctor: {failed} problem(s) to fix" if failed else "reproflow doctor: ready to submit")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Build tables and figures from every result under --results."""
+    from reproflow.reporting.claims import METHOD, NOT_MEASURED, counts
+    from reproflow.reporting.report import build_reports, check_claims
+
+    if args.claims_only:
+        claims, written = check_claims(Path(args.results), Path(args.out))
+        for c in claims:
+            value = c.detail if c.status == NOT_MEASURED else f"{c.measured:.3g}" + (
+                f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})" + (
+                f": {c.not_applicable}" if c.not_applicable else "")
+            more = c.record()["samples to decide"]
+            print(f"{c.status:19s} {c.family:12s} {c.statement}: {value}"
+                  + (f"; samples to decide it: {more}" if more else ""))
+        print(f"reproflow: {', '.join(f'{n} {s}' for s, n in counts(claims).items())} ({METHOD}); "
+              f"{', '.join(str(p) for p in written)}")
+        return 0
+    written = build_reports(Path(args.results), Path(args.out), args.family)
+    for path in written:
+        print(path)
+    print(f"reproflow: {len(written)} files in {args.out}")
+    page = Path(args.out) / "report.html"
+    if not args.family:
+        print(f"reproflow: report page {page} (self-contained) and {page.with_suffix('.md')}")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Run the reproduction plan's targets (all, or --only), then the report; or only estimate it."""
+    from reproflow.app import reproduce as rp
+
+    plan = rp.load_plan(Path(args.plan) if args.plan else project_root() / rp.PLAN)
+    reference = Path(args.reference) if args.reference else None
+    if reference is not None and not reference.is_dir():
+        raise ReproflowError(f"--reference {reference} is not a folder. Give the folder holding the papers' "
+                             "published results (e.g. aceso/reference-results/), or leave --reference out.")
+    folders = rp.Folders(Path(args.results), Path(args.reports), Path(args.logs), reference)
+    only = [t for item in args.only for t in item.split(",") if t]
+    targets, steps = plan.select(only)
+    if args.estimate or args.dry_run:
+        for target in targets:
+            print(f"{target.name}: {target.title} (steps: {', '.join(target.steps)})")
+        others = [t for t in plan.targets.values() if t not in targets]
+        for target in others:
+            print(f"{target.name}: {target.title} (not run: only when named, make {target.name}"
+                  + (", with REFERENCE" if target.needs_reference else "") + ")")
+        print()
+        rows = rp.estimate(steps, folders, args.executor)
+        print(rp.format_estimate(rows, args.executor))
+        if args.dry_run:
+            for step in steps:
+                print(f"reproflow {' '.join(rp.step_argv(step, folders, args.executor, args.image, args.mounts))}")
+            print(f"reproflow report --results {folders.results} --out {folders.reports}")
+        return 0
+    return rp.reproduce(plan, only, folders, args.executor, args.image, args.mounts)
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    """Write one .tar.gz of suites, scripts, results, logs and the report."""
+    from reproflow.store.archive import write_archive
+
+    path, files = write_archive(Path(args.out), project_root(), Path(args.results), Path(args.reports),
+                                Path(args.logs))
+    print(f"reproflow: {path} ({files} files, {path.stat().st_size / 2**20:.1f} MiB): workflows/, sbatch/, "
+          f"results/, logs/, reports/ and MANIFEST.json (sizes and SHA-256 of every file)")
+    return 0
+
+
+def _targets_help() -> str:
+    """The plan's targets, for `reproflow reproduce --help`."""
+    from reproflow.app import reproduce as rp
+
+    try:
+        plan = rp.load_plan(project_root() / rp.PLAN)
+    except ReproflowError as exc:
+        return f"(targets unavailable: {exc})"
+    return "\n".join(f"  {t.name:<20} {t.title}" for t in plan.targets.values())
+
+
+def _count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults that say something (not None, False or an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    fmt = _Help
+    parser = argparse.ArgumentParser(
+        prog="reproflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Reproduce distributed deep-learning experiments from suite files "
+                    "(workflows/*.toml): locally, or on Slurm through sbatch scripts or submitit.")
+    parser.add_argument("--version", action="version", version=f"reproflow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="families, suites and points", formatter_class=fmt,
+                       description="List families (with parameters and defaults) and suites (with points).")
+    p.add_argument("suites", nargs="*", help="suite names or files (default: every suite in workflows/)")
+    p.add_argument("--points", action="store_true", help="also list every point of every suite")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("run", help="run a suite on this machine", formatter_class=fmt,
+                       description="Run a suite's experiments here: each experiment is one process group of "
+                                   "nodes x procs_per_node ranks (gloo on CPU, NCCL on GPUs). Points with "
+                                   "results are skipped unless --force.")
+    options.run_options(p, with_suite=True)
+    p.set_defaults(func=cmd_run)
+
+    for name in family_names():
+        # A family's own subcommands: its `cli` module, looked up by name (no family stack imported).
+        if importlib.util.find_spec(f"{PACKAGE}.{name}.cli") is not None:
+            importlib.import_module(f"{PACKAGE}.{name}.cli").register_cli(sub, fmt)
+
+    p = sub.add_parser("render", help="write sbatch/<suite>.sbatch from templates/", formatter_class=fmt,
+                       description="Render each suite's sbatch script from templates/suite.sbatch.j2.")
+    p.add_argument("suites", nargs="*", help="suite names or files (default: every suite)")
+    p.add_argument("--check", action="store_true", help="only compare with the committed scripts; exit 1 if stale")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
+                       description="Submit one Slurm job per experiment with submitit; each task is one rank.")
+    options.suite_options(p)
+    p.add_argument("--nodes", type=int, default=None, help="nodes per job (default: the suite's launch)")
+    p.add_argument("--procs", type=int, default=None, help="ranks per node (default: the suite's launch)")
+    p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
+    p.add_argument("--image", default="", help="squash file from `make containers` (empty: the host environment)")
+    p.add_argument("--runtime", choices=("pyxis", "apptainer", "oci"), default="pyxis",
+                   help="how the tasks start in the image: Pyxis (srun --container-image) or Apptainer; oci needs "
+                        "the sbatch scripts (one task per node)")
+    p.add_argument("--mounts", default="", help="folders bound into the container, src:dst,... (default: results)")
+    p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
+    p.add_argument("--max-parallel", type=int, default=0, help="with --array: at most this many tasks at once")
+    p.add_argument("--after", action="append", default=[], metavar="JOBID",
+                   help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the jobs and classify how each ended: infrastructure (node failure, preemption, "
+                        "communicator or health-gate failure), experiment (exception, out of memory, invalid "
+                        "result), time limit or cancelled; exit 1 unless all completed")
+    p.add_argument("--retries", type=_count, default=0,
+                   help="with --wait implied: resubmit infrastructure failures up to this many times, without the "
+                        "nodes that failed (same rank count; rows get attempt and retry_of). Experiment failures "
+                        "are never retried")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
+                       description="Check Slurm (commands, controller, nodes, accounting); with --image, the "
+                                   "container runtime (Pyxis with enroot and unsquashfs, Slurm's OCI support, or "
+                                   "Apptainer) and the squash file; that --results is shared by the nodes, GPUs "
+                                   "and MPI. Prints the fix for each problem; exits 1 if any must be fixed.")
+    p.add_argument("--image", default="", help="squash file the jobs will use")
+    p.add_argument("--runtime", choices=("pyxis", "oci", "apptainer"), default="pyxis",
+                   help="container runtime the jobs will use (with --image)")
+    p.add_argument("--results", default="results", help="results folder the jobs will write")
+    p.add_argument("--nodes", type=int, default=2, help="nodes to read the results folder from")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("status", help="measured points and Slurm job states", formatter_class=fmt,
+                       description="Count measured and failed points; show sacct states of submitted jobs.")
+    p.add_argument("--results", default="results", help="results folder")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="tables and figures from the results", formatter_class=fmt,
+                       description="Aggregate every CSV under --results into tables (CSV + markdown) and "
+                                   "figures (PNG + PDF) with the analysis/ module of each family, check the "
+                                   "papers' claims (claims.csv) and write the report page: report.html, "
+                                   "self-contained, and its markdown twin report.md.")
+    p.add_argument("--results", default="results", help="results folder")
+    p.add_argument("--out", default="reports", help="where tables and figures go")
+    p.add_argument("--family", action="append", default=[],
+                   help="only this family's tables and figures, no page (repeatable)")
+    p.add_argument("--claims-only", action="store_true",
+                   help="only check the claims again on the rows (claims.csv, claims.md) and print them")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("reproduce", help="every family's small suites, then the report page with the claims",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run the targets of workflows/reproduce/targets.toml (every paper figure and "
+                                   "table at the scale of this machine) here, or submit them to Slurm; points "
+                                   "already measured are skipped. Shows points done / total, the current "
+                                   "point, elapsed and estimated time; ends with a summary, the report page "
+                                   "(report.html, report.md) and the claims: holds / does not hold / not "
+                                   "measured.\n\ntargets (make <target> runs one):\n" + _targets_help())
+    p.add_argument("--plan", default="", help="a plan file of your own (default: workflows/reproduce/targets.toml)")
+    p.add_argument("--only", action="append", default=[], metavar="TARGET",
+                   help="only these targets (comma-separated or repeated); default: all")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: here (default); slurm: submit every step, wait for the jobs, then draw here")
+    p.add_argument("--estimate", action="store_true",
+                   help="print each step's points, minutes and node-hours (expected, from earlier runs here or "
+                        "the plan's 2-core estimates), run and submit nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the estimate and the commands, run nothing")
+    p.add_argument("--results", default="results", help="results folder (default: %(default)s)")
+    p.add_argument("--reports", default="reports", help="tables, figures and the report page (default: %(default)s)")
+    p.add_argument("--logs", default="logs", help="step logs, Aceso's and CFP's work folders (default: %(default)s)")
+    p.add_argument("--reference", default="",
+                   help="folder of the papers' published results (aceso/reference-results/...), drawn beside "
+                        "the reproduced figures")
+    p.add_argument("--image", default="", help="with --executor slurm: Enroot squash file for Pyxis")
+    p.add_argument("--mounts", default="", help="with --executor slurm: Pyxis --container-mounts")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("archive", help="one .tar.gz of suites, scripts, results, logs and the report",
+                       formatter_class=fmt,
+                       description="Pack workflows/, sbatch/, --results, --logs and --reports into one compressed "
+                                   "archive with a MANIFEST.json (size and SHA-256 of every file, commit), to share "
+                                   "a reproduction or attach it to a paper's artifact.")
+    p.add_argument("--out", default="reproflow-archive.tar.gz", help="archive file")
+    p.add_argument("--results", default="results", help="results folder")
+    p.add_argument("--reports", default="reports", help="report folder")
+    p.add_argument("--logs", default="logs", help="logs folder")
+    p.set_defaults(func=cmd_archive)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ReproflowError, ParamError) as exc:
+        print(f"reproflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reproflow: interrupted; finished points are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Local executor: run an experiment's ranks as processes on this machine, no scheduler needed.
+
+It sets the same environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and
+starts `python -m reproflow.worker` once per rank, so local runs take the cluster's code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reproflow.launch.network import UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.rank.ports import free_port
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.suite import Experiment, Suite, slurm_seconds
+
+
+def worker_args(suite: Suite, exp: Experiment, results: Path, force: bool, root: Path,
+                sets: Sequence[str] = ()) -> list[str]:
+    """The worker's arguments, as every executor passes them."""
+    args = ["--suite", str(suite.path), "--experiment", exp.name, "--results", str(results), "--root", str(root)]
+    for item in sets:
+        args += ["--set", item]
+    return args + (["--force"] if force else [])
+
+
+def find_mpirun() -> str:
+    """The mpirun of the MPI that mpi4py loads: beside this Python first (the `mpich` wheel), else on PATH."""
+    found = shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if not found:
+        raise ReproflowError("launch.launcher = 'mpi' needs mpirun and mpi4py: pip install '.[mpi]' (make does), "
+                             "or load the cluster's MPI module.")
+    return found
+
+
+def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
+              limit_s: float = 3600.0, host_size: int | None = None, mpirun: str = "",
+              network: EmulatedNetwork | None = None) -> int:
+    """Start `cmd` once per rank with the torch.distributed environment, on this machine.
+
+    `host_size` ranks form one emulated host (LOCAL_WORLD_SIZE), as on `world / host_size` nodes;
+    LOCAL_RANK stays the rank, so ranks on a multi-GPU machine still get distinct GPUs. With
+    `mpirun`, one `mpirun -np world python -m mpi4py ...` starts the ranks instead, and each takes
+    its rank from MPI (`python -m mpi4py` aborts the job when a rank raises, rather than hanging).
+    With `network`, each emulated host's ranks run in its namespace and gloo binds to its link.
+    Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
+    a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
+    code of the first failing rank (then the other ranks are stopped rather than left waiting).
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        MASTER_ADDR=network.address(0) if network else "127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        REPROFLOW_NETWORK=network.describe() if network else UNSHAPED,
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(host_size or world),
+        # As torchrun does: share the cores, or ranks oversubscribe them and time each other.
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world)),
+    )
+    if network:
+        # c10d warns on every connection that an emulated host's address has no name: nothing to act on.
+        env.update(GLOO_SOCKET_IFNAME="eth0", TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
+    env.update(env_extra or {})
+    procs: list[subprocess.Popen] = []
+    files = []
+    if mpirun:
+        env.update(REPROFLOW_RANK_LOGS=str(logs))
+        env.pop("RANK", None)
+        first, *rest = cmd
+        procs.append(subprocess.Popen([mpirun, "-np", str(world), first, "-m", "mpi4py", *rest], env=env))
+    try:
+        for rank in range(world if mpirun else 0, world):
+            env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            argv = network.command(rank // (host_size or world), list(cmd)) if network else list(cmd)
+            if rank == 0:
+                procs.append(subprocess.Popen(argv, env=env_r))
+                continue
+            fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
+            files.append(fh)
+            procs.append(subprocess.Popen(argv, env=env_r, stdout=fh, stderr=subprocess.STDOUT))
+        code, first, running = _wait(procs, time.monotonic() + limit_s)
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        for fh in files:
+            fh.close()
+    if code not in (0, 3):
+        _explain_failure(procs, first, running, logs, world, mpirun)
+    return code
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _explain_failure(procs: list[subprocess.Popen], first: int | None, running: list[int], logs: Path, world: int,
+                     mpirun: str) -> None:
+    """Name the rank that failed first (and its host), the ranks still running then, and show their logs."""
+    host = socket.gethostname()
+    if first is not None and not mpirun:
+        still = f"rank(s) {running} were still running (waiting, or hung) and were stopped" if running else \
+            "no other rank was running"
+        print(f"reproflow: rank {first} on {host} (pid {procs[first].pid}) ended first, with "
+              f"{_signal_name(procs[first].returncode)}; {still}", file=sys.stderr)
+    for rank in range(1, world):
+        path = logs / f"rank{rank}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        # Under mpirun one process stands for all ranks: show the logs of the ranks that raised.
+        crashed = ("Traceback" in text or "reproflow: error" in text) if mpirun else \
+            procs[rank].returncode not in (0, None, -signal.SIGTERM)
+        if crashed:
+            print(f"--- rank {rank} failed; last lines of {path}:", *text.splitlines()[-15:], sep="\n",
+                  file=sys.stderr)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, int | None, list[int]]:
+    """(exit code, index of the first process that failed or None, indices still running after a second's
+    grace) once all are done or stopped."""
+    # When one rank fails the others would wait for it until the collective timeout: stop them.
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0, 3)]
+        if bad:
+            time.sleep(1.0)
+            running = [i for i, p in enumerate(procs) if p.poll() is None]
+            _stop(procs)
+            return int(codes[bad[0]] or 1), bad[0], running
+        if all(c is not None for c in codes):
+            return (3 if 3 in codes else 0), None, []
+        if time.monotonic() > deadline:
+            running = [i for i, c in enumerate(codes) if c is None]
+            print(f"reproflow: time limit reached with rank(s) {running} still running; stopping them.",
+                  file=sys.stderr)
+            _stop(procs)
+            return 124, None, running
+        time.sleep(0.05)
+
+
+@dataclass
+class LocalExecutor:
+    """Runs experiments as local process groups (gloo on CPU, NCCL when GPUs are visible)."""
+
+    results: Path
+    root: Path
+    force: bool = False
+    procs: int | None = None
+    sets: tuple[str, ...] = ()
+    network: str | None = None  # --network: every experiment's launch.network ('' for loopback)
+
+    def world_size(self, exp: Experiment) -> int:
+        """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
+        return self.procs or exp.launch.world_size
+
+    def host_size(self, exp: Experiment) -> int:
+        """Ranks per emulated host: the suite's procs_per_node, unless --procs does not fit it."""
+        world, ppn = self.world_size(exp), exp.launch.procs_per_node
+        return ppn if world % ppn == 0 else world
+
+    def run(self, suite: Suite, exp: Experiment) -> int:
+        """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""
+        job_id = f"local-{_dt.datetime.now():%Y%m%dT%H%M%S}-{os.getpid()}"
+        with contextlib.ExitStack() as stack:
+            return run_ranks(
+                [sys.executable, "-m", "reproflow.worker",
+                 *worker_args(suite, exp, self.results, self.force, self.root, self.sets)],
+                self.world_size(exp),
+                self.results / suite.name / "logs" / job_id,
+                {"REPROFLOW_JOB_ID": job_id},
+                slurm_seconds(exp.launch.time_limit),
+                self.host_size(exp),
+                find_mpirun() if exp.launch.launcher == "mpi" else "",
+                self._network(exp, stack),
+            )
+
+    def _network(self, exp: Experiment, stack: contextlib.ExitStack) -> EmulatedNetwork | None:
+        """The emulated network the experiment asks for, built (removed when `stack` closes); None, and
+        why, where it runs on loopback instead."""
+        rate = exp.launch.network if self.network is None else self.network
+        if not rate:
+            return None
+        mbit = parse_rate(rate)
+        why = EmulatedNetwork.unavailable()
+        if exp.launch.launcher == "mpi":
+            why = "the emulated network wraps ranks that reproflow starts, not mpirun's"
+        elif exp.launch.backend == "nccl":
+            why = "NCCL between one machine's GPUs does not use the emulated links"
+        if not why:
+            try:
+                net = stack.enter_context(EmulatedNetwork(self.world_size(exp) // self.host_size(exp), mbit))
+                print(f"reproflow: {exp.name}: network {net.describe()}")
+                return net
+            except OSError as exc:
+                why = f"the emulated network could not be built ({exc})"
+        print(f"reproflow: {exp.name}: {why}; it runs on loopback, unshaped ({rate} not applied)")
+        return None

@@ -1,0 +1,133 @@
+"""An emulated network for local runs: every emulated host in its own network namespace, the hosts
+joined by a bridge, each host's link shaped to a bandwidth in both directions (tc's token bucket).
+
+On one machine, ranks of different emulated hosts otherwise talk over loopback, where a transfer is
+a memory copy and the CPU is the bottleneck; a cluster's transfers are bound by each host's link. A
+claim whose mechanism is bandwidth (one sender feeding many receivers) needs the cluster's
+bottleneck. Ranks of one host share its namespace and talk over its own loopback, unshaped, as GPUs of
+one node do over NVLink. Needs root, iproute2 (`ip`, `tc`) and the kernel's network namespaces, veth,
+bridge and tbf; where any is missing, `EmulatedNetwork.unavailable` says which and the run goes
+unshaped. Latency is not shaped: that needs the kernel's netem, which is not always built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from reproflow.spec.errors import ReproflowError
+
+UNSHAPED = "loopback, unshaped"
+# Bits only, as tc writes them (its "mbps" means megabytes): 200, 200mbit, 1gbit, 100 Mbit/s.
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:(k|m|g)?bit(?:/s)?)?\s*$", re.I)
+
+
+def parse_rate(text: str) -> float:
+    """'1gbit', '200mbit', '200' (Mbit/s) -> Mbit/s per host and direction."""
+    match = _RATE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ReproflowError(f"launch.network (or --network) = {text!r} is not a bandwidth. Give each host's link "
+                             "rate, each way, e.g. '200mbit' or '1gbit', or '' for loopback.")
+    scale = {"k": 1e-3, "m": 1.0, "g": 1e3, None: 1.0}[(match.group(2) or "").lower() or None]
+    return float(match.group(1)) * scale
+
+
+@dataclass
+class EmulatedNetwork:
+    """`hosts` namespaces on one bridge, each link shaped to `mbit` Mbit/s each way; a context manager
+    that builds them on entry and removes them on exit (also after a failed run)."""
+
+    hosts: int
+    mbit: float
+    tag: str = field(default_factory=lambda: str(os.getpid()))  # names: rf<pid>br, rf<pid>v<host>, rf<pid>h<host>
+    _made: list[list[str]] = field(default_factory=list)
+
+    @property
+    def subnet(self) -> str:
+        return f"10.213.{int(self.tag) % 250}"
+
+    def address(self, host: int) -> str:
+        """The address of emulated host `host` (rank 0's host holds the rendezvous)."""
+        return f"{self.subnet}.{host + 1}"
+
+    def namespace(self, host: int) -> str:
+        return f"rf{self.tag}h{host}"
+
+    def describe(self) -> str:
+        """What every row records of the network its job ran on."""
+        return f"emulated: {self.hosts} hosts, {self.mbit:g} Mbit/s per host each way (tc tbf), latency unshaped"
+
+    def command(self, host: int, cmd: list[str]) -> list[str]:
+        """`cmd` run inside emulated host `host`'s namespace."""
+        return ["ip", "netns", "exec", self.namespace(host), *cmd]
+
+    @staticmethod
+    def unavailable() -> str:
+        """Why this machine cannot emulate the network ('' when it can)."""
+        if os.geteuid() != 0:
+            return "emulating a network needs root (network namespaces and tc)"
+        missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+        if missing:
+            return f"emulating a network needs iproute2 ({' and '.join(missing)} not found: apt-get install iproute2)"
+        return ""
+
+    def _run(self, *args: str, undo: list[str] | None = None) -> None:
+        proc = subprocess.run(list(args), capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise OSError(f"`{' '.join(args)}` failed: {proc.stderr.strip() or proc.returncode}")
+        if undo:
+            self._made.append(undo)
+
+    def _shape(self, device: str, prefix: tuple[str, ...] = ()) -> None:
+        # A bucket of 1 ms at the rate (at least 16 KiB): larger ones let short transfers pass unshaped.
+        burst = max(16 * 1024, int(self.mbit * 1e6 / 8 / 1000))
+        self._run(*prefix, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{self.mbit:g}mbit",
+                  "burst", str(burst), "latency", "100ms")
+
+    @staticmethod
+    def _sweep() -> None:
+        """Remove what runs killed before their clean-up left (their process is gone): a namespace or a
+        bridge of theirs would hold an address of a later run's subnet."""
+        listing = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
+                                 check=False).stdout + subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                      text=True, check=False).stdout
+        for name, pid, kind in re.findall(r"\b(rf(\d+)(br|h\d+))\b", listing):
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:  # deleting a namespace deletes its veth pair too
+                subprocess.run(["ip", "link", "del", name] if kind == "br" else ["ip", "netns", "del", name],
+                               capture_output=True, check=False)
+            except PermissionError:  # alive, another user's
+                pass
+
+    def __enter__(self) -> EmulatedNetwork:
+        bridge = f"rf{self.tag}br"
+        self._sweep()
+        try:
+            self._run("ip", "link", "add", bridge, "type", "bridge", undo=["ip", "link", "del", bridge])
+            self._run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
+            self._run("ip", "link", "set", bridge, "up")
+            for host in range(self.hosts):
+                ns, outside = self.namespace(host), f"rf{self.tag}v{host}"
+                inside = ("ip", "netns", "exec", ns)
+                self._run("ip", "netns", "add", ns, undo=["ip", "netns", "del", ns])
+                self._run("ip", "link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                          undo=["ip", "link", "del", outside])
+                self._run("ip", "link", "set", outside, "master", bridge, "up")
+                self._run(*inside, "ip", "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+                self._run(*inside, "ip", "link", "set", "eth0", "up")
+                self._run(*inside, "ip", "link", "set", "lo", "up")
+                self._shape("eth0", inside)  # the host's sending side
+                self._shape(outside)  # its receiving side: what the bridge sends into its link
+        except OSError:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._made):
+            subprocess.run(undo, capture_output=True, check=False)
+        self._made.clear()

@@ -1,0 +1,107 @@
+"""`reproflow status`: what is measured, what failed, and the Slurm state of submitted jobs."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from reproflow.store.results import failure_files, result_files
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job (or array task) as sacct reports it."""
+
+    job_id: str
+    name: str
+    state: str
+    start: str
+    end: str
+    nodelist: str
+
+
+def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None:
+    """reproflow's jobs of the last `days` days: the recorded ids and every job named `reproflow-*`.
+
+    None when sacct is missing or accounting is off (states are then unknown, not guessed).
+    """
+    if shutil.which("sacct") is None:
+        return None
+    wanted = sorted(set(recorded))
+    base = ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%60,State,Start,End,NodeList"]
+    # The time window finds this user's jobs by name; -j finds recorded ones too, including pending
+    # jobs whose dependencies are unmet (their eligible time is unknown, so no time window lists them).
+    queries = [[*base, "-u", getpass.getuser(), "-S", f"now-{days}days"]]
+    if wanted:
+        queries.append([*base, "-j", ",".join(wanted)])
+    found: dict[str, SlurmJob] = {}
+    for cmd in queries:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) != 6:
+                continue
+            job_id, name, state, start, end, nodes = fields
+            if job_id in wanted or job_id.split("_")[0] in wanted or name.startswith("reproflow-"):
+                # "CANCELLED by 0" -> "CANCELLED"
+                found[job_id] = SlurmJob(job_id, name, state.split()[0] if state else "UNKNOWN", start, end, nodes)
+    # Held jobs never become eligible, so sacct lists them only by id: ask squeue for live jobs.
+    live = run_lines(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%S|%e|%N"])
+    for fields in (line.split("|") for line in live):
+        if len(fields) == 6 and fields[0] not in found and fields[1].startswith("reproflow-"):
+            start, end = (v if v not in ("N/A", "Unknown") else "" for v in fields[3:5])
+            found[fields[0]] = SlurmJob(fields[0], fields[1], fields[2], start, end, fields[5])
+    return sorted(found.values(), key=lambda j: [int(x) if x.isdigit() else 0 for x in j.job_id.split("_")])
+
+
+def run_lines(cmd: list[str]) -> list[str]:
+    """A Slurm command's output lines; [] when the command is missing, fails or takes over 30 s."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+@dataclass(frozen=True)
+class ExperimentStatus:
+    """Point counts of one experiment's results folder."""
+
+    suite: str
+    experiment: str
+    done: int
+    failed: int
+
+
+def _label(path: Path) -> str:
+    # <label>-w<world>-<device>-<hash>.csv: the label identifies the point across settings.
+    return path.name.split(".")[0].rsplit("-", 3)[0]
+
+
+def experiment_status(results: Path) -> list[ExperimentStatus]:
+    """Done and failed point counts per suite and experiment under `results`."""
+    done: dict[tuple[str, str], set[str]] = {}
+    failed: dict[tuple[str, str], set[str]] = {}
+    for table, files in ((done, result_files(results)), (failed, failure_files(results))):
+        for f in files:
+            rel = f.relative_to(results).parts
+            if len(rel) == 3:
+                table.setdefault((rel[0], rel[1]), set()).add(_label(f))
+    keys = sorted(set(done) | set(failed))
+    return [ExperimentStatus(s, e, len(done.get((s, e), ())), len(failed.get((s, e), set()) - done.get((s, e),
+            set()))) for s, e in keys]
+
+
+def submitted_jobs(results: Path) -> list[dict[str, str]]:
+    """Jobs recorded by `reproflow submit`, oldest first."""
+    jobs = []
+    for path in sorted(results.glob("*/jobs.jsonl")):
+        jobs.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return jobs

@@ -1,0 +1,212 @@
+"""The papers' claims as relative checks that survive a change of hardware.
+
+Each family's `analysis/<family>.py` may define `claims(frame, reports) -> list[Claim]`: from its
+result rows (and the tables already written under `reports`) it states each claim of its paper as a
+ratio with a threshold, so a claim holds or does not hold on whatever machine measured it, and is
+"not measured" when the rows it needs are missing. The paper's own ratio sits beside the measured one.
+
+Where the rows hold repeated samples (iterations, repeats), a claim carries a confidence interval of
+its ratio (`ratio_interval`: a Welch t-interval on the logarithms, i.e. on the ratio of geometric
+means) and its verdict is three-valued: it holds when the whole interval is on the claim's side of the
+threshold, does not hold when the whole interval is on the other side, and is inconclusive when the
+interval straddles it; a single noisy ratio would decide by chance. A ratio of a single value to a
+median (a predicted time over measured iterations) takes the median's distribution-free interval
+(`median_ratio_interval`; over runs of one configuration in separate jobs, each with the value taken
+beside it, the span of theirs: `replicated_ratio_interval`). A claim the hardware at hand cannot judge
+(its mechanism needs a device per rank, say) is "not applicable here", with the ratio still shown and
+the reason beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from reproflow.spec.errors import NOT_APPLICABLE
+
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+NOT_MEASURED = "not measured"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_APPLICABLE)
+LEVEL = 0.95  # confidence of the intervals
+METHOD = (f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means); for a value over a median, "
+          "the median's order-statistic interval")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a paper, checked on the measured rows.
+
+    `measured` is the ratio the check compares with `at_least` and/or `at_most` (None: not measured);
+    `paper` the same ratio in the paper or its artifact, with where it comes from; `detail` where the
+    ratio was measured (cases, settings) or what is missing to measure it.
+    """
+
+    family: str
+    statement: str
+    ratio: str
+    measured: float | None
+    at_least: float | None = None
+    at_most: float | None = None
+    paper: str = ""
+    detail: str = ""
+    target: str = ""
+    interval: tuple[float, float] | None = None  # LEVEL confidence interval of `measured`
+    not_applicable: str = ""  # why the hardware that measured it cannot judge the claim
+
+    @property
+    def status(self) -> str:
+        """holds / does not hold / inconclusive (only with an interval) / not measured / not applicable."""
+        if self.not_applicable:
+            return NOT_APPLICABLE
+        if self.measured is None or math.isnan(self.measured):
+            return NOT_MEASURED
+        low, high = self.interval or (self.measured, self.measured)
+        if (self.at_least is None or low >= self.at_least) and (self.at_most is None or high <= self.at_most):
+            return HOLDS
+        if (self.at_least is not None and high < self.at_least) or (self.at_most is not None and low > self.at_most):
+            return FAILS
+        return INCONCLUSIVE
+
+    @property
+    def threshold(self) -> str:
+        """The condition on the ratio, e.g. '>= 1' or '<= 0.1'."""
+        parts = []
+        if self.at_least is not None:
+            parts.append(f">= {self.at_least:g}")
+        if self.at_most is not None:
+            parts.append(f"<= {self.at_most:g}")
+        return " and ".join(parts)
+
+    @property
+    def samples_to_decide(self) -> float | None:
+        """For an inconclusive claim: how many times its samples would narrow the interval to the
+        threshold it straddles, if the ratio and the spread stay (the half-width shrinks as one over
+        the square root of the samples); inf when the ratio sits on the threshold. None otherwise."""
+        if self.status != INCONCLUSIVE or not self.interval or not self.measured:
+            return None
+        low, high = self.interval
+        half = (math.log(high) - math.log(low)) / 2
+        straddled = [t for t in (self.at_least, self.at_most) if t is not None and low < t < high]
+        distance = min(abs(math.log(self.measured / t)) for t in straddled) if straddled else 0.0
+        return (half / distance) ** 2 if distance > 0 else math.inf
+
+    def record(self) -> dict[str, object]:
+        """The claim as one table row."""
+        low, high = self.interval or (None, None)
+        more = self.samples_to_decide
+        return {"family": self.family, "claim": self.statement, "status": self.status, "ratio": self.ratio,
+                "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
+                "samples to decide": "" if more is None else "never (on the threshold)" if math.isinf(more)
+                else f"{max(more, 1.0):.1f}x",
+                "paper": self.paper, "where": "; ".join(filter(None, (self.detail, self.not_applicable))),
+                "make target": self.target}
+
+
+def not_measured(family: str, statement: str, ratio: str, missing: str, **kwargs: object) -> Claim:
+    """A claim whose rows are absent; `missing` says what to run to measure it."""
+    return Claim(family, statement, ratio, None, detail=missing, **kwargs)  # type: ignore[arg-type]
+
+
+def counts(claims: list[Claim]) -> dict[str, int]:
+    """How many claims hold, do not hold, are inconclusive and are not measured."""
+    return {s: sum(c.status == s for c in claims) for s in STATUSES}
+
+
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
+                   level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """The ratio of the two samples' geometric means and its `level` confidence interval (Welch's t on
+    the logarithms; a side with one value counts as exact). No interval where neither side repeats."""
+    return pooled_ratio_interval([(numerator, denominator)], level)
+
+
+def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """The geometric mean over cases of each case's ratio of geometric means (numerator samples over
+    denominator samples), with its `level` confidence interval: Welch's t on the mean of the cases' log
+    ratios, degrees of freedom by Welch-Satterthwaite over every sample. One case: `ratio_interval`."""
+    if not pairs:
+        raise ValueError("pooled_ratio_interval needs at least one case")
+    diffs, parts = [], []
+    for numerator, denominator in pairs:
+        a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+        if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
+            raise ValueError("ratio intervals need positive samples on both sides")
+        la, lb = np.log(a), np.log(b)
+        diffs.append(la.mean() - lb.mean())
+        parts += [(x.var(ddof=1) / len(x) / len(pairs) ** 2, len(x) - 1) for x in (la, lb) if len(x) > 1]
+    ratio = float(np.exp(np.mean(diffs)))
+    if not parts:
+        return ratio, None
+    se2 = sum(v for v, _ in parts)
+    if se2 == 0:
+        return ratio, (ratio, ratio)
+    df = se2 ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
+    half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(se2)
+    return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
+
+
+def median_ratio_interval(value: float, samples: Sequence[float],
+                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """`value` over the samples' median, with the `level` interval of the median from order statistics
+    (distribution-free: one slow iteration moves neither end much). Its coverage is the binomial's, at
+    least `level` from 6 samples on; with fewer, the interval is the samples' range. None for one sample."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    if not len(x) or (x <= 0).any() or value <= 0:
+        raise ValueError("median ratio intervals need a positive value and positive samples")
+    ratio = float(value / np.median(x))
+    if len(x) == 1:
+        return ratio, None
+    # The j-th and (n + 1 - j)-th smallest cover the median unless at most j - 1 samples fall on one side.
+    j = max(int(stats.binom.ppf((1 - level) / 2, len(x), 0.5)), 1)
+    return ratio, (float(value / x[len(x) - j]), float(value / x[j - 1]))
+
+
+def replicated_ratio_interval(pairs: Sequence[tuple[float, Sequence[float]]],
+                              level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """The first (value, run)'s value over its run's median, with an interval spanning every pair's
+    `median_ratio_interval` (runs of one configuration in separate jobs, each with the value taken beside
+    it): where the jobs ran at different speeds and the values did not follow, the interval says so, and
+    no verdict is drawn from whichever job happened to be counted."""
+    found = [median_ratio_interval(value, run, level) for value, run in pairs]
+    ends = [e for ratio, interval in found for e in (ratio, *(interval or ()))]
+    return found[0][0], (min(ends), max(ends)) if len(ends) > 1 else None
+
+
+def time_shared(rows: pd.DataFrame) -> str:
+    """Why rows measured on CPUs with more ranks on a host than it has cores cannot judge a speed-up that
+    comes from more devices working at once ('' when every such run had a core per rank, or when the
+    rows predate the `host_cpus` column)."""
+    if not {"device", "world_size", "nodelist", "host_cpus"} <= set(rows.columns):
+        return ""
+    cpu = rows[(rows["device"].astype(str) == "cpu") & (pd.to_numeric(rows["host_cpus"], errors="coerce") > 0)]
+    if cpu.empty:
+        return ""
+    per_host = pd.to_numeric(cpu["world_size"]) / cpu["nodelist"].astype(str).str.count(",").add(1)
+    worst = (per_host / pd.to_numeric(cpu["host_cpus"])).idxmax()
+    ranks, cores = per_host.loc[worst], int(cpu.loc[worst, "host_cpus"])
+    if ranks <= cores:
+        return ""
+    return (f"{ranks:g} ranks shared {cores} CPU cores, so the ratio measures time-sharing; it takes a device "
+            f"(GPU or core) per rank: a node with {ranks:g} GPUs, or {ranks:g} cores")
+
+
+def deciding(cases: Sequence[Claim], detail: str | None = None) -> Claim:
+    """The case that decides a claim that must hold for every case (every model, every size): one that
+    does not hold, else one that is inconclusive, else the one nearest the threshold; a case the
+    hardware cannot judge only when no case can be judged. With `detail`, it replaces the case's own
+    (every case's figures, say)."""
+    rank = {FAILS: 0, INCONCLUSIVE: 1, HOLDS: 2, NOT_APPLICABLE: 3}
+
+    def margin(c: Claim) -> float:
+        low, high = c.interval or (c.measured, c.measured)
+        assert low is not None and high is not None
+        return min((low - c.at_least) if c.at_least is not None else math.inf,
+                   (c.at_most - high) if c.at_most is not None else math.inf)
+
+    worst = min((c for c in cases if c.status in rank), key=lambda c: (rank[c.status], margin(c)))
+    return worst if detail is None else replace(worst, detail=detail)

@@ -1,0 +1,256 @@
+"""Analysis helpers: load every result CSV, pick the newest measurement, write tables and figures.
+
+The papers' tables and figures are built by the `analysis` package's module of each family; each defines
+`build(frame, out_dir) -> list[Path]` and receives that family's rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+
+from reproflow.reporting.claims import Claim
+from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.family import AGGREGATE, families
+from reproflow.spec.params import canonical
+from reproflow.store.results import GATE_FAIL, PROVENANCE_COLUMNS, point_file_problem, quarantine, result_files
+
+# The package of the papers' tables, figures and claims, `analysis.<family>`: found by name, as a plugin.
+ANALYSIS = "analysis"
+
+
+@dataclass
+class Loaded:
+    """What a results folder holds: the rows to aggregate, and what was kept out of them and why."""
+
+    frame: pd.DataFrame
+    # Points measured by jobs whose health gate failed: one row per point, with the gate's detail.
+    gate_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Torn files moved to <results>/quarantine: (where it is now, why).
+    quarantined: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def read_results(results: Path) -> Loaded:
+    """Every whole result file under `results`: torn ones are quarantined, points whose job failed its
+    health gate are set aside; a file of an unknown schema version is an error."""
+    frames, quarantined = [], []
+    for path in result_files(results):
+        head = path.open().readline()
+        if not head.startswith("schema_version,"):
+            raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
+                                 f"CSVs (profiles, logs, tables) out of the results folder {results}.")
+        problem = point_file_problem(path)
+        if problem.startswith("result schema"):
+            raise ReproflowError(f"{path} has {problem}. Re-run its suite with --force or use a matching reproflow.")
+        if problem:
+            moved = quarantine(results, path, problem)
+            print(f"reproflow: {path} is not a whole result file ({problem}); moved to {moved}, not aggregated. "
+                  "Run its suite again to measure the point.", file=sys.stderr)
+            quarantined.append((moved, problem))
+            continue
+        frames.append(pd.read_csv(path, dtype={"rank": str, "job_id": str}))
+    if not frames:
+        return Loaded(pd.DataFrame(), quarantined=quarantined)
+    frame = with_defaults(pd.concat(frames, ignore_index=True))
+    if "health_gate" not in frame.columns:
+        return Loaded(frame, quarantined=quarantined)
+    bad = frame["health_gate"] == GATE_FAIL
+    gate_failed = frame.loc[bad, ["suite", "experiment", "point", "job_id", "nodelist", "health_detail"]]
+    gate_failed = gate_failed.drop_duplicates(["suite", "experiment", "point", "job_id"])
+    if len(gate_failed):
+        print(f"reproflow: {len(gate_failed)} point(s) left out: their job failed its health gate "
+              f"(jobs {', '.join(sorted(set(gate_failed['job_id'])))})", file=sys.stderr)
+    return Loaded(frame[~bad].reset_index(drop=True), gate_failed.reset_index(drop=True), quarantined)
+
+
+def load_results(results: Path) -> pd.DataFrame:
+    """The rows to aggregate under `results` (see read_results)."""
+    return read_results(results).frame
+
+
+def with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before a family declared a parameter get that parameter's default, so old and
+    new results group together (e.g. `implementation` = reproflow)."""
+    known = families()
+    for name in frame["family"].unique():
+        if name not in known:
+            continue
+        mine = frame["family"] == name
+        for param in known[name].params:
+            if param.name not in frame.columns:
+                frame[param.name] = pd.Series(pd.NA, index=frame.index, dtype=object)
+            missing = mine & frame[param.name].isna()
+            if missing.any():
+                frame[param.name] = frame[param.name].astype(object)
+                frame.loc[missing, param.name] = canonical(param.coerce(param.default))
+    return frame
+
+
+def newest(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the newest run of every point, so stale reruns do not mix into one figure."""
+    keys = ["suite", "experiment", "point", "world_size", "backend", "device"]
+    last = frame.groupby(keys, dropna=False)["timestamp"].transform("max")
+    return frame[frame["timestamp"] == last]
+
+
+def aggregates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Only the rows aggregated across ranks."""
+    return frame[frame["rank"].astype(str) == AGGREGATE]
+
+
+def wide(frame: pd.DataFrame, index: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per `index` combination, one column per metric (median over repeats)."""
+    sub = frame[frame["metric"].isin(metrics)]
+    table = sub.pivot_table(index=list(index), columns="metric", values="value", aggfunc="median")
+    return table.reindex(columns=[m for m in metrics if m in table.columns]).reset_index()
+
+
+def over_baseline(table: pd.DataFrame, keys: Sequence[str], baseline: pd.Series, column: str) -> pd.Series:
+    """`column` of every row divided by the `baseline` row's with the same `keys` (NaN where none):
+    speed-ups and ratios against a reference configuration."""
+    base = table.loc[baseline, [*keys, column]].rename(columns={column: "_baseline"})
+    matched = table[list(keys)].merge(base, on=list(keys), how="left")
+    return pd.Series(table[column].to_numpy() / matched["_baseline"].to_numpy(), index=table.index)
+
+
+def integral(frame: pd.DataFrame) -> pd.DataFrame:
+    """Float columns holding only whole numbers (sizes, shapes after a concat with gaps) as integers."""
+    out = frame.copy()
+    for col in out.columns:
+        values = out[col]
+        if pd.api.types.is_float_dtype(values) and values.notna().any():
+            present = values.dropna()
+            if (present == present.round()).all() and present.abs().max() < 2**53:
+                out[col] = values.astype("Int64")
+    return out
+
+
+def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note: str = "") -> list[Path]:
+    """`<name>.csv` and `<name>.md` (title line, table, and an optional note) in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = integral(frame)
+    csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    frame.to_csv(csv_path, index=False)
+    md_path.write_text(f"# {title}\n\n" + to_markdown(frame) + (f"\n{note}\n" if note else ""))
+    return [csv_path, md_path]
+
+
+def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, out_dir: Path, name: str,
+                            title: str, note: str) -> tuple[pd.DataFrame, list[Path]]:
+    """`value` per implementation side by side, reproflow's ratio to each other one, and the median
+    ratio per group of `keys[:-1]`; writes `<name>.*` and `<name>_summary.*`."""
+    wide_values = table.pivot_table(index=keys, columns="implementation", values=value).reset_index()
+    wide_values.columns.name = None
+    others = [c for c in wide_values.columns if c not in keys and c != "reproflow"]
+    ratios = [f"reproflow/{other}" for other in others]
+    for other, ratio in zip(others, ratios, strict=True):
+        wide_values[ratio] = wide_values["reproflow"] / wide_values[other]
+    written = write_table(wide_values, out_dir, name, title, note)
+    summary = wide_values.groupby(keys[:-1])[ratios].median().reset_index()
+    written += write_table(summary, out_dir, f"{name}_summary", f"Median of reproflow's {value} ratio", note)
+    return wide_values, written
+
+
+def save_figure(fig: object, out_dir: Path, name: str) -> list[Path]:
+    """`<name>.png` and `<name>.pdf` in `out_dir`; closes the figure."""
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    for path in paths:
+        fig.savefig(path, dpi=130, bbox_inches="tight")  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return paths
+
+
+def setting_label(row: pd.Series) -> str:
+    """Legend text for one measured setting: ranks, backend, device."""
+    return f"{int(row['world_size'])} ranks, {row['backend']}/{row['device']}"
+
+
+def load_analysis(family: str) -> ModuleType | None:
+    """The family's module of the `analysis` package (installed with reproflow), or None when it has none."""
+    name = f"{ANALYSIS}.{family}"
+    if importlib.util.find_spec(ANALYSIS) is None or importlib.util.find_spec(name) is None:
+        return None
+    return importlib.import_module(name)
+
+
+def check_claims(results: Path, out_dir: Path) -> tuple[list[Claim], list[Path]]:
+    """Every family's claims checked again on the rows under `results` (and the tables an earlier report
+    wrote under `out_dir`), without rebuilding tables, figures or the page; claims.csv and .md rewritten."""
+    frame = read_results(results).frame
+    if frame.empty:
+        raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
+    claims = [c for name in families() for c in _claims(load_analysis(name), _family_rows(frame, name), out_dir)]
+    return claims, _write_claims(claims, out_dir)
+
+
+def _family_rows(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The family's rows, without the columns only other families fill."""
+    return frame[frame["family"] == name].dropna(axis=1, how="all")
+
+
+def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path) -> list[Claim]:
+    return module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+
+
+def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
+    return write_table(pd.DataFrame([c.record() for c in claims]), out_dir, "claims",
+                       "The papers' claims, checked on these results")
+
+
+def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> list[Path]:
+    """Tables and figures for every family that has results (or only the families in `only`), then,
+    for all families, the claims checked and the report page (report.html, report.md); returns the
+    files written."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    unknown = sorted(set(only) - set(families()))
+    if unknown:
+        raise ReproflowError(f"--family {', '.join(unknown)}: no such family. Known: {', '.join(sorted(families()))}.")
+    loaded = read_results(results)
+    frame = loaded.frame
+    written: list[Path] = []
+    if len(loaded.gate_failed) or loaded.quarantined:
+        kept_out = pd.concat([loaded.gate_failed.assign(reason="health gate failed"),
+                              pd.DataFrame({"file": [str(p) for p, _ in loaded.quarantined],
+                                            "reason": [why for _, why in loaded.quarantined]})], ignore_index=True)
+        written += write_table(kept_out, out_dir, "left_out", "Points left out of every table and figure")
+    left_out = [p for p in written if p.suffix == ".csv"]
+    if frame.empty:
+        left = f" ({len(kept_out)} point(s) left out: {out_dir / 'left_out.md'})" if written else ""
+        raise ReproflowError(f"no results to aggregate under {results}{left}. Run a suite first, e.g. "
+                             "`reproflow run param-demo`.")
+    sections = []
+    for name, fam in families().items():
+        if only and name not in only:
+            continue
+        rows = _family_rows(frame, name)
+        module = load_analysis(name)
+        files: list[Path] = []
+        if len(rows) and module is None:
+            table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
+            files = write_table(table, out_dir, f"{name}_summary", f"{name}: all metrics")
+        elif len(rows):
+            files = module.build(rows, out_dir)
+        # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too.
+        files += sorted(p for p in (out_dir / name).glob("*") if p.suffix in (".csv", ".png"))
+        claims = _claims(module, rows, out_dir)
+        written += files
+        sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
+    if only:
+        return written
+    provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
+    provenance = provenance.drop(columns=["timestamp"])
+    written += write_table(provenance, out_dir, "jobs", "Jobs behind these results")
+    written += _write_claims([c for s in sections for c in s.claims], out_dir)
+    written += write_page(out_dir, sections, hardware_table(results), provenance, left_out)
+    return written

@@ -1,0 +1,105 @@
+"""JSON documents users hand in (Aceso configs, CFP strategy files): read and checked field by field.
+
+A shape is a type (`str`, `int`, `float`, `bool`), `Count` (an int >= 1), `Index` (an int >= 0),
+a one-element list (a list of that shape), a dict of field shapes (keys ending in '?' may be
+absent), `MapOf(shape)` (any keys, values of one shape) or `Either(*shapes)`. `check` raises
+ParamError naming the first field that does not fit, so a hand-edited or truncated file gets one
+clear sentence instead of a traceback deep in the code that uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reproflow.spec.errors import ParamError
+
+
+class Count:
+    """Shape of a whole number >= 1."""
+
+
+class Index:
+    """Shape of a whole number >= 0."""
+
+
+class Either:
+    """Shape of a value that has one of several shapes (Aceso's num_layers: a count, or ResNet's per-block list)."""
+
+    def __init__(self, *shapes: Any) -> None:
+        self.shapes = shapes
+
+
+class MapOf:
+    """Shape of an object whose keys are free and whose values all have one shape."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
+          Count: "a whole number >= 1", Index: "a whole number >= 0"}
+
+
+def _fits(value: Any, shape: type) -> bool:
+    if shape is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # true/false are not numbers here
+        return False
+    if shape is float:
+        return isinstance(value, int | float) and value == value and abs(value) != float("inf")
+    if shape in (int, Count, Index):
+        return isinstance(value, int) and value >= {int: value, Count: 1, Index: 0}[shape]
+    return isinstance(value, shape)
+
+
+def check(doc: Any, shape: Any, where: str = "") -> None:
+    """Raise ParamError for the first part of `doc` that does not have `shape`."""
+    if isinstance(shape, Either):
+        problems = []
+        for option in shape.shapes:
+            try:
+                check(doc, option, where)
+                return
+            except ParamError as exc:
+                problems.append(exc.problem)
+        raise ParamError(" Or: ".join(problems))
+    if isinstance(shape, MapOf):
+        if not isinstance(doc, dict):
+            raise ParamError(f"{where or 'the document'} must be a JSON object, not {type(doc).__name__}.")
+        for key, item in doc.items():
+            check(item, shape.value, f"{where}[{key!r}]")
+        return
+    if isinstance(shape, dict):
+        if not isinstance(doc, dict):
+            raise ParamError(f"{where or 'the document'} must be a JSON object, not {type(doc).__name__}.")
+        for key, sub in shape.items():
+            name = key.rstrip("?")
+            if name not in doc:
+                if key.endswith("?"):
+                    continue
+                raise ParamError(f"the field {where + name!r} is missing.")
+            check(doc[name], sub, f"{where}{name}")
+        return
+    if isinstance(shape, list):
+        if not isinstance(doc, list):
+            raise ParamError(f"the field {where!r} must be a list, not {json.dumps(doc)[:60]}.")
+        for i, item in enumerate(doc):
+            check(item, shape[0], f"{where}[{i}]")
+        return
+    if not _fits(doc, shape):
+        raise ParamError(f"the field {where!r} must be {_NAMES[shape]}, not {json.dumps(doc)[:60]}.")
+
+
+def read(path: Path, what: str, shape: Any) -> dict:
+    """The JSON object in `path`, checked against `shape`; ParamError saying what the file should be."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ParamError(f"{path} cannot be read as JSON ({exc}).", what) from None
+    try:
+        check(doc, shape)
+    except ParamError as exc:
+        raise ParamError(f"{path}: {exc.problem}", what) from None
+    return doc

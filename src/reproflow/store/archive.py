@@ -1,0 +1,58 @@
+"""`reproflow archive`: one compressed file with everything needed to check or share a reproduction.
+
+It holds the suite files and the reproduction plan (workflows/), the rendered sbatch scripts
+(sbatch/), the results (result rows, failure records, environment records, submitit logs), the logs
+folder (step logs, Aceso's and CFP's profiles and configs) and the report (page, tables, figures),
+plus a MANIFEST.json with each member's size and SHA-256, the commit and the command that made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import reproflow
+from reproflow.spec.errors import ReproflowError
+from reproflow.store.results import git_commit
+
+
+def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
+    """(file on disk, name in the archive) for every file under the folders that exist."""
+    found = []
+    for folder, name in folders:
+        if folder.is_file():
+            found.append((folder, name))
+        elif folder.is_dir():
+            found += [(p, f"{name}/{p.relative_to(folder).as_posix()}") for p in sorted(folder.rglob("*"))
+                      if p.is_file() and "__pycache__" not in p.parts]
+    return found
+
+
+def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int]:
+    """Write `out` (.tar.gz) atomically; returns its path and the number of files in it."""
+    prefix = out.name.removesuffix(".tar.gz").removesuffix(".tgz")
+    members = _members([(root / "workflows", "workflows"), (root / "sbatch", "sbatch"),
+                              (results, "results"), (logs, "logs"), (reports, "reports")])
+    if not any(name.startswith(("results/", "reports/")) for _, name in members):
+        raise ReproflowError(f"nothing measured to archive: {results} and {reports} are empty or missing. Run "
+                             "`reproflow reproduce` (or a suite and `reproflow report`) first.")
+    manifest = {"reproflow_version": reproflow.__version__, "git_commit": git_commit(str(root)),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": {name: {"bytes": path.stat().st_size,
+                                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest()} for path, name in members}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path, name in members:
+            tar.add(path, arcname=f"{prefix}/{name}", recursive=False)
+        data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        info = tarfile.TarInfo(f"{prefix}/MANIFEST.json")
+        info.size, info.mtime = len(data), int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    partial.replace(out)
+    return out, len(members) + 1
