@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reproflow.families.aceso.database import AFTER_TRAINING
+from reproflow.families.aceso.manifest import newest_file
 from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
 from reproflow.reporting.claims import (
     Claim,
@@ -183,14 +184,9 @@ def _figure_bars(panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]], ou
     return save_figure(fig, out, name)
 
 
-def _newest_file(folder: Path, pattern: str) -> Path | None:
-    files = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
-    return files[-1] if files else None
-
-
 def _manifest(folder: Path, name: str = "search-*.json") -> dict | None:
     """The newest search manifest (or the artifact's scores, name="artifact.json") of one size."""
-    found = _newest_file(folder, name)
+    found = newest_file(folder, name)
     return json.loads(found.read_text()) if found else None
 
 
@@ -273,7 +269,7 @@ def predicted(root: Path, setting: str, out: Path, published: Path | None) -> st
 
 
 def _summary_seconds(folder: Path) -> float | None:
-    found = _newest_file(folder, "*summary*")
+    found = newest_file(folder, "*summary*")
     return float(found.read_text().splitlines()[1].split(",")[0]) if found else None
 
 

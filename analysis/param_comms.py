@@ -21,6 +21,7 @@ from reproflow.reporting.report import (
     wide,
     write_table,
 )
+from reproflow.spec.params import readable_size
 
 SETTING = ["implementation", "world_size", "backend", "device", "dtype", "blocking"]
 METRICS = ["latency_p50_us", "latency_min_us", "latency_max_us", "time_us", "algbw", "busbw", "wrong_elements"]
@@ -36,19 +37,12 @@ DEFINITIONS = (
 )
 
 
-def _size_label(nbytes: float) -> str:
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g}{unit}"
-    return f"{nbytes:g}"
-
-
 def _finish_busbw_axes(ax: plt.Axes, sizes: pd.Series, title: str) -> None:
     """Log2 size axis labelled 1K/1M/1G (at most ~10 ticks), busBW axis, title, grid, legend."""
     ax.set_xscale("log", base=2)
     ticks = sorted(sizes.unique())
     ticks = ticks[:: max(1, len(ticks) // 10 + (len(ticks) % 10 > 0))]
-    ax.set_xticks(ticks, [_size_label(t) for t in ticks], rotation=45)
+    ax.set_xticks(ticks, [readable_size(t) for t in ticks], rotation=45)
     ax.set_xlabel("message size (total buffer, bytes)")
     ax.set_ylabel("busBW (GB/s)")
     ax.set_title(title)
@@ -133,7 +127,7 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     if not rises:
         return [*out, not_measured(FAMILY, statement, ratio, f"no size sweep of 3 or more sizes: {RUN_IT}",
                                    paper=paper, target="comms")]
-    sizes = f"{_size_label(table['size_bytes'].min())}-{_size_label(table['size_bytes'].max())}"
+    sizes = f"{readable_size(table['size_bytes'].min())}-{readable_size(table['size_bytes'].max())}"
     worst = min(rises, key=rises.__getitem__)
     below = [c for c, v in rises.items() if v < 2.0]
     out.append(Claim(FAMILY, statement, ratio, rises[worst], at_least=2.0, target="comms", paper=paper,

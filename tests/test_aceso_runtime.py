@@ -11,18 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import reproflow
 
+from reproflow.families.aceso.layout import Groups, Placed, StagePlan, load_config, model_ops, pieces
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import config_from_counts, write_json
-from reproflow.families.aceso.runtime import (
-    Groups,
-    Placed,
-    StagePlan,
-    check,
-    flops_per_micro_batch,
-    load_config,
-    model_ops,
-    pieces,
-)
+from reproflow.families.aceso.training import check, flops_per_micro_batch
 from reproflow.reporting.report import load_results
 from reproflow.spec.errors import ParamError
 
@@ -204,7 +196,7 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
     import tomllib
     from conftest import ROOT
 
-    from reproflow.families.aceso.commands import profile_suite
+    from reproflow.families.aceso.pipeline import profile_suite
     from reproflow.families.aceso.settings import SETTINGS
 
     committed = tomllib.loads((ROOT / "workflows" / "aceso-small-profile.toml").read_text())["experiment"]

@@ -36,7 +36,7 @@ from slurmtools import (  # noqa: F401 - cluster: the Slurm tests' fixture
     wait,
 )
 
-from reproflow.app.reproduce import run_step
+from reproflow.app.reproduce.steps import run_step
 from reproflow.launch.render import render_sbatch
 from reproflow.launch.retry import CANCELLED, INFRASTRUCTURE, TIME_LIMIT, classify, job_log
 from reproflow.spec.suite import load_suite

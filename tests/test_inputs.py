@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reproflow.app import cli
+from reproflow.families.aceso.layout import load_config, model_ops
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import config_from_counts, write_json
-from reproflow.families.aceso.runtime import load_config, model_ops
 from reproflow.families.cfp.passes import _segment_profile
 from reproflow.launch.render import render_sbatch
 from reproflow.launch.submit import SubmititExecutor

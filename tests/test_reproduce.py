@@ -15,7 +15,10 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.app.reproduce import PLAN, Estimate, Plan, Progress, Step, Target, load_plan, plan_resamples
+from reproflow.app.reproduce.estimate import Estimate
+from reproflow.app.reproduce.plan import PLAN, Plan, Step, Target, load_plan
+from reproflow.app.reproduce.progress import Progress
+from reproflow.app.reproduce.resample import plan_resamples
 from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, NOT_MEASURED, Claim
 from reproflow.reporting.report import load_analysis
 from reproflow.spec.errors import ReproflowError
@@ -141,7 +144,7 @@ def test_a_claim_holds_only_inside_its_bounds() -> None:
 
 def test_time_left_follows_the_plan_until_the_step_has_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr("reproflow.app.reproduce.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("reproflow.app.reproduce.progress.time.monotonic", lambda: now[0])
     plan = [Estimate(Step("first", "run a", 2.0, 4), 1, 4, 0, 2.0, "plan"),
             Estimate(Step("cfp", "cfp all", 1.5, 12), 1, 12, None, 1.5, "plan")]
     progress = Progress(plan, out=lambda _: None, tty=False)

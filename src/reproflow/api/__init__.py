@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import get_family
 from reproflow.spec.paths import project_root
 from reproflow.spec.suite import Experiment, Suite, named_suite, override_strings
+from reproflow.store import events
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,6 +126,7 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
             shown = f"array {submitted[0].split('_')[0]} ({len(submitted)} tasks)" if array else submitted[0]
             print(f"submitted {loaded.name} / {exp.name} as Slurm job {shown}")
             print(f"job ids: {','.join(submitted)}")
+            events.emit("submitted", job_ids=submitted)
             ids += submitted
     return ids
 
@@ -170,6 +172,16 @@ def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
         return []
     return submit_suite(suite, results=where.results, image=where.image, mounts=where.mounts, force=where.force,
                         after=where.after, dry_run=where.dry_run)
+
+
+def submit_call(name: str, fn: Callable[..., Any], *args: Any, folder: str | Path, minutes: int,
+                where: Placement) -> str:
+    """Submit `fn(*args)` as a one-task Slurm job (a pipeline step that is not a suite, e.g. Aceso's
+    search) the way suites are submitted: in `where.image`, after `where.after`. Returns the job id."""
+    executor = submitit_executor(where.results, image=where.image, mounts=where.mounts, after=where.after)
+    job_id = executor.submit_call(name, fn, *args, folder=Path(folder), minutes=minutes)
+    events.emit("submitted", job_ids=[job_id])
+    return job_id
 
 
 def read_results(folder: str | Path = "results") -> pd.DataFrame:

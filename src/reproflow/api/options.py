@@ -44,7 +44,8 @@ def generated_suite_options(p: argparse.ArgumentParser) -> None:
 
 
 def placement(args: argparse.Namespace) -> Placement:
-    """The Placement that generated_suite_options parsed into `args`."""
-    return Placement(results=Path(args.results), submit=getattr(args, "submit", False),
+    """Where the command's options say its work runs (generated_suite_options; absent ones: the defaults)."""
+    return Placement(results=Path(getattr(args, "results", "results")), submit=getattr(args, "submit", False),
                      after=tuple(getattr(args, "after", ())), image=getattr(args, "image", ""),
-                     mounts=getattr(args, "mounts", ""), force=getattr(args, "force", False), dry_run=args.dry_run)
+                     mounts=getattr(args, "mounts", ""), force=getattr(args, "force", False),
+                     dry_run=getattr(args, "dry_run", False))

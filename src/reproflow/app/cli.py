@@ -96,7 +96,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit a suite's experiments to Slurm through submitit; with --wait or --retries, supervise them."""
     if not (args.wait or args.retries) or args.dry_run:
-        api.submit_suite(args.suite, args.experiment, **_submit_options(args), dry_run=args.dry_run)
+        api.submit_suite(args.suite, args.experiment, results=args.results, **_submit_options(args),
+                         dry_run=args.dry_run)
         return 0
     from reproflow.launch import retry
 
@@ -192,14 +193,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run the reproduction plan's targets (all, or --only), then the report; or only estimate it."""
-    from reproflow.app import reproduce as rp
+    from reproflow.app.reproduce import reproduce
+    from reproflow.app.reproduce.estimate import estimate, format_estimate
+    from reproflow.app.reproduce.plan import PLAN, Folders, load_plan, step_argv
 
-    plan = rp.load_plan(Path(args.plan) if args.plan else project_root() / rp.PLAN)
+    plan = load_plan(Path(args.plan) if args.plan else project_root() / PLAN)
     reference = Path(args.reference) if args.reference else None
     if reference is not None and not reference.is_dir():
         raise ReproflowError(f"--reference {reference} is not a folder. Give the folder holding the papers' "
                              "published results (e.g. aceso/reference-results/), or leave --reference out.")
-    folders = rp.Folders(Path(args.results), Path(args.reports), Path(args.logs), reference)
+    folders = Folders(Path(args.results), Path(args.reports), Path(args.logs), reference)
     only = [t for item in args.only for t in item.split(",") if t]
     targets, steps = plan.select(only)
     if args.estimate or args.dry_run:
@@ -210,14 +213,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"{target.name}: {target.title} (not run: only when named, make {target.name}"
                   + (", with REFERENCE" if target.needs_reference else "") + ")")
         print()
-        rows = rp.estimate(steps, folders, args.executor)
-        print(rp.format_estimate(rows, args.executor))
+        rows = estimate(steps, folders, args.executor)
+        print(format_estimate(rows, args.executor))
         if args.dry_run:
             for step in steps:
-                print(f"reproflow {' '.join(rp.step_argv(step, folders, args.executor, args.image, args.mounts))}")
+                print(f"reproflow {' '.join(step_argv(step, folders, args.executor, args.image, args.mounts))}")
             print(f"reproflow report --results {folders.results} --out {folders.reports}")
         return 0
-    return rp.reproduce(plan, only, folders, args.executor, args.image, args.mounts)
+    return reproduce(plan, only, folders, args.executor, args.image, args.mounts)
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
@@ -233,10 +236,10 @@ def cmd_archive(args: argparse.Namespace) -> int:
 
 def _targets_help() -> str:
     """The plan's targets, for `reproflow reproduce --help`."""
-    from reproflow.app import reproduce as rp
+    from reproflow.app.reproduce.plan import PLAN, load_plan
 
     try:
-        plan = rp.load_plan(project_root() / rp.PLAN)
+        plan = load_plan(project_root() / PLAN)
     except ReproflowError as exc:
         return f"(targets unavailable: {exc})"
     return "\n".join(f"  {t.name:<20} {t.title}" for t in plan.targets.values())

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
+
+from reproflow.launch.shell import output
 
 RUNTIMES = ("pyxis", "oci", "apptainer")
 SQUASHFS_MAGIC = b"hsqs"
@@ -57,22 +58,14 @@ def image_skipped(image: str) -> dict[str, str]:
             return {}
     if not shutil.which("unsquashfs"):
         return {}
-    environment = _run(["unsquashfs", "-cat", image, "etc/environment"])
+    environment = output(["unsquashfs", "-cat", image, "etc/environment"])
     found = re.search(r"^REPROFLOW_IMAGE_SKIPPED=(.*)$", environment, re.M)
     return {part: "the image records it as skipped" for part in (found.group(1).split() if found else [])}
 
 
-def _run(cmd: list[str]) -> str:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return proc.stdout + proc.stderr
-
-
 def oci_conf() -> Path:
     """Where Slurm reads oci.conf: beside the slurm.conf the controller reports (else /etc/slurm)."""
-    found = re.search(r"^SLURM_CONF\s*=\s*(\S+)", _run(["scontrol", "show", "config"]), re.M)
+    found = re.search(r"^SLURM_CONF\s*=\s*(\S+)", output(["scontrol", "show", "config"]), re.M)
     return Path(found.group(1) if found else "/etc/slurm/slurm.conf").parent / "oci.conf"
 
 
@@ -82,7 +75,7 @@ def runtime_problems(runtime: str) -> list[tuple[str, str]]:
         return [(f"container runtime {runtime!r} is not one of {', '.join(RUNTIMES)}", "choose one of them")]
     problems = []
     if runtime == "pyxis":
-        if "--container-image" not in (_run(["srun", "--help"]) if shutil.which("srun") else ""):
+        if "--container-image" not in (output(["srun", "--help"]) if shutil.which("srun") else ""):
             problems.append(("Pyxis is not active: srun does not know --container-image",
                              "install Pyxis (github.com/NVIDIA/pyxis) and add `required /usr/local/lib/slurm/"
                              "spank_pyxis.so` to plugstack.conf (ParallelCluster >= 3.11.1 ships it disabled: "

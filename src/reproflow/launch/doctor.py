@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.launch.containers import image_problem, image_skipped, oci_conf, runtime_problems
+from reproflow.launch.shell import run
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -36,13 +36,6 @@ class Check:
         return text + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
-def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def check_tools() -> list[Check]:
     """sbatch, srun, sacct and scontrol on PATH."""
     missing = [t for t in ("sbatch", "srun", "sacct", "scontrol") if shutil.which(t) is None]
@@ -55,11 +48,11 @@ def check_tools() -> list[Check]:
 
 def check_cluster() -> list[Check]:
     """Controller answers, nodes are usable, accounting records jobs."""
-    ping = _run(["scontrol", "ping"])
+    ping = run(["scontrol", "ping"])
     if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
         return [Check(FAIL, "Slurm controller does not answer `scontrol ping`",
                       "start slurmctld (and munge), or check SlurmctldHost in slurm.conf")]
-    out = _run(["sinfo", "-h", "-N", "-o", "%N %T"])
+    out = run(["sinfo", "-h", "-N", "-o", "%N %T"])
     states: dict[str, str] = {}
     for line in (out.stdout if out else "").splitlines():
         if line.strip():
@@ -73,7 +66,7 @@ def check_cluster() -> list[Check]:
     else:
         checks.append(Check(FAIL, f"no usable nodes ({states or 'none'})",
                             "resume them (`scontrol update nodename=<n> state=resume`) or check slurmd"))
-    acct = _run(["sacct", "-X", "-n", "-S", "now-1hours", "-o", "JobID"])
+    acct = run(["sacct", "-X", "-n", "-S", "now-1hours", "-o", "JobID"])
     if acct is None or acct.returncode != 0 or "disabled" in (acct.stdout + acct.stderr):
         checks.append(Check(WARN, "accounting is off: sacct cannot report job states (COMPLETED, FAILED, ...)",
                             "configure slurmdbd (AccountingStorageType=accounting_storage/slurmdbd)"))
@@ -116,7 +109,7 @@ def check_shared_results(results: Path, nodes: int) -> list[Check]:
     marker = results.resolve() / f".doctor-{token}"
     marker.write_text(token + "\n")
     try:
-        out = _run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--time=2",
+        out = run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--time=2",
                     "cat", str(marker)], timeout=120)
     finally:
         marker.unlink(missing_ok=True)
@@ -133,7 +126,7 @@ def check_shared_results(results: Path, nodes: int) -> list[Check]:
 
 def check_gpus() -> list[Check]:
     """GPUs per node from Slurm's GRES."""
-    out = _run(["sinfo", "-h", "-N", "-o", "%N %G"])
+    out = run(["sinfo", "-h", "-N", "-o", "%N %G"])
     if out is None or out.returncode != 0:
         return []
     gpus = {}
@@ -152,9 +145,9 @@ def check_gpus() -> list[Check]:
 
 def check_mpi() -> list[Check]:
     """srun's MPI plugins and the MPI library mpi4py loads (suites with launch.launcher = 'mpi')."""
-    out = _run(["srun", "--mpi=list"])
+    out = run(["srun", "--mpi=list"])
     plugins = sorted(set(re.findall(r"\b(pmix|pmi2)\b", (out.stdout + out.stderr) if out else "")))
-    probe = _run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"])
+    probe = run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"])
     library = probe.stdout.strip() if probe is not None and probe.returncode == 0 else ""
     checks = [Check(OK, f"srun MPI plugins: {', '.join(plugins)} (SRUN_MPI picks one; pmix is the default)")
               if plugins else Check(WARN, "srun offers neither pmix nor pmi2: MPI suites cannot start through srun",

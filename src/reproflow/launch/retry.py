@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reproflow.launch.status import SlurmJob, run_lines
+from reproflow.launch.shell import run_lines
+from reproflow.launch.status import SlurmJob
 
 OK, INFRASTRUCTURE, EXPERIMENT, TIME_LIMIT, CANCELLED = "ok", "infrastructure", "experiment", "time_limit", "cancelled"
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

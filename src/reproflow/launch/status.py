@@ -5,11 +5,11 @@ from __future__ import annotations
 import getpass
 import json
 import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow.launch.shell import run, run_lines
 from reproflow.store.results import failure_files, result_files
 
 
@@ -41,11 +41,10 @@ def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None
         queries.append([*base, "-j", ",".join(wanted)])
     found: dict[str, SlurmJob] = {}
     for cmd in queries:
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
-        except (OSError, subprocess.SubprocessError):
+        proc = run(cmd)
+        if proc is None or proc.returncode:
             return None
-        for line in out.splitlines():
+        for line in proc.stdout.splitlines():
             fields = line.split("|")
             if len(fields) != 6:
                 continue
@@ -60,14 +59,6 @@ def sacct_jobs(recorded: Iterable[str], days: int = 30) -> list[SlurmJob] | None
             start, end = (v if v not in ("N/A", "Unknown") else "" for v in fields[3:5])
             found[fields[0]] = SlurmJob(fields[0], fields[1], fields[2], start, end, fields[5])
     return sorted(found.values(), key=lambda j: [int(x) if x.isdigit() else 0 for x in j.job_id.split("_")])
-
-
-def run_lines(cmd: list[str]) -> list[str]:
-    """A Slurm command's output lines; [] when the command is missing, fails or takes over 30 s."""
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return []
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,19 @@ class SubmititExecutor:
     def parameters(self, suite: Suite, exp: Experiment) -> dict[str, Any]:
         """submitit SlurmExecutor parameters for one experiment."""
         launch = exp.launch
-        partition = self.partition or launch.partition
+        params = self._job(f"reproflow-{suite.name}-{exp.name}", self.nodes or launch.nodes,
+                           self.procs or launch.procs_per_node, max(1, slurm_seconds(launch.time_limit) // 60),
+                           self.partition or launch.partition)
+        if launch.gpus_per_node:
+            params["gpus_per_node"] = launch.gpus_per_node
+        if launch.exclusive:
+            params["exclusive"] = True
+        if self.array and self.max_parallel:
+            params["array_parallelism"] = self.max_parallel
+        return params
+
+    def _job(self, name: str, nodes: int, tasks_per_node: int, minutes: int, partition: str) -> dict[str, Any]:
+        """The parameters every job shares: environment, image, excluded nodes, partition, dependencies."""
         if partition and not PARTITION_RE.fullmatch(partition):
             raise ReproflowError(f"--partition {partition!r} is not a Slurm partition name: use letters, digits, "
                                  "'_', '.', '-' (several separated by commas).")
@@ -102,27 +115,21 @@ class SubmititExecutor:
             if self.runtime == "pyxis":
                 srun_args += [f"--container-image={image}", f"--container-mounts={self._mounts()}"]
         params: dict[str, Any] = {
-            "job_name": f"reproflow-{suite.name}-{exp.name}",
-            "nodes": self.nodes or launch.nodes,
-            "ntasks_per_node": self.procs or launch.procs_per_node,
-            "time": max(1, slurm_seconds(launch.time_limit) // 60),
+            "job_name": name,
+            "nodes": nodes,
+            "ntasks_per_node": tasks_per_node,
+            "time": minutes,
             "setup": setup,
             "srun_args": srun_args,
             "additional_parameters": {"export": "NONE"},
         }
         if self.exclude:
             params["exclude"] = ",".join(self.exclude)
-        if launch.gpus_per_node:
-            params["gpus_per_node"] = launch.gpus_per_node
         if partition:
             params["partition"] = partition
-        if launch.exclusive:
-            params["exclusive"] = True
         if self.after:
             # Starts only when every listed job has finished successfully (profile -> search -> train).
             params["dependency"] = "afterok:" + ":".join(self.after)
-        if self.array and self.max_parallel:
-            params["array_parallelism"] = self.max_parallel
         return params
 
     def _mounts(self) -> str:
@@ -165,15 +172,7 @@ class SubmititExecutor:
 
     def submit(self, suite: Suite, exp: Experiment) -> list[str]:
         """Submit one experiment (one array task per point with `array`); return the Slurm job ids."""
-        import submitit
-
-        self.check()
-        try:
-            executor = submitit.SlurmExecutor(folder=self.folder(suite) / "%j", python=self._python())
-        except RuntimeError as exc:
-            raise ReproflowError(f"cannot submit to Slurm: {exc}. Is this a Slurm login node? "
-                                 "Use `reproflow run` to run locally.") from None
-        executor.update_parameters(**self.parameters(suite, exp))
+        executor = self._executor(self.folder(suite), self.parameters(suite, exp))
         argv = worker_args(suite, exp, self.results.resolve(), self.force, self.root, self.sets)
         if self.array:
             jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in range(len(exp.points))])
@@ -184,6 +183,26 @@ class SubmititExecutor:
             record_job(self.results, suite.name, exp.name, job_id, "submitit", attempt=self.attempt,
                        retry_of=self.retry_of)
         return ids
+
+    def submit_call(self, name: str, fn: Callable[..., Any], *args: Any, folder: Path, minutes: int) -> str:
+        """Submit `fn(*args)` as one task on one node, as the experiments are submitted (environment,
+        image, partition, `after`): a pipeline step that is not a suite, such as Aceso's search.
+        Returns the Slurm job id; submitit's pickles and logs go to `folder`."""
+        executor = self._executor(folder, self._job(f"reproflow-{name}", 1, 1, minutes, self.partition or ""))
+        return str(executor.submit(fn, *args).job_id)
+
+    def _executor(self, folder: Path, params: dict[str, Any]) -> Any:
+        """A submitit SlurmExecutor with `params`, after the image and runtime checks."""
+        import submitit
+
+        self.check()
+        try:
+            executor = submitit.SlurmExecutor(folder=folder / "%j", python=self._python())
+        except RuntimeError as exc:
+            raise ReproflowError(f"cannot submit to Slurm: {exc}. Is this a Slurm login node? "
+                                 "Use `reproflow run` to run locally.") from None
+        executor.update_parameters(**params)
+        return executor
 
     def supervise(self, suite: Suite, exp: Experiment, retries: int, poll_s: float = 2.0) -> list[retry.Attempt]:
         """Submit, wait, classify each finished job; resubmit infrastructure failures (at most `retries`

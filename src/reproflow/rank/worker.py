@@ -39,6 +39,7 @@ from reproflow.rank.health import Gate, health_gate
 from reproflow.spec.errors import NOT_APPLICABLE, NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.spec.family import Family, Measurement, get_family
 from reproflow.spec.suite import Experiment, Point, load_suite, parse_overrides
+from reproflow.store import events
 from reproflow.store.results import (
     GATE_OFF,
     Provenance,
@@ -180,6 +181,9 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
     box: list[object] = [todo]
     dist.broadcast_object_list(box, src=0)
     todo = box[0]  # type: ignore[assignment]
+    if ctx.rank == 0:
+        events.emit("experiment", suite=suite_name, experiment=exp.name, family=fam.name, points=sum(chosen),
+                    to_run=sum(todo))
     ctx.log(
         f"reproflow: suite {suite_name} / experiment {exp.name} ({fam.name}): {sum(chosen)} of "
         f"{len(exp.points)} points, {sum(todo)} to run, {sum(chosen) - sum(todo)} already done; job {prov.job_id}, "
@@ -191,21 +195,21 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
         if only is not None and i != only:
             continue
         if not run_it:
-            ctx.log(f"{tag}: done earlier, skipped ({path.name})")
+            _point(ctx, events.SKIPPED, i, exp, f"{tag}: done earlier, skipped ({path.name})")
             continue
         problem = _preflight(fam, point, ctx)
         message = ctx.failures(problem)
         # Not applicable on every rank: skipped and said so (no failure record; a rerun asks again).
         if message and ctx.all_agree(problem.startswith(NOT_APPLICABLE)):
-            ctx.log(f"{tag}: {problem}")
+            _point(ctx, events.NOT_APPLICABLE, i, exp, f"{tag}: {problem}")
             continue
         if message:
             failed += 1
             if ctx.rank == 0:
                 write_failure(path, point.label, message, prov.job_id)
-            ctx.log(f"{tag}: FAILED before running: {message}")
+            _point(ctx, events.FAILED, i, exp, f"{tag}: FAILED before running: {message}")
             continue
-        ctx.log(f"{tag}: running")
+        _point(ctx, events.RUNNING, i, exp, f"{tag}: running")
         _inject_during_point(_injected_fault(point.label, ctx.rank), ctx.rank, point.label)
         start = time.perf_counter()
         measured: list[tuple[int, Measurement]] = []
@@ -218,7 +222,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
             failed += 1
             if ctx.rank == 0:
                 write_failure(path, point.label, str(exc), prov.job_id)
-            ctx.log(f"{tag}: FAILED: {exc}")
+            _point(ctx, events.FAILED, i, exp, f"{tag}: FAILED: {exc}")
             continue
         except RuntimeError as exc:
             # Typically a collective whose peer died or hung (gloo raises RuntimeError, NCCL DistBackendError):
@@ -231,8 +235,17 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
             atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)))
             failure_path(path).unlink(missing_ok=True)
             print(fam.table(point.params, [m for r, m in measured if r == repeats - 1]), flush=True)
-        ctx.log(f"{tag}: {len(measured)} rows in {time.perf_counter() - start:.1f} s -> {path}")
+        _point(ctx, events.MEASURED, i, exp, f"{tag}: {len(measured)} rows in {time.perf_counter() - start:.1f} s "
+               f"-> {path}")
     return failed
+
+
+def _point(ctx: RunContext, status: str, index: int, exp: Experiment, line: str) -> None:
+    """A point's progress: the line for people (rank 0's log) and the event for a supervisor."""
+    ctx.log(line)
+    if ctx.rank == 0:
+        events.emit("point", experiment=exp.name, index=index + 1, total=len(exp.points),
+                    label=exp.points[index].label, status=status)
 
 
 def _rank_log(rank: int) -> None:

@@ -44,6 +44,15 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
+def readable_size(nbytes: float, spec: str = "g", iec: bool = False) -> str:
+    """`nbytes` in the largest binary unit it reaches, for people: `1.5G`, or with `iec` `1.5 GiB`
+    (`spec` formats the number; below 1 KiB the bytes themselves, `12` or `12 B`)."""
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:{spec}} {unit}iB" if iec else f"{nbytes / scale:{spec}}{unit}"
+    return f"{nbytes:g} B" if iec else f"{nbytes:g}"
+
+
 @dataclass(frozen=True)
 class Param:
     """One declared parameter: a suite may set it; the family receives the coerced value."""

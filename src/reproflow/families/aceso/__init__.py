@@ -1,11 +1,13 @@
 """Aceso (EuroSys'24): profile -> search (iterative bottleneck alleviation) -> train.
 
-The family is the op profiler (kind ops, collectives, p2p: profile.py), which runs every op on the
-job's ranks and records Aceso's database columns as rows, and the runtime (kind train: runtime.py),
-which trains a config JSON; both run the ops of transformer_ops.py and resnet_ops.py. The package
-also holds the model zoo (models.py), the database format (database.py), the performance model
-(costmodel.py), config JSON and Megatron-LM uniform plans (plans.py), the search (search.py) and
-`reproflow aceso` (cli.py).
+The family that runs on ranks is the op profiler (kind ops, collectives, p2p: profile.py), which
+runs every op on the job's ranks and records Aceso's database columns as rows, and the runtime
+(kind train: training.py, on layout.py's ranks and resharding and stage.py's 1F1B stage), which
+trains a config JSON; both run the ops of transformer_ops.py and resnet_ops.py. Beside them: the
+model zoo (models.py), the database format (database.py), the performance model (costmodel.py),
+config JSON and Megatron-LM uniform plans (plans.py), the search (search.py), a search's outputs
+(manifest.py), the artifact's settings (settings.py), the profile -> search -> train pipeline
+(pipeline.py) and `reproflow aceso`, which parses into it (cli.py).
 """
 
 from __future__ import annotations
@@ -22,22 +24,22 @@ if TYPE_CHECKING:
 
 # The profiler and the runtime import torch: only when a point is checked or run, not when listed.
 def check(params: Mapping[str, Any], world_size: int) -> None:
-    from reproflow.families.aceso import profile, runtime
+    from reproflow.families.aceso import profile, training
 
-    (runtime.check if params["kind"] == "train" else profile.check)(params, world_size)
+    (training.check if params["kind"] == "train" else profile.check)(params, world_size)
 
 
 def runtime_check(params: Mapping[str, Any], ctx: RunContext) -> None:
-    from reproflow.families.aceso import runtime
+    from reproflow.families.aceso import training
 
     if params["kind"] == "train":
-        runtime.check(params, ctx.world_size, at_run_time=True)
+        training.check(params, ctx.world_size, at_run_time=True)
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    from reproflow.families.aceso import profile, runtime
+    from reproflow.families.aceso import profile, training
 
-    return (runtime.train if params["kind"] == "train" else profile.run)(ctx, params)
+    return (training.train if params["kind"] == "train" else profile.run)(ctx, params)
 
 
 def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:

@@ -9,20 +9,29 @@ ones under `top_configs/`, per-stage info CSVs under `csv/`, and a search-cost s
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
-from reproflow.api.options import generated_suite_options
+from reproflow.api.options import generated_suite_options, placement
 from reproflow.families.aceso.settings import KINDS
 
-# Each command imports its work (torch, pandas, the search) only when it runs: `--help` stays light.
+T = TypeVar("T")
+
+# Each command parses into a request of pipeline.py, imported (torch, pandas, the search) only when it runs.
+
+
+def request(cls: type[T], args: argparse.Namespace) -> T:
+    """A request dataclass from the parsed options of the same names (lists become tuples)."""
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
 
 
 def cmd_megatron(args: argparse.Namespace) -> int:
     """The fastest feasible uniform (pp, tp, dp, micro-batch, recompute) plan, as Aceso's JSON."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_megatron(args)
+    return 0 if pipeline.megatron(request(pipeline.SearchRequest, args)) is not None else 1
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -30,9 +39,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     A search is keyed by the database's content hash and its options: a second search of the same
     database with the same options reuses the first one's configs (unless --force)."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_search(args)
+    outcome = pipeline.search(request(pipeline.SearchRequest, args), placement(args))
+    return 0 if outcome.found else 1
 
 
 def cmd_megatron_lm(args: argparse.Namespace) -> int:
@@ -41,16 +51,18 @@ def cmd_megatron_lm(args: argparse.Namespace) -> int:
     batch, shape and recompute on mock data; with --run, run it (on a GPU node, in the megatron
     container) and write the iteration time as the reference's CSV under
     --log-path/megatron-lm/runtime/gpt/<size>/csv/."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_megatron_lm(args)
+    pipeline.megatron_lm(args.config, args.megatron_dir, args.num_nodes, args.train_iters, args.log_path, args.run)
+    return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Per-stage time and memory of a config JSON (Aceso's or reproflow's)."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_predict(args)
+    pipeline.predict(request(pipeline.SearchRequest, args), args.config)
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -58,24 +70,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     reproflow's runtime: here on gloo ranks, or on Slurm (--submit, after --after jobs). Writes the
     reference's per-rank CSVs under --log-path/{aceso,megatron}/runtime/<model>/<size>/csv/ and
     result rows under --results."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_train(args)
+    pipeline.train(request(pipeline.TrainRequest, args), placement(args))
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile a model's ops (per TP size, micro-batch and algo), collectives and P2P here, then write the
     database: a suite is generated under --results, so reruns only profile what is missing."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_profile(args)
+    pipeline.profile(request(pipeline.ProfileRequest, args), placement(args))
+    return 0
 
 
 def cmd_database(args: argparse.Namespace) -> int:
     """Write the profiler's rows under --results as Aceso's database files."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_database(args)
+    pipeline.database(args.results, args.out)
+    return 0
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -93,16 +108,18 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     Aceso's search and the Megatron-LM plan, predicted throughput normalised to Megatron-LM beside the
     published measured one, and search cost beside the published. CPU only; --submit makes each
     search a CPU-only Slurm job."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_reproduce(args)
+    pipeline.reproduce(request(pipeline.ReproduceRequest, args), placement(args))
+    return 0
 
 
 def cmd_results(args: argparse.Namespace) -> int:
     """The reference's result scripts: tables printed and written as CSVs, and the paper's figure."""
-    from reproflow.families.aceso import commands
+    from reproflow.families.aceso import pipeline
 
-    return commands.cmd_results(args)
+    pipeline.results(args.script, args.setting, args.log_path, args.out, args.published)
+    return 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -271,10 +288,3 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--config", type=Path, required=True, help="config JSON")
     p.set_defaults(func=cmd_predict)
 
-
-def main(argv: Sequence[str]) -> int:
-    """`reproflow aceso ARGV...` without the rest of the command line (a submitted job's body)."""
-    parser = argparse.ArgumentParser(prog="reproflow")
-    register_cli(parser.add_subparsers(required=True), argparse.HelpFormatter)
-    args = parser.parse_args(["aceso", *argv])
-    return int(args.func(args))

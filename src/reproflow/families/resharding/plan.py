@@ -36,6 +36,7 @@ from reproflow.families.resharding.layout import (
     parse_spec,
 )
 from reproflow.spec.errors import ParamError
+from reproflow.spec.params import readable_size
 
 MODES = ("send_recv", "broadcast")
 LOADBALANCE = ("normal", "no_loadbalance", "loadbalance_size", "loadbalance_order")
@@ -67,6 +68,10 @@ class Problem:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * ITEMSIZE
+
+
+def _size(nbytes: int) -> str:
+    return readable_size(nbytes, ".3g", iec=True)
 
 
 def problem(params: Mapping[str, Any]) -> Problem:
@@ -159,7 +164,7 @@ class Plan:
         p = self.problem
         shape = "x".join(map(str, p.shape))
         lines = [
-            f"case {p.name}: {shape} int32 ({_gib(p.nbytes)}), {self.mode} / {self.loadbalance}",
+            f"case {p.name}: {shape} int32 ({_size(p.nbytes)}), {self.mode} / {self.loadbalance}",
             f"  source      mesh {p.src_mesh.text()} on hosts {_span(p.src_mesh)}, spec {p.src_spec}, "
             f"ranks {sorted(self.src_boxes)}",
             f"  destination mesh {p.dst_mesh.text()} on hosts {_span(p.dst_mesh)}, spec {p.dst_spec}, "
@@ -167,27 +172,20 @@ class Plan:
             f"  local all-gather: {self.allgather_note}",
         ]
         shapes = Counter((len(t.senders), len(t.receivers), t.nbytes) for t in self.tasks)
-        parts = [f"{n} x ({s} -> {r}, {_gib(b)})" for (s, r, b), n in shapes.items()]
+        parts = [f"{n} x ({s} -> {r}, {_size(b)})" for (s, r, b), n in shapes.items()]
         lines.append(f"  unit tasks: {len(self.tasks)} = " + " + ".join(parts)
                      + f"; {len(self.transfers)} transfers, in issue order:")
         for k, t in enumerate(self.transfers):
             task = self.tasks[t.task]
             box = "[" + ", ".join(f"{lo}:{hi}" for lo, hi in task.box) + "]"
-            lines.append(f"    {k:4d}. task {t.task:3d} {box:<32} {_gib(task.nbytes):>10}  rank {t.sender:3d} "
+            lines.append(f"    {k:4d}. task {t.task:3d} {box:<32} {_size(task.nbytes):>10}  rank {t.sender:3d} "
                          f"(host {self.host(t.sender)}) -> {list(t.receivers)}")
         if self.gather_groups:
             lines.append("  then all-gather within each destination host: "
                          + "; ".join(str(list(g)) for g in self.gather_groups))
-        load = ", ".join(f"host {h}: {_gib(b)}" for h, b in self.sent_per_host().items())
+        load = ", ".join(f"host {h}: {_size(b)}" for h, b in self.sent_per_host().items())
         lines.append(f"  bytes sent per source host: {load}")
         return "\n".join(lines)
-
-
-def _gib(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes} B"
 
 
 def _span(mesh: Mesh) -> str:
