@@ -108,17 +108,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     Aceso's search and the Megatron-LM plan, predicted throughput normalised to Megatron-LM beside the
     published measured one, and search cost beside the published. CPU only; --submit makes each
     search a CPU-only Slurm job."""
-    from reproflow.families.aceso import pipeline
+    from reproflow.families.aceso import artifact
 
-    pipeline.reproduce(request(pipeline.ReproduceRequest, args), placement(args))
+    artifact.reproduce(request(artifact.ReproduceRequest, args), placement(args))
     return 0
 
 
 def cmd_results(args: argparse.Namespace) -> int:
     """The reference's result scripts: tables printed and written as CSVs, and the paper's figure."""
-    from reproflow.families.aceso import pipeline
+    from reproflow.families.aceso import artifact
 
-    pipeline.results(args.script, args.setting, args.log_path, args.out, args.published)
+    artifact.results(args.script, args.setting, args.log_path, args.out, args.published)
     return 0
 
 

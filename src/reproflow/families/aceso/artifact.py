@@ -1,0 +1,324 @@
+"""The artifact's experiments, one command each (`reproflow aceso reproduce small|large|scale` and the
+result scripts): each row of its settings (settings.py) through pipeline.py's steps, with its own
+options, then the reference's tables and figures (the `analysis` package's aceso module).
+
+small: profile -> search -> train on this machine's ranks (or submitted), the Megatron-LM plan
+trained beside Aceso's config, and each trained config's ops profiled again right after its
+training. large and scale: the search and the plan on a profiled database (the artifact's).
+"""
+
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from reproflow import api
+from reproflow.api import Placement
+from reproflow.families.aceso import mcore
+from reproflow.families.aceso.costmodel import CostModel
+from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
+from reproflow.families.aceso.manifest import newest_manifest, resolve_config
+from reproflow.families.aceso.models import Model, model
+from reproflow.families.aceso.pipeline import (
+    ProfileRequest,
+    SearchRequest,
+    Setup,
+    TrainRequest,
+    profile,
+    profile_suite,
+    search,
+    stage_info,
+    train,
+)
+from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
+from reproflow.families.aceso.settings import SETTINGS, Setting
+from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.store.results import atomic_write
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReproduceRequest:
+    """One of the artifact's settings (`aceso reproduce`); None: the setting's own default."""
+
+    setting: str
+    sizes: str = "tiny"
+    models: tuple[str, ...] = ("gpt", "t5", "resnet")
+    model_sizes: tuple[str, ...] = ()
+    profiled_time_path: Path | None = None
+    artifact_configs: Path | None = None
+    cost_model: str | None = None
+    num_nodes: int = 1
+    num_gpus_per_node: int = 0
+    memory_limit: float | None = None
+    time_budget_total: float | None = None
+    processes: int = 0
+    train_iters: int | None = None
+    train_seconds: float | None = None
+    until: str = "train"
+    log_path: Path | None = None
+    published: Path | None = None
+    out: Path | None = None
+    no_megatron_core: bool = False
+
+
+def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node: int, req: ReproduceRequest,
+                    cost_model: str, force: bool = False, from_results: Path | None = None) -> SearchRequest:
+    """The search of one row of the artifact's settings (with the reproduce request's overrides)."""
+    o = s.search
+    return SearchRequest(
+        model_name=s.model, model_size=s.size, num_layers=s.num_layers, global_batch_size=s.global_bs,
+        micro_batch_size=o.mbs, num_nodes=nodes, num_gpus_per_node=gpus_per_node,
+        memory_limit=req.memory_limit if req.memory_limit is not None else o.memory_limit,
+        profiled_time_path=db, config_save_path=where, max_num_hops=o.max_hops,
+        num_of_saved_configs=o.saved_configs,
+        time_budget_total=req.time_budget_total if req.time_budget_total is not None else o.budget_s,
+        processes=req.processes, force=force, from_results=from_results, cost_model=cost_model,
+        megatron_memory_limit=req.memory_limit if req.memory_limit is not None else s.megatron_memory_limit,
+        megatron_micro_batch_size=s.megatron_mbs, op_group_size=o.op_group_size,
+        peak_mem_in_backward=o.peak_mem_in_backward, finetune_after_trial=o.finetune_after_trial,
+        sort_metric=o.sort_metric)
+
+
+def reproduce(req: ReproduceRequest, where: Placement) -> None:
+    """One of the artifact's settings, one command, with the artifact's own settings for every model.
+
+    small: for each model, profile its ops, search configs, train the best config and the Megatron-LM
+    uniform plan with the same runtime (the plan also on megatron-core's tensor-parallel layers where
+    installed), then the reference's result scripts (figures 7, 8, 9). large and scale: the search and
+    the plan on a profiled database (the artifact's), then the predicted throughput and search cost."""
+    req = replace(req, log_path=req.log_path or Path("aceso-logs" if req.setting == "small" else "aceso-logs-large"),
+                  cost_model=req.cost_model or ("runtime" if req.setting == "small" else "reference"))
+    if req.setting != "small" or req.profiled_time_path is not None:
+        _reproduce_search(req, where)
+        return
+    assert req.log_path is not None and req.cost_model is not None
+    root = req.log_path
+    if root.resolve().is_relative_to(where.results.resolve()):
+        raise ReproflowError(f"--log-path {root} is inside --results {where.results}: the profiles and runtime CSVs "
+                             "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
+    tiny = req.sizes == "tiny"
+    targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.model in req.models]
+    train_iters = req.train_iters if req.train_iters is not None else (40 if tiny else 5)
+    train_seconds = req.train_seconds if req.train_seconds is not None else (10.0 if tiny else 0.0)
+    gpn, nodes = req.num_gpus_per_node or local_ranks(req.sizes, where.submit), req.num_nodes
+    tps = tuple(t for t in (1, 2, 4, 8) if t <= gpn)
+    here = replace(where, after=(), force=False)
+    mcore_impl: tuple[str, ...] = () if req.no_megatron_core else ("megatron-core",)
+    if mcore_impl:
+        try:
+            mcore.available()
+        except ParamError as exc:
+            print(f"the Megatron-LM plan runs on reproflow's layers only: {exc}")
+            mcore_impl = ()
+    for t in targets:
+        folder = root / "aceso" / "search" / t.model / t.size
+        print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
+              f"{'GPUs' if where.submit else 'local ranks'} ====", flush=True)
+        prof = ProfileRequest(prof_model_name=t.model, prof_model_size=t.size, prof_tp_size=tps,
+                              prof_mbs_list=tuple(sorted(set(t.search.mbs) | set(t.megatron_mbs))),
+                              prof_seq_len=t.seq_len, prof_warmup_times=2 if tiny else 3, prof_repeat_times=10,
+                              # tiny: 10 passes take under a second, shorter than this machine's slowdowns
+                              prof_repeat_seconds=2.0 if tiny else 0.0,
+                              # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
+                              prof_comm_sizes="0-4,8,16,32" if tiny else "0-64",
+                              prof_path=root / "profiled-time")
+        profiled = profile(prof, here)
+        if where.dry_run:
+            print(f"then: reproflow aceso search ... --config-save-path {folder}; reproflow aceso train --config "
+                  f"{folder} --plan aceso megatron")
+            continue
+        search_req = _search_request(t, root / "profiled-time", folder, nodes, gpn, req, req.cost_model,
+                                     from_results=where.results if where.submit else None)
+        searched = search(search_req, replace(here, after=tuple(profiled)))
+        if req.until == "search":
+            continue
+        after = (searched.job_id,) if where.submit else ()
+        # The plan on reproflow's layers last: its training is the one the profile after it pairs with.
+        for plan, impls in (("aceso", ("reproflow",)), ("megatron", (*mcore_impl, "reproflow"))):
+            train(TrainRequest(config=(folder,), plan=(plan,), num_nodes=nodes, num_gpus_per_node=gpn,
+                               train_iters=train_iters, train_seconds=train_seconds, seq_len=t.seq_len,
+                               dropout=0.1, log_path=root, tp_impl=impls), replace(here, after=after))
+            if not where.submit and (plan == "aceso" or _same_as_megatron(folder)):
+                profile_after_training(prof, search_req, train_iters, plan, here)
+    if where.submit or where.dry_run:
+        print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
+        return
+    for name in ("search-cost",) if req.until == "search" else ("e2e", "search-cost", "perf-model-acc"):
+        results(name, "small", root, req.out or root / "results", req.published)
+
+
+def _same_as_megatron(folder: Path) -> bool:
+    """Whether the newest search in `folder` returned the Megatron-LM plan itself."""
+    manifest = newest_manifest(folder)
+    return bool(manifest and json.loads(manifest.read_text()).get("same_as_megatron"))
+
+
+def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, train_iters: int, plan: str,
+                           where: Placement) -> Path:
+    """Profile the ops of the config of `plan` just trained again, at once, and predict it from that
+    profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks
+    sharing a machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms
+    a minute apart here): the search's profile, minutes before the training, then measures the drift as
+    much as the model, and so does one profile for two trainings. Only what the config uses is profiled
+    (its ops' TP sizes, micro-batches and algos on as many ranks as before, the collectives of its TP and
+    DP groups, P2P between its stages), into a database of this profile and the search's for the rest.
+    The suite is named after the plan and the training's iterations: a training run again with more of
+    them (a claim asking for samples) is profiled again after; a reused one is not."""
+    from reproflow.reporting.report import load_results
+
+    setup = Setup(search_req)
+    path = resolve_config(search_req.config_save_path, plan)
+    config = read_json(path, setup.model, setup.ops)
+    ops = [(tp, dp, algo) for stage in config.stages for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo,
+                                                                              strict=True)]
+    text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({config.micro_bs // d for _, d, _ in ops}),
+                         sorted({t for t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
+                         prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
+                         ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
+                         p2p=len(config.stages) > 1, repeat_seconds=prof.prof_repeat_seconds)
+    name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{train_iters}"
+    api.run_generated_suite(text, name, where)
+    after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
+    shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
+    rows = load_results(where.results)
+    write_from_rows(rows[rows["suite"].astype(str) == name], after, after_training=True)
+    pred = Setup(replace(search_req, profiled_time_path=after)).cost.predict(config)
+    info = search_req.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
+    stage_info(pred, info)
+    print(f"{setup.name}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
+          f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
+    return info
+
+
+def local_ranks(sizes: str, submit: bool) -> int:
+    """Ranks per node when none are given: the artifact's 4 GPUs, or, for the tiny models on this machine,
+    one rank per core (2 to 4). Ranks beyond the cores take turns on them, so an op's time depends on
+    what the other ranks do at that moment, which no op profile can know: on 2 cores with 4 ranks the
+    tiny models' predictions were 8 to 46 % off from run to run."""
+    if sizes != "tiny" or submit:
+        return 4
+    ranks = max(2, min(4, len(os.sched_getaffinity(0))))
+    print(f"tiny models on this machine: {ranks} local ranks, one per core (--num-gpus-per-node to choose)")
+    return ranks
+
+
+def _reproduce_search(req: ReproduceRequest, where: Placement) -> None:
+    """large | scale: Aceso's search and the Megatron-LM plan for every model and size, then the tables."""
+    assert req.log_path is not None and req.cost_model is not None
+    rows = [s for s in SETTINGS[req.setting] if s.model in req.models or req.setting == "scale"]
+    if req.setting == "small" and req.sizes == "tiny":
+        raise ReproflowError("--profiled-time-path with the small setting searches the artifact's own models: add "
+                             "--sizes reference (tiny models are profiled here, without --profiled-time-path).")
+    if req.model_sizes:
+        rows = [s for s in rows if s.label in req.model_sizes]
+        missing = set(req.model_sizes) - {s.label for s in rows}
+        if missing:
+            known = ", ".join(s.label for s in SETTINGS[req.setting])
+            raise ReproflowError(f"--model-sizes {' '.join(sorted(missing))}: not in the {req.setting} setting "
+                                 f"(it has {known}).")
+    db = req.profiled_time_path
+    if db is None or not db.is_dir():
+        raise ReproflowError(f"--profiled-time-path {db}: not a folder. Give the profiled "
+                             "database, e.g. the artifact's profiler/profiled-time-eurosys/.")
+    root = req.log_path
+    if where.dry_run:
+        for s in rows:
+            o = s.search
+            print(f"{s.model} {s.label}: {s.nodes} x {s.gpus_per_node} GPUs, global batch {s.global_bs}, "
+                  + (f"the given single-GPU config (micro-batch {s.single_gpu[0]})" if s.single_gpu else
+                     f"Aceso: {o.memory_limit:.0f} MB, micro-batches {list(o.mbs)}, {o.budget_s:g} s, {o.max_hops} "
+                     f"hops; Megatron-LM plan: {s.megatron_memory_limit:.0f} MB, micro-batches {list(s.megatron_mbs)}"))
+        return
+    for s in rows:
+        folder = root / "aceso" / "search" / s.model / s.label
+        print(f"==== {s.model} {s.label}: {s.nodes} x {s.gpus_per_node} GPUs, global batch {s.global_bs} ====",
+              flush=True)
+        if s.single_gpu is not None:
+            _single_gpu_config(s, db, folder, req.cost_model)
+        else:
+            search(_search_request(s, db, folder, s.nodes, s.gpus_per_node, req, req.cost_model, force=where.force),
+                   where)
+        if req.artifact_configs is not None:
+            _score_artifact(s, db, req.artifact_configs, folder)
+    if where.submit:
+        print(f"when the jobs are done: reproflow aceso predicted {req.setting} --log-path {root} "
+              "(and search-cost)")
+        return
+    for name in ("predicted", "search-cost"):
+        results(name, req.setting, root, req.out or root / "results", req.published)
+
+
+def _uniform_cost(s: Setting, db_path: Path, cost_model: str) -> tuple[Model, CostModel, list[str]]:
+    m = model(s.model, s.size, s.num_layers)
+    db = read_database(db_path, m, list(s.megatron_mbs), m.max_tp(s.gpus_per_node))
+    cost = CostModel(db, s.gpus_per_node, s.megatron_memory_limit, kind=cost_model)
+    return m, cost, m.full_op_list(db.ops)
+
+
+def _single_gpu_config(s: Setting, db_path: Path, where: Path, cost_model: str) -> None:
+    """The artifact's given single-GPU config (its `single_gpu_configs/`): one stage, every op but the
+    embedding and head recomputed; both systems train it, so it is Aceso's config and the plan."""
+    assert s.single_gpu is not None
+    mbs, recompute = s.single_gpu
+    m, cost, ops = _uniform_cost(s, db_path, cost_model)
+    plan = next(p for p in megatron_plans(cost, ops, s.global_bs, 1, 1, range(1, 2))
+                if p.micro_bs == mbs and p.recompute == recompute)
+    ms = plan.prediction.iteration_ms
+    where.mkdir(parents=True, exist_ok=True)
+    name = f"{m.name}_{s.label}_mbs{mbs}_recomp.json"
+    write_json(plan.config, where / name)
+    atomic_write(where / "search-single-gpu.json", json.dumps(
+        {"configs": [name], "megatron": name, "best_ms": round(ms, 2), "megatron_ms": round(ms, 2), "search_s": None,
+         "depths": [], "written": time.time()}, indent=2) + "\n")
+    print(f"the artifact's single-GPU config (micro-batch {mbs}, recompute): {ms / 1000:.2f} s, "
+          f"{plan.prediction.throughput(s.global_bs):.2f} samples/s, {plan.prediction.max_memory:.0f} MB")
+
+
+def _score_artifact(s: Setting, db_path: Path, artifact_configs: Path, where: Path) -> None:
+    """The artifact's own search output for this size (its configs folder), scored with the reference
+    model beside reproflow's: the best predicted iteration among its saved configs."""
+    folder = artifact_configs / s.model / s.label
+    files = sorted((folder / "top_configs").glob("*.json")) or sorted(folder.glob("*stages*.json"))
+    if not files:
+        print(f"no artifact configs under {folder}")
+        return
+    m = model(s.model, s.size, s.num_layers)
+    db = read_database(db_path, m, list(s.search.mbs), m.max_tp(s.gpus_per_node))
+    cost, ops = CostModel(db, s.gpus_per_node, s.search.memory_limit, kind="reference"), m.full_op_list(db.ops)
+    scored = []
+    for f in files:
+        pred = cost.predict(read_json(f, m, ops))
+        if pred.max_memory <= s.search.memory_limit:
+            scored.append((pred.iteration_ms, f.name))
+    summary = sorted(folder.glob("*summary*.csv"))
+    search_s = float(summary[-1].read_text().splitlines()[1]) if summary else None
+    best = min(scored, default=None)
+    atomic_write(where / "artifact.json", json.dumps(
+        {"folder": str(folder), "best_ms": round(best[0], 2) if best else None, "config": best[1] if best else None,
+         "search_s": search_s}, indent=2) + "\n")
+    if best:
+        print(f"the artifact's own search: {best[0] / 1000:.2f} s ({best[1]}, reference model)"
+              + (f", searched in {search_s:.1f} s" if search_s is not None else ""))
+
+
+def results(script: str, setting: str, log_path: Path | None, out: Path | None, published: Path | None) -> str:
+    """The reference's result scripts (e2e, search-cost, perf-model-acc, predicted): tables printed and
+    written as CSVs, and the paper's figure. Returns the printed table."""
+    from reproflow.reporting.report import load_analysis
+
+    analysis = load_analysis("aceso")
+    if analysis is None:
+        raise ReproflowError("the `analysis` package (installed with reproflow) has no aceso module.")
+    log = log_path or Path("aceso-logs" if setting == "small" else "aceso-logs-large")
+    out = out or log / "results"
+    fn = {"e2e": analysis.e2e, "search-cost": analysis.search_cost, "perf-model-acc": analysis.perf_model_acc,
+          "predicted": analysis.predicted}
+    text = fn[script](log, setting, out, published)
+    print(text or f"no {script} data under {log}: run `reproflow aceso reproduce` (or train) first")
+    print(f"tables and figures: {out}")
+    return str(text or "")
