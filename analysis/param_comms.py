@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.families.param_comms import bus_factor
+from reproflow.families.param_comms.sweep import bus_factor
 from reproflow.reporting.claims import Claim, not_measured
 from reproflow.reporting.report import (
     aggregates,

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from rank_ratio import _value, alternate, bare_gemm_tflops
 
-from reproflow.families.param_compute import DATASETS
+from reproflow.families.param_compute.datasets import DATASETS
 from reproflow.rank.context import RunContext
 from reproflow.reporting.report import to_markdown
 from reproflow.spec.family import get_family

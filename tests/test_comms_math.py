@@ -1,6 +1,6 @@
 import pytest
 
-from reproflow.families.param_comms import COLLECTIVES, bus_factor, element_counts, message_sizes
+from reproflow.families.param_comms.sweep import COLLECTIVES, bus_factor, element_counts, message_sizes
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

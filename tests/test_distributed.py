@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.families.param_comms import COLLECTIVES, bus_factor
+from reproflow.families.param_comms.sweep import COLLECTIVES, bus_factor
 from reproflow.launch.local import run_ranks
 
 pytestmark = pytest.mark.distributed

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
 
-from reproflow.families.param_compute import DATASETS, FAMILY
+from reproflow.families.param_compute import FAMILY
+from reproflow.families.param_compute.datasets import DATASETS
 from reproflow.families.param_compute.original import argv, parse_compute
 from reproflow.spec.errors import SuiteError
 from reproflow.spec.params import resolve

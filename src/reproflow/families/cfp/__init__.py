@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reproflow.families.cfp.choices import BASELINES, MODELS, MODES
 from reproflow.spec.errors import ParamError
 from reproflow.spec.family import Family, Measurement
 from reproflow.spec.params import Param
@@ -21,10 +22,6 @@ from reproflow.spec.params import Param
 if TYPE_CHECKING:
     from reproflow.rank.context import RunContext
 
-MODES = ("analysis", "profile", "search", "enum")
-MODELS = ("gpt", "moe", "llama")
-TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")  # torch_baselines.py's, named here: it imports DTensor
-BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:

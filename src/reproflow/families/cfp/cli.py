@@ -18,7 +18,7 @@ import argparse
 
 from reproflow import api
 from reproflow.api.options import generated_suite_options, placement
-from reproflow.families.cfp import BASELINES, MODELS
+from reproflow.families.cfp.choices import BASELINES, MODELS
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import suite_toml
 

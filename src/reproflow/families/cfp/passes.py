@@ -29,7 +29,8 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
-from reproflow.families.cfp import TORCH_BASELINES, alpa, execute, graph, models, torch_baselines
+from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
+from reproflow.families.cfp.choices import TORCH_BASELINES
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.rank.context import RunContext
 from reproflow.rank.timing import interleaved_steps, slowest_steps

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reproflow.families.param_comms import DTYPES, bus_factor, element_counts, message_sizes
+from reproflow.families.param_comms.sweep import DTYPES, bus_factor, element_counts, message_sizes
 from reproflow.rank.context import ALL_GATHER, REDUCE_SCATTER, RunContext
 from reproflow.rank.timing import STATS, rank_stats, time_per_op
 from reproflow.spec.family import Measurement

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from reproflow.families.param_compute import COORDS, UNITS, original, shapes, work
+from reproflow.families.param_compute import original
+from reproflow.families.param_compute.datasets import COORDS, UNITS, shapes, work
 from reproflow.rank.context import RunContext
 from reproflow.rank.timing import rank_stats, time_steps
 from reproflow.spec.family import Measurement
