@@ -193,9 +193,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run the reproduction plan's targets (all, or --only), then the report; or only estimate it."""
-    from reproflow.app.reproduce import reproduce
     from reproflow.app.reproduce.estimate import estimate, format_estimate
     from reproflow.app.reproduce.plan import PLAN, Folders, load_plan, step_argv
+    from reproflow.app.reproduce.run import reproduce
 
     plan = load_plan(Path(args.plan) if args.plan else project_root() / PLAN)
     reference = Path(args.reference) if args.reference else None
