@@ -25,7 +25,7 @@ from test_versions import canonical, differences, locked
 from reproflow.launch.containers import image_problem, runtime_problems
 from reproflow.launch.doctor import check_image
 from reproflow.launch.render import image_flavours
-from reproflow.store.results import file_sha256
+from reproflow.store.provenance import file_sha256
 
 DOCKERFILE = ROOT / "containers" / "reproflow.Dockerfile"
 FAMILIES = {"comms": "param_comms", "gemm": "param_compute", "resharding": "resharding", "aceso-train": "aceso",

@@ -14,14 +14,9 @@ from conftest import record_fault, reproflow, rows_lost
 
 from reproflow.launch.retry import CANCELLED, EXPERIMENT, INFRASTRUCTURE, OK, TIME_LIMIT, classify, fit
 from reproflow.reporting.report import load_results
-from reproflow.store.results import (
-    QUARANTINE,
-    REDACTED,
-    append_line,
-    atomic_write,
-    point_file_problem,
-    redact_environment,
-)
+from reproflow.store.files import append_line, atomic_write
+from reproflow.store.provenance import REDACTED, redact_environment
+from reproflow.store.results import QUARANTINE, point_file_problem
 
 pytestmark = pytest.mark.distributed
 

@@ -160,7 +160,7 @@ class Placement:
 def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
     """Write a generated suite under `where.results` and run it here, or submit it; returns the submitted
     job ids (none when run here). Reruns skip the points already measured."""
-    from reproflow.store.results import atomic_write
+    from reproflow.store.files import atomic_write
 
     suite = where.results / f"{name}.toml"
     suite.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from reproflow.launch.local import worker_args
 from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import PARTITION_RE, Experiment, Suite, slurm_seconds
-from reproflow.store.results import append_line
+from reproflow.store.files import append_line
 
 
 def rendezvous_port(job_id: str) -> int:

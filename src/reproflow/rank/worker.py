@@ -40,21 +40,23 @@ from reproflow.spec.errors import NOT_APPLICABLE, NotApplicable, ParamError, Poi
 from reproflow.spec.family import Family, Measurement, get_family
 from reproflow.spec.suite import Experiment, Point, load_suite, parse_overrides
 from reproflow.store import events
-from reproflow.store.results import (
-    GATE_OFF,
+from reproflow.store.files import atomic_write
+from reproflow.store.provenance import (
     Provenance,
-    atomic_write,
-    failure_path,
     git_commit,
     image_sha256,
     job_identity,
     machine_name,
+    write_environment,
+)
+from reproflow.store.results import (
+    GATE_OFF,
+    failure_path,
     make_rows,
     point_file_problem,
     point_path,
     quarantine,
     rows_to_csv,
-    write_environment,
     write_failure,
 )
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, METHOD, NOT_APPLICABLE, NOT_MEASURED, Claim, counts
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 # Tables longer than this are folded (<details>) in the HTML page and cut in the markdown twin.
 FOLD_ROWS = 24

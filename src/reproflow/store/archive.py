@@ -18,7 +18,7 @@ from pathlib import Path
 
 import reproflow
 from reproflow.spec.errors import ReproflowError
-from reproflow.store.results import git_commit
+from reproflow.store.provenance import git_commit
 
 
 def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from reproflow.app.reproduce.plan import LOCAL, SLURM, Folders, Step
 from reproflow.launch.status import experiment_status
 from reproflow.spec.suite import named_suite
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 if TYPE_CHECKING:
     from reproflow.app.reproduce.steps import StepResult

@@ -38,7 +38,7 @@ from reproflow.families.aceso.pipeline import (
 from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
 from reproflow.families.aceso.settings import SETTINGS, Setting
 from reproflow.spec.errors import ParamError, ReproflowError
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 
 @dataclass(frozen=True, kw_only=True)

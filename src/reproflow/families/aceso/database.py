@@ -26,7 +26,7 @@ import pandas as pd
 
 from reproflow.families.aceso.models import Model
 from reproflow.spec.errors import ReproflowError
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 OP_COLUMNS = ("op_name", "forward-compute", "backward-compute", "input_size", "output_size", "weights",
               "activations", "fwd_reserved", "bwd_reserved")

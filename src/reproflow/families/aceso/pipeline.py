@@ -27,7 +27,7 @@ from reproflow.families.aceso.search import search as search_depths
 from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import suite_toml
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 
 @dataclass(frozen=True, kw_only=True)

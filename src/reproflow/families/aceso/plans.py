@@ -24,7 +24,7 @@ from reproflow.families.aceso.models import (
 from reproflow.spec import documents
 from reproflow.spec.documents import Count, Either, Index
 from reproflow.spec.errors import ParamError
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 
 def config_from_counts(model: Model, global_bs: int, micro_bs: int, model_ops: list[str], counts: list[int],

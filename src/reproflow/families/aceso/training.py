@@ -35,7 +35,7 @@ from reproflow.rank.context import RunContext
 from reproflow.rank.memory import keep_freed_memory
 from reproflow.spec.errors import ParamError
 from reproflow.spec.family import Measurement
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 
 def flops_per_micro_batch(ops: list[OpDef]) -> float:

@@ -38,7 +38,7 @@ from reproflow.spec import documents
 from reproflow.spec.documents import Count, Either, Index, MapOf
 from reproflow.spec.errors import ParamError, PointFailed
 from reproflow.spec.family import Measurement
-from reproflow.store.results import atomic_write
+from reproflow.store.files import atomic_write
 
 P = -2  # partial sums (an output only)
 

@@ -15,7 +15,7 @@ from reproflow.families.param_compute.datasets import COORDS, DATASETS, DTYPES, 
 from reproflow.spec.errors import NotApplicable, ParamError
 from reproflow.spec.family import Family, Measurement
 from reproflow.spec.params import Param
-from reproflow.store.results import cpu_flags
+from reproflow.store.provenance import cpu_flags
 
 if TYPE_CHECKING:
     from reproflow.rank.context import RunContext
