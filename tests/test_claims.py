@@ -12,6 +12,7 @@ from reproflow.reporting.claims import (
     HOLDS,
     INCONCLUSIVE,
     NOT_APPLICABLE,
+    NOT_COMPARED,
     NOT_MEASURED,
     Claim,
     counts,
@@ -95,7 +96,7 @@ def test_the_case_that_decides_a_claim_over_several() -> None:
     two_sided = [Claim("f", "s", "r", r, at_least=0.9, at_most=1.1) for r in (0.95, 1.08, 1.02)]
     assert deciding(two_sided).measured == 1.08
     assert counts([Claim("f", "s", "r", None)]) == {HOLDS: 0, FAILS: 0, INCONCLUSIVE: 0, NOT_MEASURED: 1,
-                                                   NOT_APPLICABLE: 0}
+                                                   NOT_COMPARED: 0, NOT_APPLICABLE: 0}
 
 
 def test_bad_samples_are_refused() -> None:

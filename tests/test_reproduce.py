@@ -19,7 +19,17 @@ from reproflow.app.reproduce.estimate import Estimate
 from reproflow.app.reproduce.plan import PLAN, Plan, Step, Target, load_plan
 from reproflow.app.reproduce.progress import Progress
 from reproflow.app.reproduce.resample import plan_resamples
-from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, NOT_MEASURED, Claim
+from reproflow.reporting.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    NOT_COMPARED,
+    NOT_MEASURED,
+    Claim,
+    counts,
+    deciding,
+)
 from reproflow.reporting.report import load_analysis
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import families
@@ -79,11 +89,13 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     assert error.status == HOLDS and error.measured == pytest.approx(0.95)
     _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "aceso": [5.0]}, ["tiny"])
     assert claims(pd.DataFrame(), tmp_path)[0].status == HOLDS
-    # The search returned the Megatron-LM plan itself: one config measured twice counts as 1, not as noise.
+    # The search returned the Megatron-LM plan itself: one config measured twice counts as 1, not as noise,
+    # and the claim is not compared (the other model holds; t5 compared a config with itself).
     _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "aceso": [3.8]}, ["tiny"])
     _wide(tmp_path / "aceso" / "e2e_same_config_small_t5.csv", {"same_config": [1.0]}, ["tiny"])
     speed = claims(pd.DataFrame(), tmp_path)[0]
-    assert speed.status == HOLDS and speed.measured == 1.0 and "t5 tiny 1.00x (the same config)" in speed.detail
+    assert speed.status == NOT_COMPARED and speed.measured == 1.0 and "t5 tiny 1.00x (the same config)" in speed.detail
+    assert "t5 tiny: Aceso's search returned the Megatron-LM plan itself" in speed.record()["where"]
     # With the runtime's per-iteration times in the rows, each ratio has its interval.
     def steps(plan: str, model: str, ms: list[float]) -> pd.DataFrame:
         return pd.DataFrame({"suite": f"aceso-train-{plan}-{model}-tiny", "experiment": f"{plan}-{model}",
@@ -94,7 +106,8 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     rows = pd.concat([steps("aceso", "gpt", [66.0, 70.0, 64.0]), steps("megatron", "gpt", [100.0, 96.0, 104.0]),
                       steps("aceso", "t5", [100.0, 140.0, 90.0])])
     speed, error = claims(rows, tmp_path)
-    assert speed.status == HOLDS and speed.interval == (1.0, pytest.approx(1.0)) and "gpt tiny 1.50x [" in speed.detail
+    assert speed.status == NOT_COMPARED and speed.interval == (1.0, pytest.approx(1.0))
+    assert "gpt tiny 1.50x [" in speed.detail
     # The prediction over the median iteration (66 ms); three iterations: the interval is their range.
     assert error.status == FAILS and error.interval == (pytest.approx(95 / 70), pytest.approx(95 / 64))
     assert "gpt tiny 1.439 [1.357, 1.484]" in error.detail
@@ -132,6 +145,18 @@ def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path:
         for claim in getattr(module, "claims", lambda *_: [])(pd.DataFrame(), tmp_path):
             assert claim.status == NOT_MEASURED and claim.family == name and claim.paper
             assert claim.target in targets and f"make {claim.target}" in claim.detail
+
+
+def test_a_thing_compared_with_itself_is_not_compared_never_holds() -> None:
+    """A ratio of a config to itself (a search that returned the baseline) says nothing: the claim is not
+    compared, alone or beside cases that hold; a case that does not hold still decides against it."""
+    itself = Claim("f", "s", "r", 1.0, at_least=1.0, interval=(1.0, 1.0), same_on_both_sides="the baseline itself")
+    assert itself.status == NOT_COMPARED and itself.samples_to_decide is None
+    holds = Claim("f", "s", "r", 1.5, at_least=1.0, interval=(1.2, 1.8))
+    assert holds.status == HOLDS
+    assert deciding([holds, itself]).status == NOT_COMPARED
+    assert deciding([holds, itself, Claim("f", "s", "r", 0.5, at_least=1.0)]).status == FAILS
+    assert counts([holds, itself])[NOT_COMPARED] == 1
 
 
 def test_a_claim_holds_only_inside_its_bounds() -> None:
@@ -275,7 +300,7 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
     reports = tmp_path / "reports"
     claims = pd.read_csv(reports / "claims.csv")
     assert set(claims["family"]) == {"param_comms", "resharding", "spatial", "cfp", "aceso"}
-    assert set(claims["status"]) <= {HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_APPLICABLE}
+    assert set(claims["status"]) <= {HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_COMPARED, NOT_APPLICABLE}
     status = dict(zip(claims["claim"], claims["status"], strict=True))
     # The tiny resharding suite asks for no emulated network: its rows ran on loopback, which cannot judge it.
     resharding = claims[claims["family"] == "resharding"].iloc[0]

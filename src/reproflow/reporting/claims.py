@@ -14,7 +14,8 @@ median (a predicted time over measured iterations) takes the median's distributi
 (`median_ratio_interval`; over runs of one configuration in separate jobs, each with the value taken
 beside it, the span of theirs: `replicated_ratio_interval`). A claim the hardware at hand cannot judge
 (its mechanism needs a device per rank, say) is "not applicable here", with the ratio still shown and
-the reason beside it.
+the reason beside it. A comparison whose two sides are one thing (a search that returned the baseline
+itself) is "not compared", never "holds": nothing was measured against anything.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from scipy import stats
 from reproflow.spec.errors import NOT_APPLICABLE
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-NOT_MEASURED = "not measured"
-STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_APPLICABLE)
+NOT_MEASURED, NOT_COMPARED = "not measured", "not compared"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_COMPARED, NOT_APPLICABLE)
 LEVEL = 0.95  # confidence of the intervals
 METHOD = (f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means); for a value over a median, "
           "the median's order-statistic interval")
@@ -57,12 +58,18 @@ class Claim:
     target: str = ""
     interval: tuple[float, float] | None = None  # LEVEL confidence interval of `measured`
     not_applicable: str = ""  # why the hardware that measured it cannot judge the claim
+    # Why the two sides of the ratio are one and the same (the search returned the baseline's config):
+    # then the claim compared nothing, whatever the ratio.
+    same_on_both_sides: str = ""
 
     @property
     def status(self) -> str:
-        """holds / does not hold / inconclusive (only with an interval) / not measured / not applicable."""
+        """holds / does not hold / inconclusive (only with an interval) / not measured / not compared /
+        not applicable."""
         if self.not_applicable:
             return NOT_APPLICABLE
+        if self.same_on_both_sides:
+            return NOT_COMPARED
         if self.measured is None or math.isnan(self.measured):
             return NOT_MEASURED
         low, high = self.interval or (self.measured, self.measured)
@@ -103,7 +110,8 @@ class Claim:
                 "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
                 "samples to decide": "" if more is None else "never (on the threshold)" if math.isinf(more)
                 else f"{max(more, 1.0):.1f}x",
-                "paper": self.paper, "where": "; ".join(filter(None, (self.detail, self.not_applicable))),
+                "paper": self.paper,
+                "where": "; ".join(filter(None, (self.detail, self.not_applicable, self.same_on_both_sides))),
                 "make target": self.target}
 
 
@@ -113,7 +121,7 @@ def not_measured(family: str, statement: str, ratio: str, missing: str, **kwargs
 
 
 def counts(claims: list[Claim]) -> dict[str, int]:
-    """How many claims hold, do not hold, are inconclusive and are not measured."""
+    """How many claims have each status (holds, does not hold, ... not applicable here)."""
     return {s: sum(c.status == s for c in claims) for s in STATUSES}
 
 
@@ -197,10 +205,11 @@ def time_shared(rows: pd.DataFrame) -> str:
 
 def deciding(cases: Sequence[Claim], detail: str | None = None) -> Claim:
     """The case that decides a claim that must hold for every case (every model, every size): one that
-    does not hold, else one that is inconclusive, else the one nearest the threshold; a case the
-    hardware cannot judge only when no case can be judged. With `detail`, it replaces the case's own
+    does not hold, else one that is inconclusive, else one that compared a thing with itself (the claim
+    then does not hold for every case: it was not compared), else the one nearest the threshold; a case
+    the hardware cannot judge only when no case can be judged. With `detail`, it replaces the case's own
     (every case's figures, say)."""
-    rank = {FAILS: 0, INCONCLUSIVE: 1, HOLDS: 2, NOT_APPLICABLE: 3}
+    rank = {FAILS: 0, INCONCLUSIVE: 1, NOT_COMPARED: 2, HOLDS: 3, NOT_APPLICABLE: 4}
 
     def margin(c: Claim) -> float:
         low, high = c.interval or (c.measured, c.measured)

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, METHOD, NOT_APPLICABLE, NOT_MEASURED, Claim, counts
+from reproflow.reporting.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    METHOD,
+    NOT_APPLICABLE,
+    NOT_COMPARED,
+    NOT_MEASURED,
+    Claim,
+    counts,
+)
 from reproflow.store.files import atomic_write
 
 # Tables longer than this are folded (<details>) in the HTML page and cut in the markdown twin.
@@ -32,7 +42,7 @@ nav a{margin-right:1em}.scroll{overflow-x:auto;max-width:100%}.note{font-size:12
 section{border-top:2px solid #444;margin-top:2em}
 """
 STATUS_CLASS = {HOLDS: "holds", FAILS: "fails", INCONCLUSIVE: "unsure", NOT_MEASURED: "missing",
-                NOT_APPLICABLE: "missing"}
+                NOT_COMPARED: "missing", NOT_APPLICABLE: "missing"}
 
 
 @dataclass
@@ -170,7 +180,8 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     commits = ", ".join(sorted({str(c) for c in jobs.get("git_commit", pd.Series(dtype=str)).dropna()})) or "unknown"
     machines = sorted({f"{r.cpus} x {r.cpu}, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
     summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[INCONCLUSIVE]} "
-               f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_APPLICABLE]} {NOT_APPLICABLE} "
+               f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_COMPARED]} not compared, "
+               f"{tally[NOT_APPLICABLE]} {NOT_APPLICABLE} "
                f"(low / high: {METHOD}). "
                f"Measured on {'; '.join(machines) or 'unrecorded hardware'}. Built {stamp} from "
                f"commit(s) {commits}.")
