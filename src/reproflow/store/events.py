@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reproflow.store.files import append_line
+
 ENV = "REPROFLOW_EVENTS"
 # A point's status: being measured, then one of the others.
 RUNNING, MEASURED, SKIPPED, FAILED, NOT_APPLICABLE = "running", "measured", "skipped", "failed", "not_applicable"
@@ -21,15 +23,8 @@ RUNNING, MEASURED, SKIPPED, FAILED, NOT_APPLICABLE = "running", "measured", "ski
 def emit(event: str, **fields: Any) -> None:
     """Append one event (`event` and its fields) to $REPROFLOW_EVENTS, if a supervisor set it."""
     path = os.environ.get(ENV)
-    if not path:
-        return
-    # One write of one line to a file opened for appending: lines of concurrent writers never interleave.
-    line = (json.dumps({"event": event, **fields}, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    if path:
+        append_line(Path(path), json.dumps({"event": event, **fields}, default=str))
 
 
 def read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
