@@ -38,13 +38,15 @@ from reproflow.reporting.claims import (
     ratio_interval,
     replicated_ratio_interval,
 )
-from reproflow.reporting.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.reporting.figures import save_figure
+from reproflow.reporting.report import aggregates, newest, wide, write_table
 from reproflow.spec.family import AGGREGATE
 
 MODELS = ("gpt", "t5", "resnet")
 SIZE_ORDER = ("tiny", "350M", "770M", "250M", "500M", "1B", "1_3B", "2B", "2_6B", "3B", "4B", "6B", "6_7B", "6_8B",
               "11B", "13B", "22B")
 ALPA_NOTE = "Alpa: not run (needs JAX and Alpa's runtime)"
+PLAN_NAMES = {"aceso": "Aceso's config", "megatron": "the Megatron-LM plan"}
 # The runtime's own timers: where an iteration's time goes on its slowest rank.
 BREAKDOWN = ("forward-compute", "backward-compute", "forward-recv", "backward-recv", "grads-all-reduce", "optimizer")
 
@@ -119,6 +121,9 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
                     lines.append(f"  {size}: {what}: {other[1]:.2f} samples/s")
         same = {size: bool((_manifest(root / "aceso" / "search" / model / size) or {}).get("same_as_megatron"))
                 for size in sizes}
+        configs = _configs_side_by_side(root, model, sizes)
+        for size, described in configs.items():
+            lines += [f"  {size}: {PLAN_NAMES[plan]}: {text}" for plan, text in described.items()]
         for r in rows:
             if r["megatron"] > 0 and r["aceso"] > 0:
                 ratio = r["aceso"] / r["megatron"]
@@ -129,6 +134,8 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         _write_wide(table.set_index("size")[["megatron", "aceso"]].T, out / f"e2e_thpt_{setting}_{model}.csv")
         _write_wide(pd.DataFrame({s: {"same_config": float(v)} for s, v in same.items()}),
                     out / f"e2e_same_config_{setting}_{model}.csv")
+        if configs:
+            pd.DataFrame(configs).to_csv(out / f"e2e_configs_{setting}_{model}.csv", index_label="plan")
         norm = table.set_index("size")[["megatron", "aceso"]].T
         norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1)
         _write_wide(norm, out / f"e2e_norm_thpt_{setting}_{model}.csv")
@@ -140,6 +147,31 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         _figure_bars(panels, out, f"fig7_e2e_{setting}", "throughput normalised to Megatron-LM" if setting != "scale"
                      else "samples/s")
     return "\n".join(lines)
+
+
+def describe_config(path: Path) -> str:
+    """A config JSON in a line: stages with their ops and GPUs, micro-batch, TP and DP sizes of the ops,
+    recomputed ops."""
+    d = json.loads(path.read_text())
+    tp = sorted({t for stage in d["model_parallel_size_of_each_op"] for t in stage})
+    dp = sorted({x for stage in d["data_parallel_size_of_each_op"] for x in stage})
+    recomputed = [sum(stage) for stage in d["recompute_ops"]]
+    return (f"{d['num_stages']} stage(s): {' + '.join(map(str, d['num_ops_in_each_stage']))} ops on "
+            f"{' + '.join(map(str, d['num_gpus']))} GPUs, micro-batch {d['micro_batch_size']}, op tp "
+            f"{'/'.join(map(str, tp))}, op dp {'/'.join(map(str, dp))}, recomputed ops "
+            f"{' + '.join(map(str, recomputed)) if any(recomputed) else 'none'}")
+
+
+def _configs_side_by_side(root: Path, model: str, sizes: list[str]) -> dict[str, dict[str, str]]:
+    """Per size, the trained configs of Aceso and the Megatron-LM plan described (where their JSONs are)."""
+    out: dict[str, dict[str, str]] = {}
+    for size in sizes:
+        for plan in PLAN_NAMES:
+            best = best_run(root, plan, model, size)
+            path = root / "aceso" / "search" / model / size / f"{best[0]}.json" if best else None
+            if path is not None and path.is_file():
+                out.setdefault(size, {})[plan] = describe_config(path)
+    return out
 
 
 def _write_wide(table: pd.DataFrame, path: Path) -> None:
@@ -346,7 +378,14 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             # Where the search returned the Megatron-LM plan itself, its training was profiled after it too.
             plan = best_run(root, "megatron", model, size)
             again_plan = _info(root, model, size, plan[0] + AFTER_TRAINING) if plan else []
-            rows.append({"size": size, "time_actual": actual_ms, "time_predict": max(float(r["time"]) for r in info),
+            plan_info = _info(root, model, size, plan[0]) if plan else []
+            same = bool((_manifest(root / "aceso" / "search" / model / size) or {}).get("same_as_megatron"))
+            rows.append({"size": size, "same": same, "time_actual": actual_ms,
+                         "time_predict": max(float(r["time"]) for r in info),
+                         "time_megatron_actual": max(float(r["time"]) for r in plan[2]) if plan and plan_info
+                         else float("nan"),
+                         "time_megatron_predict": max(float(r["time"]) for r in plan_info) if plan_info
+                         else float("nan"),
                          "time_predict_after_training": max(float(r["time"]) for r in again) if again
                          else float("nan"),
                          "time_predict_after_megatron_training": max(float(r["time"]) for r in again_plan)
@@ -364,9 +403,16 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             if pd.notna(again):
                 lines.append(f"  {r['size']}: from its ops profiled again right after training: {again:.2f} ms, "
                              f"{abs(again - r['time_actual']) / r['time_actual'] * 100:.1f}% off")
-            if pd.notna(r["time_predict_after_megatron_training"]):
+            after = r["time_predict_after_megatron_training"]
+            actual, predict = r["time_megatron_actual"], r["time_megatron_predict"]
+            if not r["same"] and pd.notna(predict):
+                lines.append(f"  {r['size']}: the Megatron-LM plan: {actual:.2f} ms measured, {predict:.2f} predicted "
+                             f"({abs(predict - actual) / actual * 100:.1f}% off)" + (
+                                 f", {after:.2f} from its ops profiled again right after its training "
+                                 f"({abs(after - actual) / actual * 100:.1f}% off)" if pd.notna(after) else ""))
+            elif pd.notna(after):
                 lines.append(f"  {r['size']}: the same config trained again as the Megatron-LM plan, predicted from "
-                             f"its ops profiled right after that: {r['time_predict_after_megatron_training']:.2f} ms")
+                             f"its ops profiled right after that: {after:.2f} ms")
             lines.append(f"  {r['size']}: measured on the slowest rank (ms): " + ", ".join(
                 f"{k} {v:.1f}" for k, v in r["breakdown"].items()))
         lines.append(f"-------- [{model}] Memory Prediction (MB) --------")
@@ -379,7 +425,8 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
         table = pd.DataFrame(rows).set_index("size")
         out.mkdir(parents=True, exist_ok=True)
         times = table[["time_actual", "time_predict", "time_predict_after_training",
-                       "time_predict_after_megatron_training"]].dropna(axis=1, how="all")
+                       "time_predict_after_megatron_training", "time_megatron_actual",
+                       "time_megatron_predict"]].dropna(axis=1, how="all")
         _write_wide(times.T.rename(index=lambda s: s.removeprefix("time_")),
                     out / f"perf_model_time_{setting}_{model}.csv")
         _write_wide(table[["mem_actual", "mem_normal", "mem_extra"]].T.rename(
@@ -430,7 +477,35 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     if not rest.empty:
         table = wide(aggregates(newest(rest)), ["suite", "experiment", "point"], sorted(rest["metric"].unique()))
         written += write_table(table, out_dir, "aceso_summary", "aceso: profiles")
+    small = _folded(out_dir)
+    if len(small):
+        written += write_table(small, out_dir, "aceso_small", "Aceso's small setting: both configs per model",
+                               "The result scripts' per-model tables in one (their CSVs are under aceso/): "
+                               "samples/s and normalised throughput of the Megatron-LM plan and Aceso's config, "
+                               "same_config (1: the search returned the plan itself), both configs, iteration "
+                               "time measured and predicted (ms; after_training: from the ops profiled again "
+                               "right after that training), memory (MB) and search cost (s).")
     return written
+
+
+# The result scripts' per-model tables of the small setting, folded into one by `build` (the page lists
+# that one, not these).
+FOLDED = tuple(f"{stem}_small_" for stem in ("e2e_thpt", "e2e_norm_thpt", "e2e_same_config", "e2e_configs",
+                                             "perf_model_time", "perf_model_mem", "search_cost"))
+_FOLD_PREFIX = {"e2e_thpt": "samples_per_s_", "e2e_norm_thpt": "normalised_", "e2e_same_config": "",
+                "e2e_configs": "config_", "perf_model_time": "time_ms_", "perf_model_mem": "memory_mb_",
+                "search_cost": "search_s_"}
+
+
+def _folded(reports: Path) -> pd.DataFrame:
+    """One row per model and size of the small setting, the result scripts' tables side by side."""
+    rows: dict[tuple[str, str], dict[str, object]] = {}
+    for stem, prefix in _FOLD_PREFIX.items():
+        for model, table in _small_tables(reports, stem).items():
+            for size in table.columns:
+                row = rows.setdefault((model, size), {"model": model, "size": size})
+                row.update({f"{prefix}{name}": value for name, value in table[size].items()})
+    return pd.DataFrame(list(rows.values()))
 
 
 # The artifact's small setting (its README's expected results): Aceso / Megatron-LM samples/s and the

@@ -19,20 +19,23 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reproflow.reporting.claims import Claim, deciding, not_measured, ratio_interval
-from reproflow.reporting.report import aggregates, newest, over_baseline, save_figure, wide, write_table
+from reproflow.reporting.figures import save_figure
+from reproflow.reporting.report import aggregates, newest, over_baseline, wide, write_table
 
 KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "mesh", "backend", "device"]
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
             "operator_space", "analysis_time", "flop_count"]
 SEARCH = ["search_time", "lower_time", "predicted_time", "step_time", "tflops", "memory", "loss_error",
-          "grad_error"]
+          "grad_error", "model_parallel_blocks"]
 NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
         "backward, gradient synchronisation, SGD update) of the plan on the job's ranks; the graph plans run "
         "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2 "
         "and zero1-3 on the module. vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster); "
         "vs_ddp = step_time / DDP's (the goal for data-parallel: at most 1.10). search_time: CFP's analysis + "
         "profiling + dynamic program; 0 for the fixed baselines. loss_error / grad_error: the plan against "
-        "the unsharded model on one process (absolute / largest relative).")
+        "the unsharded model on one process (absolute / largest relative). strategy: each ParallelBlock's "
+        "strategy in the seed's notation (0: split the batch, data parallelism); model_parallel_blocks: the blocks "
+        "at another strategy.")
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -40,6 +43,15 @@ def _rows(frame: pd.DataFrame) -> pd.DataFrame:
     groups and reads."""
     rows = aggregates(newest(frame))
     return rows.assign(mesh=rows["mesh"].fillna("").astype(str).replace("", "1-D")) if "mesh" in rows.columns else rows
+
+
+def _with_strategies(table: pd.DataFrame, searched: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`table` with each block-strategy plan's strategies in the seed's notation (rows before them: none)."""
+    blocks = searched[searched["metric"] == "model_parallel_blocks"]
+    if blocks.empty or "strategy" not in blocks.columns:
+        return table
+    named = blocks[[*keys, "plan", "strategy"]].drop_duplicates([*keys, "plan"], keep="last")
+    return table.merge(named, on=[*keys, "plan"], how="left")
 
 
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -59,7 +71,7 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     searched = rows[rows["mode"] == "search"]
     if searched.empty:
         return written
-    table = wide(searched, [*keys, "plan"], SEARCH)
+    table = _with_strategies(wide(searched, [*keys, "plan"], SEARCH), searched, keys)
     flat = [k for k in keys if k != "mesh"]  # DDP and the other module baselines run on the 1-D mesh only
     table["vs_cfp"] = over_baseline(table, keys, table["plan"] == "cfp", "step_time")
     ddp = (table["plan"] == "ddp") & ~table.duplicated([*flat, "plan"])  # one per model (1x4 and 4x1 are both 1-D)
@@ -138,4 +150,15 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
         return not_measured("cfp", statement, ratio, f"no model ran both the cfp and {', '.join(ran)} plans",
                             paper=paper, target="cfp-search")
     where = f"{int(steps['world_size'].iloc[0])} ranks {steps['backend'].iloc[0]}/{steps['device'].iloc[0]}"
-    return deciding(cases, ", ".join(c.detail for c in cases) + f"; {where}")
+    if "network" in steps.columns and str(steps["network"].iloc[0]).startswith("emulated"):
+        where += f", {steps['network'].iloc[0]}"
+    return deciding(cases, ", ".join(c.detail for c in cases) + f"; {where}{_cfp_plans(search)}")
+
+
+def _cfp_plans(search: pd.DataFrame) -> str:
+    """'; CFP's plans: gpt [1, 1, 0] (2 blocks not data-parallel), ...' where the rows name them."""
+    blocks = search[(search["metric"] == "model_parallel_blocks") & (search["plan"] == "cfp")]
+    if blocks.empty or "strategy" not in blocks.columns:
+        return ""
+    return "; CFP's plans: " + ", ".join(
+        f"{r.model} {r.strategy} ({int(r.value)} blocks not data-parallel)" for r in blocks.itertuples())

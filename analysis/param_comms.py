@@ -12,11 +12,11 @@ import pandas as pd
 
 from reproflow.families.param_comms.sweep import bus_factor
 from reproflow.reporting.claims import Claim, not_measured
+from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import (
     aggregates,
     compare_implementations,
     newest,
-    save_figure,
     setting_label,
     wide,
     write_table,

@@ -10,11 +10,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import (
     aggregates,
     compare_implementations,
     newest,
-    save_figure,
     wide,
     write_table,
 )

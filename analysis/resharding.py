@@ -21,7 +21,8 @@ from reproflow.families.resharding import FAMILY
 from reproflow.families.resharding.plan import LOADBALANCE, problem
 from reproflow.launch.network import UNSHAPED
 from reproflow.reporting.claims import Claim, not_measured, pooled_ratio_interval, ratio_interval
-from reproflow.reporting.report import aggregates, newest, save_figure, wide, write_table
+from reproflow.reporting.figures import save_figure
+from reproflow.reporting.report import aggregates, newest, wide, write_table
 from reproflow.spec.params import resolve
 
 CONFIG = ["resharding_mode", "resharding_loadbalance_mode", "use_local_allgather"]

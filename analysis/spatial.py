@@ -20,7 +20,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reproflow.reporting.claims import Claim, deciding, not_measured, ratio_interval, time_shared
-from reproflow.reporting.report import aggregates, newest, over_baseline, save_figure, wide, write_table
+from reproflow.reporting.figures import save_figure
+from reproflow.reporting.report import aggregates, newest, over_baseline, wide, write_table
 
 SETTING = ["model", "image_size", "batch_size", "enable_evaluation", "precision", "num_filters", "num_layers",
            "split_size", "device"]

@@ -146,6 +146,27 @@ def test_profile_command_writes_the_database(tmp_path: Path) -> None:
     assert again.returncode == 0 and "0 to run, 2 already done" in again.stdout
 
 
+def test_profile_on_two_emulated_hosts_times_their_link(tmp_path: Path) -> None:
+    """--prof-num-nodes 2 with --network: the ops on both hosts, then P2P between them, written as the
+    inter-node table, which the shaped link bounds."""
+    from reproflow.launch.network import EmulatedNetwork
+
+    why = EmulatedNetwork.unavailable()
+    if why:
+        pytest.skip(why)
+    db = tmp_path / "db"
+    proc = reproflow("aceso", "profile", "--prof-model-name", "resnet", "--prof-model-size", "tiny",
+                     "--prof-seq-len", "32", "--prof-mbs-list", "8", "--prof-tp-size", "1", "--prof-warmup-times", "1",
+                     "--prof-repeat-times", "1", "--prof-num-nodes", "2", "--network", "200mbit",
+                     "--results", str(tmp_path / "results"), "--prof-path", str(db))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 ranks on" in proc.stdout and "200 Mbit/s per host" in proc.stdout
+    assert not (db / "p2p_intra_node.csv").exists()
+    sizes, gbps = list(csv.reader((db / "p2p_inter_node.csv").open()))
+    assert sizes[0] == "1" and all(0 < float(x) <= 0.026 for x in gbps), gbps  # 200 Mbit/s = 0.025 GB/s
+    assert [row[0] for row in csv.reader((db / "p2p_latency.csv").open())] == ["link", "inter"]
+
+
 def test_backward_starts_from_what_an_op_computes() -> None:
     """An input handed on unchanged (a residual, the encoder's output) is not where an op's timed
     backward starts: training passes its gradient through for free."""

@@ -15,6 +15,7 @@ from reproflow.families.aceso.layout import Groups, Placed, StagePlan, load_conf
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import config_from_counts, write_json
 from reproflow.families.aceso.training import check, flops_per_micro_batch
+from reproflow.launch.network import EmulatedNetwork
 from reproflow.reporting.report import load_results
 from reproflow.spec.errors import ParamError
 
@@ -165,6 +166,10 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     megatron, aceso = float(row.split()[1]), float(row.split()[2])
     assert megatron > 0 and aceso > 0
     assert "Aceso / Megatron-LM = " in out and "Alpa: not run" in out
+    # The tiny setting: 2 emulated hosts of one rank each, their link shaped where this machine can.
+    assert "on 2 x 1 local ranks" in out
+    if not EmulatedNetwork.unavailable():
+        assert "1gbit between hosts" in out and (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
     assert "-------- [gpt] Search Cost (s) --------" in out
     assert "-------- [gpt] Time Prediction (ms) --------" in out and "Memory Prediction (MB)" in out
     # The trained config's ops profiled again right after its training, and predicted from that profile too.

@@ -144,6 +144,11 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert float(table["ddp"]["vs_ddp"]) == 1 and float(table["cfp"]["vs_cfp"]) == 1
     assert float(table["data-parallel"]["vs_ddp"]) == pytest.approx(steps["data-parallel"] / steps["ddp"], rel=1e-3)
     assert float(table["data-parallel"]["lower_time"]) > 0 and not table["ddp"]["lower_time"]
+    # Each block-strategy plan in the seed's notation, and its blocks that are not data-parallel.
+    assert table["data-parallel"]["strategy"] == "[0, 0, 0, 0, 0]"
+    assert float(table["data-parallel"]["model_parallel_blocks"]) == 0
+    assert float(table["tensor-parallel"]["model_parallel_blocks"]) > 0 and not table["ddp"]["strategy"]
+    assert table["cfp"]["strategy"] in out
     assert "alpa: integer program over 39 contractions" in out
     # A rerun skips the points already measured; the profile pass alone (another suite) reuses the profiles.
     fast = ["--nproc", "2", "--repeats", "1", "--runs", "1", "--warmup", "0"]
@@ -181,6 +186,9 @@ def test_bad_input_names_the_fix(tmp_path: Path) -> None:
     assert res.returncode != 0 and "run the profile pass first" in res.stdout + res.stderr
     res = reproflow("cfp", "analysis", "--batch_size", "6", "--results", str(tmp_path / "b"))
     assert res.returncode != 0 and "batch_size" in res.stdout + res.stderr
+    res = reproflow("cfp", "all", "--nproc", "2", "--nodes", "3", "--results", str(tmp_path / "d"))
+    assert res.returncode != 0 and "--nodes 3" in res.stderr and "divisor of --nproc" in res.stderr
+    assert "Traceback" not in res.stderr
     res = reproflow("cfp", "search", "--baselines", "alpa,megatron", "--results", str(tmp_path / "c"))
     assert res.returncode != 0 and "megatron" in res.stdout + res.stderr and "zero3" in res.stdout + res.stderr
 

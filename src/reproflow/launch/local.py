@@ -82,7 +82,12 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     try:
         for rank in range(world if mpirun else 0, world):
             env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-            argv = network.command(rank // (host_size or world), list(cmd)) if network else list(cmd)
+            argv = list(cmd)
+            if network:
+                host = rank // (host_size or world)
+                argv = network.command(host, argv)
+                # Ranks of different emulated hosts see one hostname: this names their host instead.
+                env_r["REPROFLOW_HOST"] = f"{socket.gethostname()}-h{host}"
             if rank == 0:
                 procs.append(subprocess.Popen(argv, env=env_r))
                 continue

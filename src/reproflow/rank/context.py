@@ -122,7 +122,8 @@ class RunContext:
         dist.init_process_group(
             backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=timeout_s)
         )
-        return cls(rank, world, local_rank, dev, backend, socket.gethostname(), host_size)
+        return cls(rank, world, local_rank, dev, backend, os.environ.get("REPROFLOW_HOST") or socket.gethostname(),
+                   host_size)
 
     def hosts(self) -> list[str]:
         """Every rank's hostname, in rank order. A collective the first time (the worker calls it at

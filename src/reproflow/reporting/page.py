@@ -11,6 +11,7 @@ import base64
 import datetime as _dt
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -172,8 +173,9 @@ def versions() -> pd.DataFrame:
 
 
 def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, jobs: pd.DataFrame,
-               left_out: list[Path]) -> list[Path]:
-    """`report.html` (self-contained) and `report.md` in `out_dir`; returns both paths."""
+               left_out: list[Path], lead: Sequence[Path] = ()) -> list[Path]:
+    """`report.html` (self-contained) and `report.md` in `out_dir`, the `lead` figures (the claims as a
+    picture) above the claims' table; returns both paths."""
     claims = [c for s in sections for c in s.claims]
     tally = counts(claims)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -190,8 +192,9 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     nav = " ".join(f'<a href="#{_anchor(s.family)}">{html.escape(s.family)}</a>' for s in sections)
     nav += ' <a href="#claims">claims</a>' + "".join(f' <a href="#{a}">{a}</a>' for a, _, _ in extra)
     body = [f"<h1>reproflow report</h1><p>{html.escape(summary)}</p><nav>{nav}</nav>",
-            f'<section id="claims"><h2>Claims</h2>{_html_claims(claims)}</section>']
-    md = [f"# reproflow report\n\n{summary}\n", "## Claims\n", _md_table(_claims_frame(claims))]
+            f'<section id="claims"><h2>Claims</h2>{_html_files(list(lead))}{_html_claims(claims)}</section>']
+    md = [f"# reproflow report\n\n{summary}\n", "## Claims\n", _md_files(list(lead), out_dir),
+          _md_table(_claims_frame(claims))]
     for s in sections:
         body.append(f'<section id="{_anchor(s.family)}"><h2>{html.escape(s.family)}</h2><p>{html.escape(s.summary)}'
                     f"</p>{_html_claims(s.claims) if s.claims else ''}{_html_files(s.files)}"

@@ -17,6 +17,7 @@ from types import ModuleType
 import pandas as pd
 
 from reproflow.reporting.claims import Claim
+from reproflow.reporting.figures import forest_plot
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
@@ -159,18 +160,6 @@ def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, ou
     return wide_values, written
 
 
-def save_figure(fig: object, out_dir: Path, name: str) -> list[Path]:
-    """`<name>.png` and `<name>.pdf` in `out_dir`; closes the figure."""
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    for path in paths:
-        fig.savefig(path, dpi=130, bbox_inches="tight")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
-    return paths
-
-
 def setting_label(row: pd.Series) -> str:
     """Legend text for one measured setting: ranks, backend, device."""
     return f"{int(row['world_size'])} ranks, {row['backend']}/{row['device']}"
@@ -241,8 +230,11 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> lis
             files = write_table(table, out_dir, f"{name}_summary", f"{name}: all metrics")
         elif len(rows):
             files = module.build(rows, out_dir)
-        # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too.
-        files += sorted(p for p in (out_dir / name).glob("*") if p.suffix in (".csv", ".png"))
+        # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too,
+        # but for the tables its analysis folds into one of its own (FOLDED: their name prefixes).
+        folded = tuple(getattr(module, "FOLDED", ()))
+        files += sorted(p for p in (out_dir / name).glob("*")
+                        if p.suffix == ".png" or (p.suffix == ".csv" and not p.name.startswith(folded)))
         claims = _claims(module, rows, out_dir)
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
@@ -251,6 +243,10 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> lis
     provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
     provenance = provenance.drop(columns=["timestamp"])
     written += write_table(provenance, out_dir, "jobs", "Jobs behind these results")
-    written += _write_claims([c for s in sections for c in s.claims], out_dir)
-    written += write_page(out_dir, sections, hardware_table(results), provenance, left_out)
+    claims = [c for s in sections for c in s.claims]
+    written += _write_claims(claims, out_dir)
+    forest = forest_plot(claims, out_dir)
+    written += forest
+    written += write_page(out_dir, sections, hardware_table(results), provenance, left_out,
+                          [p for p in forest if p.suffix == ".png"])
     return written

@@ -11,7 +11,6 @@ training. large and scale: the search and the plan on a profiled database (the a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from reproflow.api import Placement
 from reproflow.families.aceso import mcore
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
-from reproflow.families.aceso.manifest import newest_manifest, resolve_config
+from reproflow.families.aceso.manifest import resolve_config
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.pipeline import (
     ProfileRequest,
@@ -52,8 +51,9 @@ class ReproduceRequest:
     profiled_time_path: Path | None = None
     artifact_configs: Path | None = None
     cost_model: str | None = None
-    num_nodes: int = 1
+    num_nodes: int = 0
     num_gpus_per_node: int = 0
+    network: str | None = None
     memory_limit: float | None = None
     time_budget_total: float | None = None
     processes: int = 0
@@ -105,8 +105,6 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
     targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.model in req.models]
     train_iters = req.train_iters if req.train_iters is not None else (40 if tiny else 5)
     train_seconds = req.train_seconds if req.train_seconds is not None else (10.0 if tiny else 0.0)
-    gpn, nodes = req.num_gpus_per_node or local_ranks(req.sizes, where.submit), req.num_nodes
-    tps = tuple(t for t in (1, 2, 4, 8) if t <= gpn)
     here = replace(where, after=(), force=False)
     mcore_impl: tuple[str, ...] = () if req.no_megatron_core else ("megatron-core",)
     if mcore_impl:
@@ -117,8 +115,13 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
             mcore_impl = ()
     for t in targets:
         folder = root / "aceso" / "search" / t.model / t.size
+        nodes, gpn = req.num_nodes or t.nodes, req.num_gpus_per_node or t.gpus_per_node
+        tps = tuple(x for x in (1, 2, 4, 8) if x <= gpn)
+        # Slurm's nodes have their own network; here nodes are emulated hosts with a shaped link.
+        network = "" if where.submit or nodes == 1 else (t.network if req.network is None else req.network)
         print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
-              f"{'GPUs' if where.submit else 'local ranks'} ====", flush=True)
+              f"{'GPUs' if where.submit else 'local ranks'}{f', {network} between hosts' if network else ''} ====",
+              flush=True)
         prof = ProfileRequest(prof_model_name=t.model, prof_model_size=t.size, prof_tp_size=tps,
                               prof_mbs_list=tuple(sorted(set(t.search.mbs) | set(t.megatron_mbs))),
                               prof_seq_len=t.seq_len, prof_warmup_times=2 if tiny else 3, prof_repeat_times=10,
@@ -126,7 +129,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                               prof_repeat_seconds=2.0 if tiny else 0.0,
                               # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
                               prof_comm_sizes="0-4,8,16,32" if tiny else "0-64",
-                              prof_path=root / "profiled-time")
+                              prof_path=root / "profiled-time", prof_num_nodes=nodes, network=network)
         profiled = profile(prof, here)
         if where.dry_run:
             print(f"then: reproflow aceso search ... --config-save-path {folder}; reproflow aceso train --config "
@@ -142,20 +145,15 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         for plan, impls in (("aceso", ("reproflow",)), ("megatron", (*mcore_impl, "reproflow"))):
             train(TrainRequest(config=(folder,), plan=(plan,), num_nodes=nodes, num_gpus_per_node=gpn,
                                train_iters=train_iters, train_seconds=train_seconds, seq_len=t.seq_len,
-                               dropout=0.1, log_path=root, tp_impl=impls), replace(here, after=after))
-            if not where.submit and (plan == "aceso" or _same_as_megatron(folder)):
+                               dropout=0.1, log_path=root, tp_impl=impls, network=network),
+                  replace(here, after=after))
+            if not where.submit:
                 profile_after_training(prof, search_req, train_iters, plan, here)
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
     for name in ("search-cost",) if req.until == "search" else ("e2e", "search-cost", "perf-model-acc"):
         results(name, "small", root, req.out or root / "results", req.published)
-
-
-def _same_as_megatron(folder: Path) -> bool:
-    """Whether the newest search in `folder` returned the Megatron-LM plan itself."""
-    manifest = newest_manifest(folder)
-    return bool(manifest and json.loads(manifest.read_text()).get("same_as_megatron"))
 
 
 def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, train_iters: int, plan: str,
@@ -179,8 +177,10 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trai
     text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({config.micro_bs // d for _, d, _ in ops}),
                          sorted({t for t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
                          prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
-                         ranks=max(prof.prof_tp_size), groups=sorted({n for t, d, _ in ops for n in (t, d) if n > 1}),
-                         p2p=len(config.stages) > 1, repeat_seconds=prof.prof_repeat_seconds)
+                         ranks=max(prof.prof_tp_size), repeat_seconds=prof.prof_repeat_seconds,
+                         # groups across nodes are priced from the P2P link, not a collectives table
+                         groups=sorted({n for t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
+                         p2p=len(config.stages) > 1, nodes=prof.prof_num_nodes, network=prof.network)
     name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{train_iters}"
     api.run_generated_suite(text, name, where)
     after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
@@ -193,18 +193,6 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trai
     print(f"{setup.name}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
           f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
     return info
-
-
-def local_ranks(sizes: str, submit: bool) -> int:
-    """Ranks per node when none are given: the artifact's 4 GPUs, or, for the tiny models on this machine,
-    one rank per core (2 to 4). Ranks beyond the cores take turns on them, so an op's time depends on
-    what the other ranks do at that moment, which no op profile can know: on 2 cores with 4 ranks the
-    tiny models' predictions were 8 to 46 % off from run to run."""
-    if sizes != "tiny" or submit:
-        return 4
-    ranks = max(2, min(4, len(os.sched_getaffinity(0))))
-    print(f"tiny models on this machine: {ranks} local ranks, one per core (--num-gpus-per-node to choose)")
-    return ranks
 
 
 def _reproduce_search(req: ReproduceRequest, where: Placement) -> None:

@@ -192,6 +192,11 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="more timed passes over the ops than --prof-repeat-times until they take this many seconds")
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
+    p.add_argument("--prof-num-nodes", type=int, default=1,
+                   help="nodes the ops are timed on (each with the largest --prof-tp-size ranks); 2 or more: "
+                   "P2P between nodes too")
+    p.add_argument("--network", default="", metavar="RATE",
+                   help="run here: each emulated host's link at RATE each way, e.g. 1gbit (root and iproute2)")
     generated_suite_options(p)
     p.set_defaults(func=cmd_profile)
     p = tools.add_parser("database", help="the profiler's rows as Aceso's database files",
@@ -215,6 +220,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
     p.add_argument("--tp-impl", nargs="+", choices=("reproflow", "megatron-core"), default=["reproflow"],
                    help="tensor-parallel linear layers: reproflow's and/or megatron-core's (one run each)")
+    p.add_argument("--network", default="", metavar="RATE",
+                   help="run here: each emulated host's link at RATE each way, e.g. 1gbit (root and iproute2)")
     generated_suite_options(p)
     p.set_defaults(func=cmd_train)
     p = tools.add_parser("reproduce", help="one of the artifact's settings, one command: small (profile -> search "
@@ -235,9 +242,13 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--model", dest="cost_model", choices=KINDS, default=None,
                    help="performance model (default: runtime for small, reference for large and scale, whose "
                    "database has no optimizer tables)")
-    p.add_argument("--num-nodes", type=int, default=1, help="small: nodes")
+    p.add_argument("--num-nodes", type=int, default=0,
+                   help="small: nodes (default: 1; tiny models: 2 emulated hosts)")
     p.add_argument("--num-gpus-per-node", type=int, default=0,
-                   help="small: GPUs (local ranks) per node (default: 4; tiny models here: one rank per core, 2 to 4)")
+                   help="small: GPUs (local ranks) per node (default: 4; tiny models: 1 per emulated host)")
+    p.add_argument("--network", default=None, metavar="RATE",
+                   help="small, run here: each emulated host's link at RATE each way (default: 1gbit for tiny "
+                   "models; '' for loopback)")
     p.add_argument("--memory-limit", type=float, default=None,
                    help="MB per GPU for the search and the plan (default: the artifact's, per model)")
     p.add_argument("--time-budget-total", type=float, default=None,

@@ -95,6 +95,10 @@ class ProfileRequest:
     prof_repeat_seconds: float = 0.0
     prof_comm_sizes: str = "0-64"
     prof_path: Path
+    # Hosts the ops are timed on (each with max(prof_tp_size) ranks), and P2P between two of them;
+    # run here, `network` shapes each emulated host's link (launch.network).
+    prof_num_nodes: int = 1
+    network: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +115,7 @@ class TrainRequest:
     dropout: float = 0.1
     log_path: Path = Path("aceso-logs")
     tp_impl: tuple[str, ...] = ("reproflow",)
+    network: str = ""  # run here: each emulated host's link (launch.network)
 
 
 class Setup:
@@ -245,6 +250,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     line, mega_config, mega_ms = setup.megatron_plan()
     print(line)
     mega = setup.write_megatron(mega_config, mega_ms).name if mega_config is not None else None
+    if mega_config is not None:  # the plan's per-stage prediction too, for its prediction error
+        stage_info(setup.megatron_cost()[0].predict(mega_config), csv_dir / f"info_{Path(mega).stem}.csv")
     same = bool(found and mega and read_config(save / mega) == read_config(save / names[0]))
     if same:
         print("Aceso's search returned the Megatron-LM plan itself (the same config)")
@@ -348,33 +355,39 @@ def predict(req: SearchRequest, config: Path) -> Prediction:
 
 def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
                   repeats: int, comm_mb: str, algos: list[int] | None = None, ranks: int | None = None,
-                  groups: list[int] | None = None, p2p: bool | None = None, repeat_seconds: float = 0.0) -> str:
+                  groups: list[int] | None = None, p2p: bool | None = None, repeat_seconds: float = 0.0,
+                  nodes: int = 1, network: str = "") -> str:
     """A suite (TOML) profiling every op per TP size, micro-batch and algo (default: all the model's),
     plus collectives over each of `groups` ranks (default: the TP sizes over 1) and P2P (default: where
-    there are 2 ranks or more). Every op point runs on `ranks` (default max(tps): one node's GPUs), as
-    ranks / tp TP groups at once."""
+    there are 2 ranks or more): within a node where it has 2 ranks, between two nodes where there are
+    `nodes`. Every op point runs on `nodes` x `ranks` (default max(tps): one node's GPUs), as
+    ranks / tp TP groups per node at once; `network` shapes the emulated hosts' links of a local run."""
     algos = algos or ([0] if model_name == "t5" else [0, 1])
     ranks = ranks or max(tps)
     groups = [tp for tp in tps if tp > 1] if groups is None else groups
     common = {"model": model_name, "size": size, "seq_len": seq_len, "warmup": warmup, "repeats": repeats}
     timed = {"repeat_seconds": repeat_seconds} if repeat_seconds else {}
     exps: list[dict[str, object]] = [
-        {"name": f"tp{tp}", "family": "aceso", "launch": {"procs_per_node": ranks},
+        {"name": f"tp{tp}", "family": "aceso", "launch": {"nodes": nodes, "procs_per_node": ranks} if nodes > 1
+         else {"procs_per_node": ranks},
          "params": common | timed | {"tp": tp},
          "matrix": {"mbs": mbs, "algo": algos}} for tp in tps]
     exps += [{"name": f"collectives-{n}", "family": "aceso", "launch": {"procs_per_node": n},
               "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for n in groups]
-    if ranks > 1 if p2p is None else p2p:
-        exps.append({"name": "p2p", "family": "aceso", "launch": {"procs_per_node": 2},
-                     "params": {"kind": "p2p", **common}})
+    links = [("p2p", {"procs_per_node": 2})] if ranks > 1 else []
+    links += [("p2p-inter-node", {"nodes": 2, "procs_per_node": 1})] if nodes > 1 else []
+    if p2p is None or p2p:
+        exps += [{"name": name, "family": "aceso", "launch": launch, "params": {"kind": "p2p", **common}}
+                 for name, launch in links]
     return suite_toml({"description": f"Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"},
-                      {"nodes": 1, "time_limit": "04:00:00"}, exps)
+                      {"nodes": 1, "time_limit": "04:00:00"} | ({"network": network} if network else {}), exps)
 
 
 def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,
-                params: dict[str, object]) -> str:
+                params: dict[str, object], network: str = "") -> str:
     """A suite training each (experiment, plan, config) on nodes x gpus_per_node ranks."""
-    return suite_toml({"description": f"Aceso runtime: {name}"}, {"nodes": nodes, "time_limit": "02:00:00"},
+    return suite_toml({"description": f"Aceso runtime: {name}"}, {"nodes": nodes, "time_limit": "02:00:00"} | (
+                          {"network": network} if network else {}),
                       [{"name": exp, "family": "aceso", "launch": {"procs_per_node": gpus_per_node},
                         "params": {"kind": "train", "plan": plan, "config": str(config.resolve()), **params}}
                        for exp, plan, config in runs])
@@ -410,7 +423,8 @@ def train(req: TrainRequest, where: Placement) -> list[str]:
             params = {"train_iters": req.train_iters, "train_seconds": req.train_seconds, "seq_len": req.seq_len,
                       "dropout": req.dropout, "log_path": str(req.log_path.resolve()), "tp_impl": impl}
             name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
-            text = train_suite(name, [(exp, plan, config)], req.num_nodes, gpus // req.num_nodes, params)
+            text = train_suite(name, [(exp, plan, config)], req.num_nodes, gpus // req.num_nodes, params,
+                               req.network)
             ids += api.run_generated_suite(text, name, where)
     return ids
 
@@ -422,7 +436,7 @@ def profile(req: ProfileRequest, where: Placement) -> list[str]:
     stem = model(req.prof_model_name, req.prof_model_size).file_stem
     text = profile_suite(req.prof_model_name, req.prof_model_size, list(req.prof_mbs_list), list(req.prof_tp_size),
                          req.prof_seq_len, req.prof_warmup_times, req.prof_repeat_times, req.prof_comm_sizes,
-                         repeat_seconds=req.prof_repeat_seconds)
+                         repeat_seconds=req.prof_repeat_seconds, nodes=req.prof_num_nodes, network=req.network)
     ids = api.run_generated_suite(text, f"aceso-profile-{stem}", where)
     if not (where.dry_run or where.submit):
         database(where.results, req.prof_path)

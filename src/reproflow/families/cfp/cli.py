@@ -31,11 +31,12 @@ def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -
               "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs,
               "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
               "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
+    launch = {"nodes": args.nodes, "time_limit": "04:00:00"} | ({"network": args.network} if args.network else {})
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
-                      {"nodes": 1, "time_limit": "04:00:00"},
+                      launch,
                       [{"name": f"{m}{f'-m{mesh}' if mesh else ''}-{p}", "family": "cfp",
-                        "launch": {"procs_per_node": args.nproc}, "params": {"mode": p, "model": m, "mesh": mesh,
-                                                                             **common}}
+                        "launch": {"procs_per_node": args.nproc // args.nodes},
+                        "params": {"mode": p, "model": m, "mesh": mesh, **common}}
                        for m in models for mesh in args.mesh.split(",") for p in passes])
 
 
@@ -48,10 +49,13 @@ def cmd_cfp(args: argparse.Namespace) -> int:
     if bad or not models:
         raise ReproflowError(f"--model {args.model!r} names no model or an unknown one; give a comma-separated "
                              f"list of {', '.join(MODELS)}.")
+    if args.nodes < 1 or args.nproc % args.nodes:
+        raise ReproflowError(f"--nodes {args.nodes}: the --nproc {args.nproc} ranks must spread evenly over the "
+                             "nodes; give a divisor of --nproc.")
     passes = list(PASSES) if mode == "all" else [mode]
     meshes = args.mesh.replace(",", "-") if args.mesh else ""
     name = (f"cfp-{'-'.join(models)}-{mode}-{args.size}-L{args.num_layer}-B{args.batch_size}-n{args.nproc}"
-            + (f"-m{meshes}" if meshes else ""))
+            + (f"-N{args.nodes}" if args.nodes > 1 else "") + (f"-m{meshes}" if meshes else ""))
     api.run_generated_suite(suite_text(models, passes, args), name, placement(args))
     return 0
 
@@ -65,10 +69,14 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                         "enum_and_benchmark: communication volume against measured time per plan)")
     p.add_argument("--mode", choices=[*PASSES, "all", "enum"], help="the pass, as the reference's scripts give it")
     p.add_argument("--model", default="gpt", help=f"model(s), comma-separated: {', '.join(MODELS)}")
-    p.add_argument("--size", default="tiny", help="model size (tiny for CPUs; the reference's: see reproflow list)")
+    p.add_argument("--size", default="tiny",
+                   help="model size (tiny or wide for CPUs; the reference's: see reproflow list)")
     p.add_argument("--num_layer", type=int, default=0, help="layers (0: the size's)")
     p.add_argument("--batch_size", type=int, default=8, help="global batch size")
     p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the mesh)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks spread over (here: emulated hosts)")
+    p.add_argument("--network", default="", metavar="RATE",
+                   help="run here: each emulated host's link at RATE each way, e.g. 1gbit (root and iproute2)")
     p.add_argument("--mesh", default="", help="device mesh shapes, comma-separated: '' (1-D, the default) or AxB "
                                               "with A*B = nproc, e.g. 1x4,2x2,4x1 (1xN and Nx1 are the 1-D mesh)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before each measurement")

@@ -39,7 +39,10 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
 
-# Alpa's GPT specs (seq_len, hidden_size, num_layers, num_heads, vocab_size) and a tiny size for CPUs.
+# Alpa's GPT specs (seq_len, hidden_size, num_layers, num_heads, vocab_size) and two sizes for CPUs:
+# tiny, and wide, whose weights are large against its activations (a short sequence, a wide hidden
+# size), as a large model's are against one device's share of a batch: gradients (13 MB a layer)
+# then cost a link more than the activations (256 KB a tensor at batch 8).
 GPT_SIZES = {
     "125M": ModelConfig(1024, 768, 12, 12, 51200),
     "350M": ModelConfig(1024, 1024, 24, 16, 51200),
@@ -47,6 +50,7 @@ GPT_SIZES = {
     "1.3B": ModelConfig(1024, 2048, 24, 32, 51200),
     "2.6B": ModelConfig(1024, 2560, 32, 32, 51200),
     "tiny": ModelConfig(64, 64, 2, 4, 512),
+    "wide": ModelConfig(16, 512, 2, 8, 512),
 }
 # The seed's MoEModelConfig(seq_len, hidden_size, num_layers, num_heads, vocab_size, num_experts,
 # expert_group_size); the 2-head variant is the one it runs at micro-batch 96 and 128.
@@ -54,11 +58,13 @@ MOE_SIZES = {
     "seed": ModelConfig(1024, 1280, 16, 4, 32000, 32, 2048),
     "seed-2head": ModelConfig(1024, 1280, 16, 2, 32000, 32, 2048),
     "tiny": ModelConfig(32, 64, 2, 4, 512, 4, 32),
+    "wide": ModelConfig(16, 512, 2, 8, 512, 4, 32),
 }
 # LLaMA2-7B and a tiny size (ffn: the SwiGLU width).
 LLAMA_SIZES = {
     "7B": ModelConfig(4096, 4096, 32, 32, 32000, ffn=11008),
     "tiny": ModelConfig(64, 64, 2, 4, 512, ffn=176),
+    "wide": ModelConfig(16, 512, 2, 8, 512, ffn=1376),
 }
 SIZES = {"gpt": GPT_SIZES, "moe": MOE_SIZES, "llama": LLAMA_SIZES}
 

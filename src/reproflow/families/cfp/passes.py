@@ -66,12 +66,18 @@ class Setup:
     n: int
     work_dir: Path
     mesh: tuple[int, ...] = ()  # a 2-D mesh's axis sizes; () for 1-D
+    hosts: int = 1  # the ranks' hosts: profiles across a network are not those of one host
 
     @classmethod
-    def of(cls, params: Mapping[str, Any], n: int) -> Setup:
+    def of(cls, params: Mapping[str, Any], n: int, hosts: int = 1) -> Setup:
         axes = mesh_shape(params.get("mesh", ""), n)
         return cls(params["model"], params["size"], params["num_layer"], params["batch_size"], n,
-                   Path(params["work_dir"]), axes if len(axes) == 2 else ())
+                   Path(params["work_dir"]), axes if len(axes) == 2 else (), hosts)
+
+    @classmethod
+    def on(cls, params: Mapping[str, Any], ctx: RunContext) -> Setup:
+        """The setup of a job's ranks (their hosts counted)."""
+        return cls.of(params, ctx.world_size, len(set(ctx.hosts())))
 
     @property
     def states(self) -> tuple[Any, ...]:
@@ -86,7 +92,8 @@ class Setup:
     def dir(self) -> Path:
         c = self.config
         mesh = f"-m{'x'.join(map(str, self.mesh))}" if self.mesh else ""
-        return self.work_dir / f"{self.model}-{self.size}-L{c.num_layers}-B{self.batch_size}-n{self.n}{mesh}"
+        hosts = f"-h{self.hosts}" if self.hosts > 1 else ""
+        return self.work_dir / f"{self.model}-{self.size}-L{c.num_layers}-B{self.batch_size}-n{self.n}{hosts}{mesh}"
 
 
 def check(params: Mapping[str, Any], world_size: int) -> None:
@@ -150,7 +157,7 @@ def _key(p: Any) -> Any:
 
 
 def analysis(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    s = Setup.of(params, ctx.world_size)
+    s = Setup.on(params, ctx)
     _, cap = global_step(s, meta=True)
     a = cap.analysis
     if ctx.rank == 0:
@@ -183,7 +190,7 @@ def _mesh(ctx: RunContext, s: Setup) -> DeviceMesh:
 
 
 def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    s = Setup.of(params, ctx.world_size)
+    s = Setup.on(params, ctx)
     model, cap = global_step(s)
     a = cap.analysis
     mesh = _mesh(ctx, s)
@@ -409,7 +416,7 @@ def _segment_profile(path: Path, sig: str, space: list[int], again: str) -> dict
 
 
 def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
-    s = Setup.of(params, ctx.world_size)
+    s = Setup.on(params, ctx)
     _, cap = global_step(s)
     a = cap.analysis
     prof = s.dir / "profile"
@@ -434,6 +441,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     mesh = _mesh(ctx, s)
     rows = [Measurement("predicted_time", found.predicted_s, "s", {"plan": "cfp"}),
             Measurement("predicted_memory", found.memory_bytes / 2**30, "GB", {"plan": "cfp"})]
+    choices = {"cfp": list(found.choice)}
     plans: dict[str, tuple[dict, str, float]] = {
         "cfp": (execute.assignment(a, found.choice), str(found.choice), found.search_s + profile_s + a.seconds)}
     for b in (b for b in params["baselines"].split(",") if b):
@@ -457,8 +465,12 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         elif b in TORCH_BASELINES:
             plans[b] = ({}, "", 0.0)
         else:
-            choice = baseline(a, b)
-            plans[b] = (execute.assignment(a, choice), str(choice), 0.0)
+            choices[b] = baseline(a, b)
+            plans[b] = (execute.assignment(a, choices[b]), str(choices[b]), 0.0)
+    # Each block-strategy plan in the seed's notation, and how many blocks leave data parallelism
+    # (every block's strategy 0): a plan with none is data parallelism, whatever found it.
+    rows += [Measurement("model_parallel_blocks", float(sum(1 for c in choice if c)), "count",
+                         {"plan": name, "strategy": str(choice)}) for name, choice in choices.items()]
     # Every plan built and checked first, then timed in rounds of one step each: on a machine whose
     # speed drifts, plans timed one after another would differ by the drift (10-20 % here).
     steppers: dict[str, Callable[[], float]] = {}
@@ -554,7 +566,7 @@ def communication_time(runner: execute.Runner) -> tuple[float, float]:
 def enum(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """The reference's enum_and_benchmark: per plan, the cost model's communication volume against the
     measured communication and computation time."""
-    s = Setup.of(params, ctx.world_size)
+    s = Setup.on(params, ctx)
     _, cap = global_step(s)
     a = cap.analysis
     mesh = _mesh(ctx, s)
