@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -172,19 +173,22 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
         assert "1gbit between hosts" in out and (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
     assert "-------- [gpt] Search Cost (s) --------" in out
     assert "-------- [gpt] Time Prediction (ms) --------" in out and "Memory Prediction (MB)" in out
-    # The trained config's ops profiled again right after its training, and predicted from that profile too.
-    # Where the search returned the Megatron-LM plan itself, the plan's training was profiled after it too.
+    # Both trained configs' ops profiled again right after their trainings, and predicted from that profile
+    # too; the Megatron-LM plan's prediction from the search's profile beside Aceso's config's.
     search = logs / "aceso" / "search" / "gpt" / "tiny"
-    same = json.loads(max(search.glob("search-*.json"), key=lambda p: p.stat().st_mtime).read_text())
-    assert len(list((search / "csv").glob("info_*-after-training.csv"))) == (2 if same["same_as_megatron"] else 1)
+    assert len(list((search / "csv").glob("info_*-after-training.csv"))) == 2
+    assert len(list((search / "csv").glob("info_*megatron*.csv"))) == 2
+    # Both configs side by side: stages, ops, GPUs, micro-batch, TP / DP sizes, recomputed ops.
+    assert re.search(r"^  tiny: Aceso's config: \d stage\(s\): [\d +]+ ops on [\d +]+ GPUs, micro-batch \d+", out, re.M)
+    assert "  tiny: the Megatron-LM plan: " in out
     assert "tiny: from its ops profiled again right after training: " in out
     tables = logs / "results"
     e2e = (tables / "e2e_thpt_small_gpt.csv").read_text().splitlines()
     # Alpa is never run here: no row for it (not a row of zeros).
     assert e2e == ["size,tiny", f"megatron,{megatron:.2f}", f"aceso,{aceso:.2f}"]
-    for name in ("e2e_norm_thpt_small_gpt.csv", "search_cost_small_gpt.csv", "perf_model_time_small_gpt.csv",
-                 "perf_model_mem_small_gpt.csv", "fig7_e2e_small.png", "fig8_search_cost_small.png",
-                 "fig9_perf_model_small.png"):
+    for name in ("e2e_norm_thpt_small_gpt.csv", "e2e_configs_small_gpt.csv", "search_cost_small_gpt.csv",
+                 "perf_model_time_small_gpt.csv", "perf_model_mem_small_gpt.csv", "fig7_e2e_small.png",
+                 "fig8_search_cost_small.png", "fig9_perf_model_small.png"):
         assert (tables / name).is_file(), name
     for plan in ("aceso", "megatron"):
         assert list((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan

@@ -165,3 +165,16 @@ def test_a_claim_the_hardware_cannot_judge_is_not_applicable_here() -> None:
     assert deciding([na, ok]) is ok and counts([na, ok])[NOT_APPLICABLE] == 1
     assert deciding([na]) is na  # no case can be judged: the claim cannot be either
     assert deciding([na, ok], detail="every case").detail == "every case"
+
+
+def test_the_claims_as_a_forest_plot(tmp_path) -> None:
+    """One row per claim, a figure only where some claim has a ratio."""
+    from reproflow.reporting.figures import forest_plot
+
+    missing = Claim("x", "not measured yet", "r", None, at_least=1.0)
+    assert forest_plot([missing], tmp_path) == []
+    claims = [Claim("x", "holds", "r", 1.3, at_least=1.0, interval=(1.1, 1.5)), missing,
+              Claim("x", "fails", "r", 0.5, at_least=0.9, at_most=1.1, interval=(0.4, 0.6))]
+    written = forest_plot(claims, tmp_path)
+    assert [p.name for p in written] == ["claims_forest.png", "claims_forest.pdf"]
+    assert all(p.stat().st_size > 0 for p in written)

@@ -313,6 +313,9 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
     page = (reports / "report.html").read_text()
     figures = page.count('src="data:image/png;base64,')
     assert figures >= 3 and "<link" not in page and "<script" not in page  # self-contained
+    # The claims lead as one picture, above their table.
+    lead = page[page.index('<section id="claims">'):]
+    assert lead.index('alt="claims_forest"') < lead.index("<table")
     # The markdown twin links only files that exist.
     twin = reports / "report.md"
     for link in re.findall(r"\]\(([^)#]+)\)", twin.read_text()):

@@ -319,14 +319,16 @@ def p2p(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     out = []
     one = torch.zeros(1, device=ctx.device, dtype=dtype)
 
-    def ping() -> None:
-        if ctx.rank == 0:
+    def ping() -> None:  # a round trip, timed on rank 0: one-way sends timed on the receiver count
+        if ctx.rank == 0:  # how late the sender started too (over a shaped link, 0.2 to 2 ms a message)
             dist.send(one, 1)
+            dist.recv(one, 1)
         elif ctx.rank == 1:
             dist.recv(one, 0)
+            dist.send(one, 0)
     ctx.barrier()
     # The cost of a message of any size (the runtime model adds it to every stage boundary it crosses).
-    latency = ctx.gather_floats(time_steps(ctx.sync, ping, params["warmup"], params["repeats"]))[1]
+    latency = ctx.gather_floats(time_steps(ctx.sync, ping, params["warmup"], max(params["repeats"], 100)))[0] / 2
     out.append(Measurement("latency", latency * 1e6, "us", {"size_mb": 0, "link": link}))
     mb = 1
     while mb <= params["p2p_max_mb"]:
