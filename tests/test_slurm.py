@@ -307,12 +307,15 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
                     "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
-    # profile, search, train aceso, train megatron (and megatron on megatron-core's layers, if installed)
-    assert len(lines) == 4 + (importlib.util.find_spec("megatron") is not None), run.stdout
-    profile, search, *train = [line.split(":", 1)[1].strip() for line in lines]
-    states = {job: wait(job, timeout=600)[job] for job in (profile, search, *train)}
+    # profile (the ops on both nodes, then P2P between them), search, train aceso, train megatron (and
+    # megatron on megatron-core's layers, if installed)
+    assert len(lines) == 5 + (importlib.util.find_spec("megatron") is not None), run.stdout
+    ops, p2p, search, *train = [line.split(":", 1)[1].strip() for line in lines]
+    states = {job: wait(job, timeout=600)[job] for job in (ops, p2p, search, *train)}
     assert all(s["state"] == "COMPLETED" for s in states.values()), (states, run.stdout)
-    assert states[search]["start"] >= states[profile]["end"]
+    assert states[search]["start"] >= max(states[ops]["end"], states[p2p]["end"])
+    assert states[p2p]["nodes"] == "node[1-2]"
+    assert (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
     assert all(states[job]["start"] >= states[search]["end"] for job in train)
     assert all(states[job]["nodes"] == "node[1-2]" for job in train)
     for plan in ("aceso", "megatron"):
