@@ -4,7 +4,7 @@ import pytest
 from conftest import ROOT, reproflow
 
 from reproflow.spec.errors import SuiteError
-from reproflow.spec.suite import format_slurm_time, load_suite, slurm_seconds
+from reproflow.spec.suite import format_slurm_time, load_suite, slurm_seconds, suite_toml
 
 GOOD = """
 [suite]
@@ -130,3 +130,14 @@ def test_a_rank_checks_only_its_own_experiment(write_suite):
         load_suite(path, only="odd-tiles")
     assert [e.name for e in load_suite(path, only="good").experiments] == ["good", "odd-tiles"]
     assert all(get_family(name) is fam for name, fam in families().items())
+
+
+def test_a_generated_suite_leaves_an_empty_launch_field_to_its_default() -> None:
+    """suite_toml: `network = ''` (loopback) is left out, a rate is written, and both load."""
+    import tomllib
+
+    exp = [{"name": "x", "family": "param_comms", "params": {}}]
+    plain = tomllib.loads(suite_toml({"description": "d"}, {"nodes": 2, "network": ""}, exp))
+    shaped = tomllib.loads(suite_toml({"description": "d"}, {"nodes": 2, "network": "1gbit"}, exp))
+    assert plain["launch"] == {"nodes": 2}
+    assert shaped["launch"] == {"nodes": 2, "network": "1gbit"}

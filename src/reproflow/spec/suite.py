@@ -409,9 +409,11 @@ def _toml_value(value: Any) -> str:
 
 
 def suite_toml(suite: Mapping[str, Any], launch: Mapping[str, Any], experiments: list[Mapping[str, Any]]) -> str:
-    """The text of a suite file (the tables `load_suite` reads), for commands that generate suites."""
+    """The text of a suite file (the tables `load_suite` reads), for commands that generate suites. A
+    launch field given as '' is left out: it takes its default (the string fields whose default is ''
+    are the ones a command leaves unset, e.g. `network` for loopback)."""
     text = ["[suite]", *(f"{k} = {_toml_value(v)}" for k, v in suite.items()), "",
-            "[launch]", *(f"{k} = {_toml_value(v)}" for k, v in launch.items())]
+            "[launch]", *(f"{k} = {_toml_value(v)}" for k, v in launch.items() if v != "")]
     for exp in experiments:
         text += ["", "[[experiment]]", *(f"{k} = {_toml_value(v)}" for k, v in exp.items())]
     return "\n".join(text) + "\n"

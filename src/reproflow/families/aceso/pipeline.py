@@ -380,14 +380,14 @@ def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], se
         exps += [{"name": name, "family": "aceso", "launch": launch, "params": {"kind": "p2p", **common}}
                  for name, launch in links]
     return suite_toml({"description": f"Aceso profile of {model_name} {size}: TP {tps}, micro-batches {mbs}"},
-                      {"nodes": 1, "time_limit": "04:00:00"} | ({"network": network} if network else {}), exps)
+                      {"nodes": 1, "time_limit": "04:00:00", "network": network}, exps)
 
 
 def train_suite(name: str, runs: list[tuple[str, str, Path]], nodes: int, gpus_per_node: int,
                 params: dict[str, object], network: str = "") -> str:
     """A suite training each (experiment, plan, config) on nodes x gpus_per_node ranks."""
-    return suite_toml({"description": f"Aceso runtime: {name}"}, {"nodes": nodes, "time_limit": "02:00:00"} | (
-                          {"network": network} if network else {}),
+    return suite_toml({"description": f"Aceso runtime: {name}"},
+                      {"nodes": nodes, "time_limit": "02:00:00", "network": network},
                       [{"name": exp, "family": "aceso", "launch": {"procs_per_node": gpus_per_node},
                         "params": {"kind": "train", "plan": plan, "config": str(config.resolve()), **params}}
                        for exp, plan, config in runs])

@@ -31,9 +31,8 @@ def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -
               "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs,
               "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
               "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
-    launch = {"nodes": args.nodes, "time_limit": "04:00:00"} | ({"network": args.network} if args.network else {})
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
-                      launch,
+                      {"nodes": args.nodes, "time_limit": "04:00:00", "network": args.network},
                       [{"name": f"{m}{f'-m{mesh}' if mesh else ''}-{p}", "family": "cfp",
                         "launch": {"procs_per_node": args.nproc // args.nodes},
                         "params": {"mode": p, "model": m, "mesh": mesh, **common}}
