@@ -35,7 +35,7 @@ from reproflow.reporting.claims import (
     deciding,
     median_ratio_interval,
     not_measured,
-    ratio_interval,
+    paired_ratio_interval,
     replicated_ratio_interval,
 )
 from reproflow.reporting.figures import save_figure
@@ -535,16 +535,18 @@ def _per_size(reports: Path, stem: str, value: Callable[[pd.Series], T | None]) 
     return found
 
 
-def _step_samples(frame: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
-    """Per "<model> <size>": each plan's per-iteration times (ms, the slowest rank's) on reproflow's layers."""
+def _step_samples(frame: pd.DataFrame) -> dict[str, dict[str, list[list[float]]]]:
+    """Per "<model> <size>": each plan's trainings on reproflow's layers (one job each, in the order
+    they ran), each as its per-iteration times (ms, the slowest rank's)."""
     if not {"metric", "plan", "model_name", "model_size"} <= set(frame.columns):
         return {}
     rows = frame[frame["metric"] == "step_ms"]
     if "tp_impl" in rows.columns:
         rows = rows[rows["tp_impl"] == "reproflow"]
-    out: dict[str, dict[str, list[float]]] = {}
+    out: dict[str, dict[str, list[list[float]]]] = {}
     for (plan, name, size), group in newest(rows).groupby(["plan", "model_name", "model_size"]):
-        out.setdefault(f"{name} {size}", {})[str(plan)] = group["value"].astype(float).tolist()
+        jobs = sorted(group.groupby("suite"), key=lambda job: str(job[1]["timestamp"].min()))
+        out.setdefault(f"{name} {size}", {})[str(plan)] = [job["value"].astype(float).tolist() for _, job in jobs]
     return out
 
 
@@ -585,7 +587,8 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
         if key in same:
             speed[key] = (1.0, (1.0, 1.0))
         elif "aceso" in runs and "megatron" in runs:
-            speed[key] = ratio_interval(runs["megatron"], runs["aceso"])
+            # Trained in turns (reproduce's rounds): the i-th training of one with the i-th of the other.
+            speed[key] = paired_ratio_interval(list(zip(runs["megatron"], runs["aceso"], strict=False)))
         else:
             speed[key] = (value, None)
     if speed:
@@ -603,19 +606,21 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
              "iteration time, the model that decides (0.9 to 1.1 holds)")
     cases, notes = {}, {}
     for key, (predicted, actual, first, beside) in _per_size(reports, "perf_model_time", _predictions).items():
-        runs = steps.get(key, {}).get("aceso")
+        # The training the profile after it is beside (the last) first, then the ones before it: the
+        # interval spans every training's, as the machine's speed drifted between them.
+        runs = steps.get(key, {}).get("aceso", [])[::-1]
         # Where the search returned the Megatron-LM plan itself, the plan's training is the same config
         # measured again, by another job, predicted from the ops profiled right after it where they
-        # were: the interval spans both pairs.
-        again = steps.get(key, {}).get("megatron") if key in same else None
+        # were: the interval spans those pairs too.
+        again = steps.get(key, {}).get("megatron", [])[::-1] if key in same else []
         second = predicted if pd.isna(beside) else beside
         # Over the median, as the runtime reports the iteration time: a slow iteration of a shared CPU
         # moves neither the ratio nor its interval much.
-        cases[key] = (replicated_ratio_interval([(predicted, runs), *([(second, again)] if again else [])]) if runs
-                      else (predicted / actual, None))
+        cases[key] = (replicated_ratio_interval([(predicted, r) for r in runs] + [(second, r) for r in again])
+                      if runs else (predicted / actual, None))
         said = [f"from the search's profile: {first / actual:.3f}"] if first != predicted else []
         if runs and again:
-            said.append(f"the same config trained again: {median_ratio_interval(second, again)[0]:.3f}")
+            said.append(f"the same config trained again: {median_ratio_interval(second, again[0])[0]:.3f}")
         if said:
             notes[key] = f" ({'; '.join(said)})"
     if cases:

@@ -144,8 +144,9 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
                 at = dict(zip(keys, key, strict=True))
                 where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
                 label = where if len(plans) == 1 else f"{where} {plan}"
+                span = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
                 cases.append(Claim("cfp", statement, ratio, measured, at_least=1.0, paper=paper,
-                                   target="cfp-search", interval=interval, detail=f"{label} {measured:.2f}x"))
+                                   target="cfp-search", interval=interval, detail=f"{label} {measured:.2f}x{span}"))
     if not cases:
         return not_measured("cfp", statement, ratio, f"no model ran both the cfp and {', '.join(ran)} plans",
                             paper=paper, target="cfp-search")

@@ -157,7 +157,7 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     """profile -> search -> train (Aceso's config and the Megatron-LM plan) -> the reference's tables."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
-    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0"]
+    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2"]
     run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
                     str(results), *short, *extra, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -192,6 +192,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
         assert (tables / name).is_file(), name
     for plan in ("aceso", "megatron"):
         assert list((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan
+    # Trained in turns: each config twice, each training its own suite (the megatron-core one once).
+    for r in (1, 2):
+        assert len(list(results.glob(f"aceso-train-*-round{r}.toml"))) == 2, sorted(results.glob("*.toml"))
     # A second run reuses everything: profiles, search and training are not repeated.
     again = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
                       str(results), *short, timeout=300)

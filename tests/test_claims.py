@@ -18,6 +18,7 @@ from reproflow.reporting.claims import (
     counts,
     deciding,
     median_ratio_interval,
+    paired_ratio_interval,
     pooled_ratio_interval,
     ratio_interval,
     replicated_ratio_interval,
@@ -84,6 +85,28 @@ def test_a_ratio_pooled_over_cases() -> None:
     assert pooled_ratio_interval([one]) == ratio_interval(*one)
     ratio, _ = pooled_ratio_interval([([2.0], [1.0]), ([1.0], [2.0])])  # 2x and 0.5x: a geometric mean of 1
     assert ratio == pytest.approx(1.0)
+
+
+def test_jobs_in_turns_take_the_interval_over_the_pairs() -> None:
+    """Each job's speed drifts (a factor per job, alike for both configs of a pair): the pairs' interval
+    covers the true ratio about 95 % of the time, where the samples pooled within jobs cover it far less."""
+    rng = np.random.default_rng(7)
+    paired = pooled = 0
+    for _ in range(300):
+        pairs = []
+        for _ in range(4):
+            drift = math.exp(rng.normal(0.0, 0.1))
+            pairs.append((samples(rng, 110 * drift * math.exp(rng.normal(0.0, 0.05)), 0.05, 8),
+                          samples(rng, 100 * drift * math.exp(rng.normal(0.0, 0.05)), 0.05, 8)))
+        low, high = paired_ratio_interval(pairs)[1]
+        paired += low <= 1.1 <= high
+        low, high = pooled_ratio_interval(pairs)[1]
+        pooled += low <= 1.1 <= high
+    assert 0.91 <= paired / 300 <= 0.98 and pooled / 300 < 0.8
+    one = (samples(rng, 120, 0.2, 6), samples(rng, 100, 0.1, 4))
+    assert paired_ratio_interval([one]) == ratio_interval(*one)
+    ratio, interval = paired_ratio_interval([([2.0, 2.0], [1.0]), ([4.0], [2.0, 2.0])])
+    assert ratio == pytest.approx(2.0) and interval == (pytest.approx(2.0), pytest.approx(2.0))
 
 
 def test_the_case_that_decides_a_claim_over_several() -> None:

@@ -136,6 +136,17 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     assert error.interval == (pytest.approx(100 / 104), pytest.approx(70 / 64))
     assert "gpt tiny 1.061 [0.962, 1.094] (from the search's profile: 0.950; the same config trained again: 1.000)" \
         in error.detail
+    # Trained in turns, two rounds: each round's pair gives a ratio (1.5 and 1.25), and the interval is
+    # over the pairs, so the drift between the rounds widens it past 1 on both sides of the mean.
+    (tmp_path / "aceso" / "e2e_same_config_small_gpt.csv").unlink()
+    def round_(plan: str, r: int, ms: list[float]) -> pd.DataFrame:
+        return steps(plan, "gpt", ms).assign(suite=f"aceso-train-{plan}-gpt-tiny-round{r}",
+                                              timestamp=f"2026-11-24T00:0{2 * r + (plan == 'megatron')}:00")
+    rows = pd.concat([round_("aceso", 1, [66.0, 66.0]), round_("megatron", 1, [99.0, 99.0]),
+                      round_("aceso", 2, [80.0, 80.0]), round_("megatron", 2, [100.0, 100.0])])
+    speed = claims(rows, tmp_path)[0]
+    assert speed.measured == pytest.approx((1.5 * 1.25) ** 0.5)
+    assert speed.interval[0] < 1.0 < 1.5 < speed.interval[1] and "gpt tiny 1.37x [" in speed.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

@@ -303,13 +303,14 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     Megatron-LM plan) as Slurm jobs chained with afterok; the training spans both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--num-nodes", "2", "--num-gpus-per-node", "1",
-                    "--time-budget-total", "1", "--train-iters", "2", "--train-seconds", "0", "--log-path", str(logs),
-                    "--results", str(results), "--submit")
+                    "--time-budget-total", "1", "--train-iters", "2", "--train-seconds", "0", "--train-rounds", "2",
+                    "--log-path", str(logs), "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
-    # profile (the ops on both nodes, then P2P between them), search, train aceso, train megatron (and
-    # megatron on megatron-core's layers, if installed)
-    assert len(lines) == 5 + (importlib.util.find_spec("megatron") is not None), run.stdout
+    # profile (the ops on both nodes, then P2P between them), search, then in two rounds: train aceso,
+    # train megatron (in round 1 also on megatron-core's layers, if installed)
+    mcore = importlib.util.find_spec("megatron") is not None
+    assert len(lines) == 7 + mcore, run.stdout
     ops, p2p, search, *train = [line.split(":", 1)[1].strip() for line in lines]
     states = {job: wait(job, timeout=600)[job] for job in (ops, p2p, search, *train)}
     assert all(s["state"] == "COMPLETED" for s in states.values()), (states, run.stdout)
@@ -318,6 +319,10 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     assert (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
     assert all(states[job]["start"] >= states[search]["end"] for job in train)
     assert all(states[job]["nodes"] == "node[1-2]" for job in train)
+    # In turns: each training starts once the ones before it ended.
+    *first, aceso2, megatron2 = train
+    assert states[aceso2]["start"] >= max(states[job]["end"] for job in first)
+    assert states[megatron2]["start"] >= states[aceso2]["end"]
     for plan in ("aceso", "megatron"):
         csvs = sorted((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*.csv"))
         assert len(csvs) == 2, plan  # one per rank, on both nodes

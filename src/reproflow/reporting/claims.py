@@ -9,7 +9,9 @@ Where the rows hold repeated samples (iterations, repeats), a claim carries a co
 its ratio (`ratio_interval`: a Welch t-interval on the logarithms, i.e. on the ratio of geometric
 means) and its verdict is three-valued: it holds when the whole interval is on the claim's side of the
 threshold, does not hold when the whole interval is on the other side, and is inconclusive when the
-interval straddles it; a single noisy ratio would decide by chance. A ratio of a single value to a
+interval straddles it; a single noisy ratio would decide by chance. Jobs of two configurations run in
+turns take the interval over the pairs (`paired_ratio_interval`): between jobs a shared machine's speed
+drifts more than within one. A ratio of a single value to a
 median (a predicted time over measured iterations) takes the median's distribution-free interval
 (`median_ratio_interval`; over runs of one configuration in separate jobs, each with the value taken
 beside it, the span of theirs: `replicated_ratio_interval`). A claim the hardware at hand cannot judge
@@ -155,6 +157,25 @@ def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
         return ratio, (ratio, ratio)
     df = se2 ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
     half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(se2)
+    return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
+
+
+def paired_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+    """Jobs run in turns, a pair at a time: the geometric mean over pairs of each pair's ratio of
+    geometric means (numerator's job over denominator's), with a t interval over the pairs' log ratios
+    (n - 1 degrees of freedom). Its spread is the one between jobs, a machine's speed drifting over
+    minutes, which no one job's samples show. One pair: `ratio_interval` of its samples."""
+    if len(pairs) < 2:
+        return pooled_ratio_interval(pairs, level)
+    logs = []
+    for numerator, denominator in pairs:
+        a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+        if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
+            raise ValueError("ratio intervals need positive samples on both sides")
+        logs.append(np.log(a).mean() - np.log(b).mean())
+    ratio = float(np.exp(np.mean(logs)))
+    half = float(stats.t.ppf((1 + level) / 2, len(logs) - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
 
 

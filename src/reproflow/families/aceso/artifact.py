@@ -59,6 +59,7 @@ class ReproduceRequest:
     processes: int = 0
     train_iters: int | None = None
     train_seconds: float | None = None
+    train_rounds: int | None = None
     until: str = "train"
     log_path: Path | None = None
     published: Path | None = None
@@ -88,8 +89,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
     """One of the artifact's settings, one command, with the artifact's own settings for every model.
 
     small: for each model, profile its ops, search configs, train the best config and the Megatron-LM
-    uniform plan with the same runtime (the plan also on megatron-core's tensor-parallel layers where
-    installed), then the reference's result scripts (figures 7, 8, 9). large and scale: the search and
+    uniform plan with the same runtime in turns (the plan also on megatron-core's tensor-parallel layers
+    where installed), then the reference's result scripts (figures 7, 8, 9). large and scale: the search and
     the plan on a profiled database (the artifact's), then the predicted throughput and search cost."""
     req = replace(req, log_path=req.log_path or Path("aceso-logs" if req.setting == "small" else "aceso-logs-large"),
                   cost_model=req.cost_model or ("runtime" if req.setting == "small" else "reference"))
@@ -103,8 +104,13 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     tiny = req.sizes == "tiny"
     targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.model in req.models]
-    train_iters = req.train_iters if req.train_iters is not None else (40 if tiny else 5)
-    train_seconds = req.train_seconds if req.train_seconds is not None else (10.0 if tiny else 0.0)
+    # tiny: the two configs in turns, four trainings each, so the ratio's interval spans the machine's
+    # drift between jobs (docs/aceso.md); each of its trainings 10 iterations, or on until 2.5 s
+    rounds = req.train_rounds if req.train_rounds is not None else (4 if tiny else 1)
+    if rounds < 1:
+        raise ReproflowError(f"--train-rounds {rounds}: each config trains at least once; give 1 or more.")
+    train_iters = req.train_iters if req.train_iters is not None else (10 if tiny else 5)
+    train_seconds = req.train_seconds if req.train_seconds is not None else (2.5 if tiny else 0.0)
     here = replace(where, after=(), force=False)
     mcore_impl: tuple[str, ...] = () if req.no_megatron_core else ("megatron-core",)
     if mcore_impl:
@@ -140,15 +146,22 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         searched = search(search_req, replace(here, after=tuple(profiled)))
         if req.until == "search":
             continue
-        after = (searched.job_id,) if where.submit else ()
-        # The plan on reproflow's layers last: its training is the one the profile after it pairs with.
-        for plan, impls in (("aceso", ("reproflow",)), ("megatron", (*mcore_impl, "reproflow"))):
-            train(TrainRequest(config=(folder,), plan=(plan,), num_nodes=nodes, num_gpus_per_node=gpn,
-                               train_iters=train_iters, train_seconds=train_seconds, seq_len=t.seq_len,
-                               dropout=0.1, log_path=root, tp_impl=impls, network=network),
-                  replace(here, after=after))
-            if not where.submit:
-                profile_after_training(prof, search_req, train_iters, plan, here)
+        after: tuple[str, ...] = (searched.job_id,) if where.submit else ()
+        trained = f"{rounds}x{train_iters}" if rounds > 1 else str(train_iters)
+        for r in range(1, rounds + 1):
+            # The plan on megatron-core's layers once; on reproflow's last: its training is the one the
+            # profile after it pairs with.
+            for plan, impls in (("aceso", ("reproflow",)),
+                                ("megatron", (*(mcore_impl if r == 1 else ()), "reproflow"))):
+                # Submitted, each training waits for the one before: in turns on the cluster too.
+                after = tuple(train(TrainRequest(config=(folder,), plan=(plan,), num_nodes=nodes,
+                                                 num_gpus_per_node=gpn, train_iters=train_iters,
+                                                 train_seconds=train_seconds, seq_len=t.seq_len, dropout=0.1,
+                                                 log_path=root, tp_impl=impls, network=network,
+                                                 round=r if rounds > 1 else 0),
+                                    replace(here, after=after))) or after
+                if r == rounds and not where.submit:
+                    profile_after_training(prof, search_req, trained, plan, here)
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
@@ -156,7 +169,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         results(name, "small", root, req.out or root / "results", req.published)
 
 
-def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, train_iters: int, plan: str,
+def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trained: str, plan: str,
                            where: Placement) -> Path:
     """Profile the ops of the config of `plan` just trained again, at once, and predict it from that
     profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks
@@ -165,8 +178,9 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trai
     much as the model, and so does one profile for two trainings. Only what the config uses is profiled
     (its ops' TP sizes, micro-batches and algos on as many ranks as before, the collectives of its TP and
     DP groups, P2P between its stages), into a database of this profile and the search's for the rest.
-    The suite is named after the plan and the training's iterations: a training run again with more of
-    them (a claim asking for samples) is profiled again after; a reused one is not."""
+    The suite is named after the plan and how it was trained (`trained`: its iterations, or rounds x
+    iterations): a training run again with more of them (a claim asking for samples) is profiled again
+    after; a reused one is not."""
     from reproflow.reporting.report import load_results
 
     setup = Setup(search_req)
@@ -181,7 +195,7 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trai
                          # groups across nodes are priced from the P2P link, not a collectives table
                          groups=sorted({n for t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
                          p2p=len(config.stages) > 1, nodes=prof.prof_num_nodes, network=prof.network)
-    name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{train_iters}"
+    name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{trained}"
     api.run_generated_suite(text, name, where)
     after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
     shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again

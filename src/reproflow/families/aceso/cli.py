@@ -255,13 +255,15 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=int, default=None,
-                   help="iterations per training, the first 2 untimed (default: 40 for tiny models, whose CPU "
-                   "iterations vary by about 10 %%, so that the median's interval is about +-5 %%; 5 for the "
+                   help="iterations per training, the first 2 untimed (default: 10 for tiny models, 5 for the "
                    "reference sizes)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help="more iterations than --train-iters until the timed ones take this many seconds (default: "
-                   "10 for tiny models: 40 iterations of the tiny Wide-ResNet take 2 s, and their median's "
-                   "interval was +-5 %%; 0 for the reference sizes)")
+                   "2.5 for tiny models, 0 for the reference sizes)")
+    p.add_argument("--train-rounds", type=int, default=None,
+                   help="trainings of each config, Aceso's and the Megatron-LM plan's in turns; the speed-up's "
+                   "interval is over the pairs, so it spans the machine's drift between jobs (default: 4 for "
+                   "tiny models, 1 for the reference sizes)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

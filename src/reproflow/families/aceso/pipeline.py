@@ -116,6 +116,7 @@ class TrainRequest:
     log_path: Path = Path("aceso-logs")
     tp_impl: tuple[str, ...] = ("reproflow",)
     network: str = ""  # run here: each emulated host's link (launch.network)
+    round: int = 0  # the N-th of trainings in turns (suites named -round<N>); 0: a training on its own
 
 
 class Setup:
@@ -422,7 +423,8 @@ def train(req: TrainRequest, where: Placement) -> list[str]:
         for impl in req.tp_impl:
             params = {"train_iters": req.train_iters, "train_seconds": req.train_seconds, "seq_len": req.seq_len,
                       "dropout": req.dropout, "log_path": str(req.log_path.resolve()), "tp_impl": impl}
-            name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
+            name = (f"aceso-train-{exp}" + (f"-round{req.round}" if req.round else "")
+                    + ("-mcore" if impl == "megatron-core" else ""))
             text = train_suite(name, [(exp, plan, config)], req.num_nodes, gpus // req.num_nodes, params,
                                req.network)
             ids += api.run_generated_suite(text, name, where)
