@@ -12,7 +12,16 @@ import pandas as pd
 import pytest
 from conftest import record_fault, reproflow, rows_lost
 
-from reproflow.launch.retry import CANCELLED, EXPERIMENT, INFRASTRUCTURE, OK, TIME_LIMIT, classify, fit
+from reproflow.launch.retry import (
+    CANCELLED,
+    EXPERIMENT,
+    INFRASTRUCTURE,
+    OK,
+    TIME_LIMIT,
+    classify,
+    fit,
+    recorded_failures,
+)
 from reproflow.reporting.report import load_results
 from reproflow.store.files import append_line, atomic_write
 from reproflow.store.provenance import REDACTED, redact_environment
@@ -207,6 +216,27 @@ def test_failure_taxonomy(state, log, down, category, words):
     verdict = classify("42", state, log, down)
     assert verdict.category == category and words in verdict.reason, verdict
     assert verdict.nodes == (down if category == INFRASTRUCTURE else ())
+
+
+def test_a_node_is_blamed_from_slurms_event_log_even_when_it_is_idle_again():
+    """`sacctmgr -n -P show event nodes=node1,node2 start=<job start> format=...` as the test cluster
+    printed it after node2 was set down mid-job and came back three seconds later (ReturnToService=2):
+    the closed event still blames node2; events after the job ended, of other nodes, or not a failure
+    do not."""
+    recorded = ["node2|2026-11-25T10:01:02|2026-11-25T10:01:05|DOWN|reproflow-fault-test",
+                "node2|2026-11-25T10:01:02|2026-11-25T10:01:05|DOWN*|Not responding",
+                "node1|2026-11-25T10:09:00|Unknown|DRAIN|after the job",
+                "node3|2026-11-25T10:01:00|Unknown|DOWN|not the job's",
+                "node1|2026-11-25T10:00:30|2026-11-25T10:00:31|IDLE|"]
+    blamed = recorded_failures(recorded, ["node1", "node2"], end="2026-11-25T10:01:04")
+    assert blamed == {"node2": "node2 DOWN at 2026-11-25T10:01:02, back 2026-11-25T10:01:05: reproflow-fault-test"}
+    assert set(recorded_failures(recorded, ["node1", "node2"], end="Unknown")) == {"node1", "node2"}
+    assert "still out: after the job" in recorded_failures(recorded, ["node1"], end="")["node1"]
+    verdict = classify("42", "NODE_FAIL", "", blamed, f"Slurm's event log: {blamed['node2']}")
+    assert verdict.nodes == ("node2",) and verdict.line().endswith(
+        "; nodes blamed: node2 (Slurm's event log: node2 DOWN at 2026-11-25T10:01:02, back 2026-11-25T10:01:05: "
+        "reproflow-fault-test)")
+    assert classify("42", "OUT_OF_MEMORY", "", blamed, "x").nodes == ()
 
 
 def test_retry_keeps_the_rank_count_on_fewer_nodes():

@@ -148,7 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if job.state in retry.FINAL_STATES - {"COMPLETED"}:
             folder = folders.get(job.job_id) or folders.get(job.job_id.split("_")[0])
             log = retry.job_log(folder, job.job_id) if folder else retry.batch_log(job)
-            print("  " + retry.classify(job.job_id, job.state, log, retry.failed_nodes(job, log)).line())
+            print("  " + retry.classify(job.job_id, job.state, log, *retry.failed_nodes(job, log)).line())
     return 0
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from reproflow.launch import shell
 from reproflow.launch.shell import run_lines
 from reproflow.launch.status import SlurmJob
 
@@ -74,21 +75,27 @@ class Verdict:
     category: str
     reason: str
     nodes: tuple[str, ...] = ()
+    evidence: str = ""  # where the blamed nodes were read
 
     def line(self) -> str:
         where = f"; nodes blamed: {','.join(self.nodes)}" if self.nodes else ""
+        where += f" ({self.evidence})" if self.nodes and self.evidence else ""
         return f"job {self.job_id}: {self.state} -> {self.category}: {self.reason}{where}"
 
 
-def classify(job_id: str, state: str, log: str, down: Iterable[str] = ()) -> Verdict:
-    """Classify a finished job from its Slurm state, its logs, and those of its nodes that are now down."""
+def classify(job_id: str, state: str, log: str, down: Iterable[str] = (), evidence: str = "") -> Verdict:
+    """Classify a finished job from its Slurm state, its logs, and its nodes that failed while it ran
+    (`failed_nodes`: the nodes and where that was read)."""
     down = tuple(sorted(down))
     state = state.split()[0] if state else "UNKNOWN"
     if state in _STATE:
         category, reason = _STATE[state]
-        return Verdict(job_id, state, category, reason + _culprit(log), down if category == INFRASTRUCTURE else ())
+        if category != INFRASTRUCTURE:  # a job out of memory or out of time blames no node
+            down, evidence = (), ""
+        return Verdict(job_id, state, category, reason + _culprit(log), down, evidence)
     if down:
-        return Verdict(job_id, state, INFRASTRUCTURE, f"node(s) {','.join(down)} went down during the job", down)
+        return Verdict(job_id, state, INFRASTRUCTURE, f"node(s) {','.join(down)} went down during the job", down,
+                       evidence)
     if state == "CANCELLED":
         return Verdict(job_id, state, CANCELLED, "cancelled (scancel, or the administrator)")
     for category, pattern, reason in _LOG:
@@ -128,34 +135,58 @@ def job_state(job_id: str) -> SlurmJob:
     return SlurmJob(job_id, "", "UNKNOWN", "", "", "")
 
 
-def failed_nodes(job: SlurmJob, log: str = "", settle_s: float = 20.0) -> list[str]:
-    """The job's nodes that went down, drained or failed while it ran: from the cluster's event log
-    (sacctmgr), srun's "Node failure on <node>" lines in the job's log, and the nodes unusable now.
+# What sacctmgr prints of a node event, one per line (-n -P): the node, when it went down (or drained, or
+# failed) and came back ("Unknown" while it is still out), its state and the administrator's reason.
+EVENT_FORMAT = "NodeName,TimeStart,TimeEnd,State,Reason"
 
-    A node an administrator set down may be back by the time the job is classified (ReturnToService),
-    so its current state alone would hide it; and slurmctld hands the event to slurmdbd a little
-    after the job's state, so a NODE_FAIL job whose event is not there yet is asked again for
-    up to `settle_s` seconds.
+
+def recorded_failures(lines: Iterable[str], nodes: Collection[str], end: str) -> dict[str, str]:
+    """From `sacctmgr show event` lines (EVENT_FORMAT) asked from the job's start: each of the job's
+    `nodes` that an event took down, drained or failed before the job's `end` ('' or Unknown: not
+    ended), with the event in words. An event closed since (the node idle again) still counts."""
+    found: dict[str, str] = {}
+    for line in lines:
+        name, start, back, state, reason = ([*line.split("|"), "", "", "", ""])[:5]
+        if name in nodes and (not end or end == "Unknown" or start <= end) and re.search(r"DOWN|DRAIN|FAIL", state):
+            again = f", back {back}" if back and back != "Unknown" else ", still out"
+            found.setdefault(name, f"{name} {state} at {start}{again}" + (f": {reason}" if reason else ""))
+    return found
+
+
+def failed_nodes(job: SlurmJob, log: str = "", settle_s: float = 60.0) -> tuple[list[str], str]:
+    """The job's nodes that went down, drained or failed while it ran, and where that was read: Slurm's
+    node events in the job's time window (sacctmgr; accounting), srun's "Node failure on <node>" lines
+    in the job's log; without accounting, the nodes unusable now.
+
+    A node set down comes back on its own under ReturnToService, often before the job is classified,
+    so its state afterwards would hide it; the event log keeps it. slurmctld hands the event to
+    slurmdbd a little after the job's state, so a NODE_FAIL job whose event is not there yet is asked
+    again for up to `settle_s` seconds.
     """
     nodes = hostnames(job.nodelist)
     if not nodes:
-        return []
-    bad = {n for n in re.findall(r"[Nn]ode failure on (\S+?)[\s,.:]", log) if n in nodes}
+        return [], ""
+    srun = re.findall(r"[Nn]ode failure on (\S+?)[\s,.:]", log)
+    said = {n: f"srun: node failure on {n}" for n in srun if n in nodes}
+    if not job.start or job.start == "Unknown":
+        return sorted(said), "; ".join(said.values())
     deadline = time.monotonic() + (settle_s if job.state in ("NODE_FAIL", "BOOT_FAIL") else 0.0)
-    while job.start and job.start != "Unknown":
-        cmd = ["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(nodes)}", f"start={job.start}",
-               "format=NodeName,TimeStart,State"]
-        for line in run_lines(cmd):
-            name, start, state = ([*line.split("|"), "", ""])[:3]
-            if name in nodes and (not job.end or job.end == "Unknown" or start <= job.end) and \
-                    re.search(r"DOWN|DRAIN|FAIL", state):
-                bad.add(name)
-        if bad or time.monotonic() > deadline:
+    while True:
+        asked = shell.run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(nodes)}", f"start={job.start}",
+                           f"format={EVENT_FORMAT}"])
+        if asked is None or asked.returncode != 0:
+            # No accounting: the nodes' state now is all there is, and a node already back is missed.
+            now = node_states()
+            down = {n: f"{n} {now[n]} now" for n in nodes if n in now and not usable(now[n])}
+            found = {**down, **said}
+            why = "no accounting (sacctmgr show event failed): blamed from the nodes' state now"
+            return sorted(found), "; ".join([*found.values(), why])
+        events = recorded_failures(asked.stdout.splitlines(), nodes, job.end)
+        if events or time.monotonic() > deadline:
             break
         time.sleep(1.0)
-    now = node_states()
-    bad.update(n for n in nodes if n in now and not usable(now[n]))
-    return sorted(bad)
+    found = {**said, **{n: f"Slurm's event log: {e}" for n, e in events.items()}}
+    return sorted(found), "; ".join(found.values())
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -271,7 +302,7 @@ def verdicts(jobs: dict[str, SlurmJob], folder: Path) -> list[Verdict]:
     out = []
     for job_id, job in jobs.items():
         log = job_log(folder, job_id)
-        out.append(classify(job_id, job.state, log, failed_nodes(job, log)))
+        out.append(classify(job_id, job.state, log, *failed_nodes(job, log)))
     return out
 
 
