@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +115,39 @@ def pytest_terminal_summary(terminalreporter) -> None:
     survived = sum(f["survived"] for f in FAULTS) + BAD_INPUTS["inputs"] - BAD_INPUTS["failed"]
     tr.write_line(f"{injected} faults injected, {survived} survived, {sum(f['rows_lost'] for f in FAULTS)} rows lost, "
                   f"{sum(f['hung'] for f in FAULTS)} hangs")
+
+
+def find_chromium() -> str | None:
+    """Debian's Chromium binary (the wrapper script's target first), or None."""
+    for candidate in ("/usr/lib/chromium/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def chromium_tab() -> Iterator[tuple[Any, list[str]]]:
+    """A tab of a real headless Chromium (Debian's, driven by Playwright), 1280 x 900, and the list its
+    console errors, page errors and failed loads go to; skips where Chromium or its driver is missing."""
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("Chromium is not installed (make test installs Debian's chromium with tests/packages.sh)")
+    import playwright
+    from playwright.sync_api import sync_playwright
+
+    driver = subprocess.run([str(Path(playwright.__file__).parent / "driver" / "node"), "--version"],
+                            capture_output=True, text=True)
+    if driver.returncode != 0:
+        pytest.skip(f"Playwright's driver does not start here ({driver.stderr.strip()}); make test installs "
+                    "the libatomic1 it needs with tests/packages.sh")
+    errors: list[str] = []
+    with sync_playwright() as session:
+        browser = session.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on("requestfailed", lambda request: errors.append(f"failed to load {request.url}"))
+        try:
+            yield tab, errors
+        finally:
+            browser.close()

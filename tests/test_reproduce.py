@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT, reproflow
+from conftest import ROOT, chromium_tab, reproflow
 
 from reproflow.app.reproduce.estimate import Estimate
 from reproflow.app.reproduce.plan import PLAN, Plan, Step, Target, load_plan
@@ -352,36 +349,10 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
     assert manifest["files"]["reports/report.html"]["sha256"] == hashlib.sha256(page_member).hexdigest()
 
 
-def find_chromium() -> str | None:
-    """Debian's Chromium binary (the wrapper script's target first), or None."""
-    for candidate in ("/usr/lib/chromium/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def _check_in_chromium(page: Path, figures: int) -> None:
     """The page in a real headless Chromium (Debian's, driven by Playwright): it loads, every figure
     decodes and is laid out, every link resolves, no console error; screenshots for a reader."""
-    binary = find_chromium()
-    if binary is None:
-        pytest.skip("Chromium is not installed (make test installs Debian's chromium with tests/packages.sh)")
-    import playwright
-    from playwright.sync_api import sync_playwright
-
-    driver = subprocess.run([str(Path(playwright.__file__).parent / "driver" / "node"), "--version"],
-                            capture_output=True, text=True)
-    if driver.returncode != 0:
-        pytest.skip(f"Playwright's driver does not start here ({driver.stderr.strip()}); make test installs "
-                    "the libatomic1 it needs with tests/packages.sh")
-
-    errors: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        tab = browser.new_page(viewport={"width": 1280, "height": 900})
-        tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        tab.on("requestfailed", lambda request: errors.append(f"failed to load {request.url}"))
+    with chromium_tab() as (tab, errors):
         tab.goto(page.as_uri(), wait_until="load")
         assert tab.title() == "reproflow report"
         # Every figure decoded and laid out.
@@ -400,5 +371,4 @@ def _check_in_chromium(page: Path, figures: int) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         top = tab.screenshot(path=ARTIFACTS / "report-top.png")
         full = tab.screenshot(path=ARTIFACTS / "report-full.png", full_page=True)
-        browser.close()
     assert len(top) > 10_000 and len(full) > len(top)

@@ -234,6 +234,29 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Set later runs against the first; exit 1 when a metric is slower beyond --fail-below."""
+    import tempfile
+
+    from reproflow.reporting.compare import open_run, write_comparison
+
+    if len(args.runs) < 2:
+        raise ReproflowError(f"compare needs two runs or more, got {len(args.runs)}: give the first (the "
+                             "baseline) and the ones to set against it, as results folders or archives.")
+    if args.fail_below is not None and not 0 < args.fail_below <= 1:
+        raise ReproflowError(f"--fail-below {args.fail_below}: give the speed below which a metric fails, "
+                             "between 0 and 1 (0.95: more than 5 % slower, the whole interval).")
+    with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch:
+        runs = [open_run(source, Path(scratch)) for source in args.runs]
+        paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
+    print(text)
+    print(f"reproflow: {', '.join(str(p) for p in paths)}")
+    if slower:
+        print(f"reproflow: {slower} metric(s) slower than {args.fail_below:g} of the first run's (the whole "
+              "interval); exit 1", file=sys.stderr)
+    return 1 if slower else 0
+
+
 def _targets_help() -> str:
     """The plan's targets, for `reproflow reproduce --help`."""
     from reproflow.app.reproduce.plan import PLAN, load_plan
@@ -387,6 +410,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports", default="reports", help="report folder")
     p.add_argument("--logs", default="logs", help="logs folder")
     p.set_defaults(func=cmd_archive)
+
+    p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",
+                       formatter_class=fmt,
+                       description="Set each later run against the first: points matched by suite, experiment, "
+                                   "parameters and metric; per metric the ratio of the repeats' geometric means "
+                                   "with its 95 %% interval and a verdict (a rate better higher, a time lower); "
+                                   "points in one run only listed; what differs in the runs' provenance first. "
+                                   "Writes compare.md and a self-contained compare.html with the runs' curves "
+                                   "overlaid.")
+    p.add_argument("runs", nargs="+", help="results folders or `reproflow archive` files, the first the baseline")
+    p.add_argument("--out", default="compare", help="folder for compare.md, compare.html and the figures")
+    p.add_argument("--fail-below", type=float, default=None,
+                   help="exit 1 when a metric's speed against the first run is below this with its whole "
+                   "interval (0.95: more than 5 %% slower); default: off")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

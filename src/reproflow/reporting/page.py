@@ -88,7 +88,8 @@ def _html_claims(claims: list[Claim]) -> str:
     return f"<div class=scroll><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
-def _html_table(data: pd.DataFrame) -> str:
+def html_table(data: pd.DataFrame) -> str:
+    """A frame as an HTML table, folded (<details>) past FOLD_ROWS rows."""
     text = '<div class="scroll">' + data.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
                                                  border=0) + "</div>"
     if len(data) <= FOLD_ROWS:
@@ -96,13 +97,14 @@ def _html_table(data: pd.DataFrame) -> str:
     return f"<details><summary>{len(data)} rows</summary>{text}</details>"
 
 
-def _html_files(files: list[Path]) -> str:
+def html_files(files: list[Path]) -> str:
+    """Written tables (CSV, with their markdown twins' title and note) and figures (PNG, inlined) as HTML."""
     parts = []
     for path in files:
         if path.suffix == ".csv":
             title, data, note = _table_parts(path)
             parts.append(f"<h3>{html.escape(title)}</h3><p class=note>{html.escape(path.name)}</p>"
-                         + _html_table(data) + (f"<p class=note>{html.escape(note)}</p>" if note else ""))
+                         + html_table(data) + (f"<p class=note>{html.escape(note)}</p>" if note else ""))
         elif path.suffix == ".png":
             data = base64.b64encode(path.read_bytes()).decode()
             parts.append(f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
@@ -192,20 +194,20 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     nav = " ".join(f'<a href="#{_anchor(s.family)}">{html.escape(s.family)}</a>' for s in sections)
     nav += ' <a href="#claims">claims</a>' + "".join(f' <a href="#{a}">{a}</a>' for a, _, _ in extra)
     body = [f"<h1>reproflow report</h1><p>{html.escape(summary)}</p><nav>{nav}</nav>",
-            f'<section id="claims"><h2>Claims</h2>{_html_files(list(lead))}{_html_claims(claims)}</section>']
+            f'<section id="claims"><h2>Claims</h2>{html_files(list(lead))}{_html_claims(claims)}</section>']
     md = [f"# reproflow report\n\n{summary}\n", "## Claims\n", _md_files(list(lead), out_dir),
           _md_table(_claims_frame(claims))]
     for s in sections:
         body.append(f'<section id="{_anchor(s.family)}"><h2>{html.escape(s.family)}</h2><p>{html.escape(s.summary)}'
-                    f"</p>{_html_claims(s.claims) if s.claims else ''}{_html_files(s.files)}"
+                    f"</p>{_html_claims(s.claims) if s.claims else ''}{html_files(s.files)}"
                     + ("" if s.files else "<p>No results of this family.</p>") + "</section>")
         md.append(f"## {s.family}\n\n{s.summary}\n\n{_md_files(s.files, out_dir) or 'No results of this family.'}\n")
     for anchor, title, frame in extra:
-        body.append(f'<section id="{anchor}"><h2>{title}</h2>{_html_table(frame) if len(frame) else "<p>none</p>"}'
+        body.append(f'<section id="{anchor}"><h2>{title}</h2>{html_table(frame) if len(frame) else "<p>none</p>"}'
                     "</section>")
         md.append(f"## {title}\n\n{_md_table(frame) if len(frame) else 'none'}\n")
     if left_out:
-        body.append("<section><h2>Left out</h2>" + _html_files(left_out) + "</section>")
+        body.append("<section><h2>Left out</h2>" + html_files(left_out) + "</section>")
         md.append("## Left out\n\n" + _md_files(left_out, out_dir))
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>reproflow report</title>'
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")

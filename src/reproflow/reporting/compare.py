@@ -1,0 +1,244 @@
+"""Runs against runs (`reproflow compare A B [C ...]`): each later run set against the first.
+
+Points are matched by suite, experiment, point (its parameters) and metric. Per metric: the ratio of
+the later run's repeated samples to the first's (geometric means) with its 95 % interval, the claims'
+statistics (`ratio_interval`), and a verdict oriented by the metric's unit: a rate (.../s) is better
+higher, a time (s, ms, us, ns) lower; *faster* or *slower* when the whole interval is on one side of
+1, else the same within noise. Metrics that are neither (counts, bytes, variances) are matched but not
+judged. Points measured in one run only are listed, never dropped. What differs between the runs'
+provenance (commit, image, hardware, versions, nodes) is said first.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from reproflow.reporting.claims import LEVEL, ratio_interval
+from reproflow.reporting.figures import save_figure
+from reproflow.reporting.page import CSS, html_table, to_markdown
+from reproflow.reporting.report import load_results, newest
+from reproflow.spec.errors import ReproflowError
+from reproflow.spec.family import AGGREGATE
+from reproflow.store.files import atomic_write
+from reproflow.store.results import RESERVED
+
+FASTER, SLOWER, SAME, NOT_JUDGED = "faster", "slower", "same within noise", "not judged"
+TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
+KEY = ["suite", "experiment", "point", "metric"]
+# Provenance that makes two runs different machines or software; said at the top when it differs.
+MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
+            "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
+            "nccl_version")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's rows, and what it was given as."""
+
+    label: str
+    frame: pd.DataFrame
+
+
+def open_run(source: str, scratch: Path) -> Run:
+    """A results folder, or a `reproflow archive` file (unpacked under `scratch`), as a Run."""
+    path = Path(source)
+    if path.is_dir():
+        results = path
+    elif path.is_file() and tarfile.is_tarfile(path):
+        into = scratch / f"{len(list(scratch.iterdir()))}"
+        with tarfile.open(path) as tar:
+            tar.extractall(into, filter="data")
+        found = sorted(into.glob("*/results"))
+        if not found:
+            raise ReproflowError(f"{source}: this archive holds no results/ folder. Give an archive written by "
+                                 "`reproflow archive`, or the results folder itself.")
+        results = found[0]
+    else:
+        raise ReproflowError(f"{source}: not a results folder or an archive. Give the --results folder of a run "
+                             "(reproflow run, submit or reproduce) or a .tar.gz written by `reproflow archive`.")
+    frame = load_results(results)
+    if frame.empty:
+        raise ReproflowError(f"{source}: no result rows in it. Give a folder a run wrote rows into.")
+    return Run(source, frame)
+
+
+def direction(unit: str) -> int:
+    """+1 where higher is better (a rate), -1 where lower is (a time), 0 where neither is."""
+    unit = str(unit)
+    if unit.endswith("/s"):
+        return 1
+    return -1 if unit in TIME_UNITS else 0
+
+
+def samples(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per point and metric: its unit and its repeated samples (the newest run of the point;
+    values aggregated across ranks where it has them, else rank 0's)."""
+    rows = newest(frame)
+    aggregated = rows[rows["rank"].astype(str) == AGGREGATE]
+    first_rank = rows[rows["rank"].astype(str) == "0"]
+    rows = pd.concat([aggregated, first_rank[~first_rank.set_index(KEY).index.isin(aggregated.set_index(KEY).index)]])
+    grouped = rows.groupby(KEY, sort=True)
+    return pd.DataFrame({"unit": grouped["unit"].first().astype(str),
+                         "values": grouped["value"].agg(lambda v: [float(x) for x in v if np.isfinite(x)])})
+
+
+def verdict(ratio: float, interval: tuple[float, float] | None, sign: int) -> str:
+    """faster, slower or the same within noise, for a ratio later / first of a metric of `direction` sign."""
+    if sign == 0 or interval is None:
+        return NOT_JUDGED
+    if interval[0] > 1.0:
+        return FASTER if sign > 0 else SLOWER
+    if interval[1] < 1.0:
+        return SLOWER if sign > 0 else FASTER
+    return SAME
+
+
+def compare(first: Run, later: Run) -> pd.DataFrame:
+    """Every metric of the points both runs measured: samples, medians, ratio later / first with its
+    interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
+    a, b = samples(first.frame), samples(later.frame)
+    both = a.merge(b, left_index=True, right_index=True, suffixes=("_a", "_b"))
+    out = []
+    for key, row in both.iterrows():
+        xa, xb = row["values_a"], row["values_b"]
+        if not xa or not xb or min(xa + xb) <= 0:
+            continue  # nothing to take a ratio of (zero errors, an empty metric)
+        ratio, interval = ratio_interval(xb, xa)
+        sign = direction(row["unit_a"])
+        low, high = interval or (math.nan, math.nan)
+        # A time's speed is its inverse: above 1 is better for every judged metric.
+        speed = (1 / ratio, 1 / high, 1 / low) if sign < 0 else (ratio, low, high)
+        out.append({**dict(zip(KEY, key, strict=True)), "unit": row["unit_a"], "n_a": len(xa), "n_b": len(xb),
+                    "median_a": float(np.median(xa)), "median_b": float(np.median(xb)), "ratio": ratio,
+                    "low": low, "high": high, "speed": speed[0], "speed_low": speed[1], "speed_high": speed[2],
+                    "verdict": verdict(ratio, interval, sign)})
+    return pd.DataFrame(out, columns=[*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high",
+                                      "speed", "speed_low", "speed_high", "verdict"])
+
+
+def only_in_one(first: Run, later: Run) -> pd.DataFrame:
+    """The points (suite, experiment, point) one of the two runs measured and the other did not."""
+    points = [set(map(tuple, samples(r.frame).reset_index()[KEY[:3]].drop_duplicates().to_numpy()))
+              for r in (first, later)]
+    rows = [(*p, first.label) for p in sorted(points[0] - points[1])]
+    rows += [(*p, later.label) for p in sorted(points[1] - points[0])]
+    return pd.DataFrame(rows, columns=[*KEY[:3], "only in"])
+
+
+def differences(runs: Sequence[Run]) -> pd.DataFrame:
+    """The provenance columns whose values differ between the runs: one row each, a column per run."""
+    rows = []
+    for column in MANIFEST:
+        seen = [", ".join(sorted({str(v) for v in r.frame[column].dropna().unique()}))
+                if column in r.frame.columns else "" for r in runs]
+        if len(set(seen)) > 1:
+            rows.append({"provenance": column, **{r.label: s for r, s in zip(runs, seen, strict=True)}})
+    return pd.DataFrame(rows)
+
+
+def regressions(table: pd.DataFrame, fail_below: float) -> pd.DataFrame:
+    """Metrics slower beyond `fail_below`: the whole interval of their speed below it."""
+    return table[(table["verdict"] == SLOWER) & (table["speed_high"] < fail_below)]
+
+
+def _coordinate(frame: pd.DataFrame) -> str | None:
+    """The numeric parameter that varies most across an experiment's points (a message size, a
+    matrix size): the x axis its curves are drawn over; None where none varies."""
+    best, most = None, 1
+    for column in frame.columns:
+        if column in RESERVED or not pd.api.types.is_numeric_dtype(frame[column]):
+            continue
+        distinct = frame[column].nunique()
+        if distinct > most:
+            best, most = column, distinct
+    return best
+
+
+def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """A figure per experiment and judged metric with a coordinate: each run's medians against it,
+    overlaid (one line per run and per setting of the other parameters)."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    judged = table[table["verdict"] != NOT_JUDGED][["suite", "experiment", "metric", "unit"]].drop_duplicates()
+    for suite, experiment, metric, unit in judged.itertuples(index=False):
+        parts = [r.frame[(r.frame["suite"] == suite) & (r.frame["experiment"] == experiment)
+                         & (r.frame["metric"] == metric)] for r in runs]
+        x = _coordinate(pd.concat(parts))
+        if x is None:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for run, part, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
+            rows = newest(part)
+            rows = rows[rows["rank"].astype(str) == AGGREGATE] if (rows["rank"].astype(str) == AGGREGATE).any() \
+                else rows[rows["rank"].astype(str) == "0"]
+            others = [c for c in rows.columns if c not in RESERVED and c != x and rows[c].nunique() > 1]
+            for setting, group in (rows.groupby(others) if others else [((), rows)]):
+                medians = group.groupby(x)["value"].median().sort_index()
+                label = run.label + (f" {setting}" if others else "")
+                ax.plot(medians.index, medians.to_numpy(), style, ms=3, label=label)
+        span = pd.concat(parts)[x].dropna()
+        if len(span) and span.min() > 0 and span.max() / span.min() >= 100:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{metric} ({unit}), median")
+        ax.set_title(f"{suite} / {experiment}: {metric}", fontsize=9)
+        ax.legend(fontsize=6)
+        figures += [p for p in save_figure(fig, out_dir, f"compare_{suite}_{experiment}_{metric}")
+                    if p.suffix == ".png"]
+    return figures
+
+
+def write_comparison(runs: Sequence[Run], out_dir: Path,
+                     fail_below: float | None = None) -> tuple[list[Path], str, int]:
+    """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, the markdown
+    (the summary and the tables) and how many metrics are slower beyond `fail_below`."""
+    first, later = runs[0], runs[1:]
+    tables = [(run, compare(first, run), only_in_one(first, run)) for run in later]
+    slower = 0
+    intro = (f"Each run against {first.label}: ratio = later / first of the geometric means of the repeats, with "
+             f"its {LEVEL:.0%} interval; faster or slower when the whole interval is on one side of 1 (a rate "
+             "higher, a time lower), else the same within noise.")
+    md = [f"# reproflow compare\n\n{intro}\n"]
+    body = [f"<h1>reproflow compare</h1><p>{html.escape(intro)}</p>"]
+    differ = differences(runs)
+    text = ("What differs between the runs (their rows' provenance):" if len(differ)
+            else "The runs' provenance (commit, image, hardware, versions, nodes) is the same.")
+    md.append(f"{text}\n\n{to_markdown(differ) if len(differ) else ''}")
+    body.append(f"<p>{html.escape(text)}</p>{html_table(differ) if len(differ) else ''}")
+    for run, table, alone in tables:
+        counts = table["verdict"].value_counts()
+        summary = (f"{run.label} against {first.label}: {len(table)} metrics matched: "
+                   + ", ".join(f"{counts.get(v, 0)} {v}" for v in (FASTER, SLOWER, SAME, NOT_JUDGED))
+                   + f"; {len(alone)} point(s) in one run only.")
+        if fail_below is not None:
+            worse = regressions(table, fail_below)
+            slower += len(worse)
+            summary += f" Slower than {fail_below:g} of the first run's (the whole interval): {len(worse)}."
+        shown = table.drop(columns=["speed_low", "speed_high"])
+        md += [f"## {run.label}\n\n{summary}\n", to_markdown(shown)]
+        body.append(f"<section><h2>{html.escape(run.label)}</h2><p>{html.escape(summary)}</p>{html_table(shown)}")
+        if len(alone):
+            md += ["Points in one run only:\n", to_markdown(alone)]
+            body.append(f"<h3>Points in one run only</h3>{html_table(alone)}")
+        body.append("</section>")
+    figures = overlay(runs, pd.concat([t for _, t, _ in tables]), out_dir)
+    for path in figures:
+        data = base64.b64encode(path.read_bytes()).decode()
+        body.append(f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+                    f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+    md += [f"![{p.stem}]({p.name})\n" for p in figures]
+    paths = [out_dir / "compare.md", out_dir / "compare.html"]
+    atomic_write(paths[0], "\n".join(md))
+    atomic_write(paths[1], f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>reproflow compare'
+                           f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return paths, "\n".join(md), slower

@@ -1,0 +1,102 @@
+"""`reproflow compare`: two runs' rows as written to disk, matched point by point, each metric judged
+faster, slower or the same within noise, the page checked in a real browser."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from conftest import chromium_tab, reproflow
+
+from reproflow.reporting.compare import FASTER, NOT_JUDGED, SAME, SLOWER, compare, differences, only_in_one, open_run
+from reproflow.spec.family import Measurement
+from reproflow.store.files import atomic_write
+from reproflow.store.provenance import Provenance
+from reproflow.store.results import make_rows, point_path, rows_to_csv
+
+SIZES = (1024, 65536, 4194304)
+
+
+def write_run(results: Path, seed: int, *, busbw: float, latency: float, commit: str, device: str,
+              sizes: tuple[int, ...] = SIZES) -> None:
+    """A comms suite as a run writes it: per message size, 8 repeats of busBW and latency (spread 3 %)
+    and an error count."""
+    rng = np.random.default_rng(seed)
+    prov = Provenance("7", "node[1-2]", 2, "gloo", "cpu", device, "2.13.0", "", commit, "", "")
+    for size in sizes:
+        noise = np.exp(rng.normal(0.0, 0.03, 8))
+        measured = [(r, m) for r, n in enumerate(noise) for m in (
+            Measurement("busbw", busbw * n * size / SIZES[-1], "GB/s", {"size_bytes": size}),
+            Measurement("latency_p50_us", latency / n * (1 + size / 1e6), "us", {"size_bytes": size}),
+            Measurement("wrong_elements", 0.0, "count", {"size_bytes": size}))]
+        key = f"size={size}"
+        rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms", "point": key},
+                         {"collective": "all_reduce"}, measured, prov)
+        atomic_write(point_path(results, "comms", "c", key), rows_to_csv(rows))
+
+
+def test_each_metric_is_judged_against_the_first_run(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    write_run(tmp_path / "b", 2, busbw=13.0, latency=100.0, commit="bbb", device="cpu B", sizes=(*SIZES[1:], 2**24))
+    runs = [open_run(str(tmp_path / name), tmp_path) for name in ("a", "b")]
+    table = compare(*runs).set_index(["point", "metric"])
+    # busBW 1.3x: faster, its interval around 1.3; the latency unchanged: the same within noise.
+    busbw = table.loc[("size=65536", "busbw")]
+    assert busbw["verdict"] == FASTER and busbw["low"] < 1.3 < busbw["high"] and busbw["n_a"] == busbw["n_b"] == 8
+    assert set(table.xs("latency_p50_us", level="metric")["verdict"]) == {SAME}
+    # An error count is matched, neither a rate nor a time: not judged; zeros have no ratio and are left.
+    assert "wrong_elements" not in set(table.index.get_level_values("metric"))
+    # Points in one run only are listed, never dropped.
+    alone = only_in_one(*runs)
+    assert alone[["point", "only in"]].values.tolist() == [["size=1024", str(tmp_path / "a")],
+                                                           [f"size={2**24}", str(tmp_path / "b")]]
+    # What differs between the runs is said: commit and CPU, not the backend.
+    differ = differences(runs).set_index("provenance")
+    assert differ.loc["git_commit"].tolist() == ["aaa", "bbb"] and "backend" not in differ.index
+    # A run 1.5x slower in latency: slower, the speed below 1 with its whole interval.
+    write_run(tmp_path / "c", 3, busbw=10.0, latency=150.0, commit="aaa", device="cpu A")
+    slow = open_run(str(tmp_path / "c"), tmp_path)
+    latency = compare(runs[0], slow).set_index(["point", "metric"]).loc[("size=65536", "latency_p50_us")]
+    assert latency["verdict"] == SLOWER and latency["speed_high"] < 0.75
+    assert NOT_JUDGED not in set(table["verdict"])
+
+
+def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    write_run(tmp_path / "b", 2, busbw=7.0, latency=100.0, commit="aaa", device="cpu A")
+    # The baseline as an archive, the later run as a folder.
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "a", arcname="reproflow-archive/results")
+    out = tmp_path / "out"
+    run = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "6 metrics matched: 0 faster, 3 slower, 3 same within noise, 0 not judged; 0 point(s) in one run only" \
+        in run.stdout
+    assert "The runs' provenance (commit, image, hardware, versions, nodes) is the same." in run.stdout
+    gated = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out), "--fail-below", "0.8")
+    assert gated.returncode == 1 and "3 metric(s) slower than 0.8 of the first run's" in gated.stderr
+    assert reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out),
+                     "--fail-below", "0.6").returncode == 0
+    # Bad input: a clear error naming what to give, never a traceback.
+    for args, words in [((str(archive),), "compare needs two runs or more"),
+                        ((str(archive), str(tmp_path / "nowhere")), "not a results folder or an archive"),
+                        ((str(archive), str(tmp_path / "b"), "--fail-below", "2"), "--fail-below 2.0")]:
+        bad = reproflow("compare", *args, "--out", str(out))
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_the_comparison_page_in_a_browser(tmp_path: Path) -> None:
+    """compare.html in a real headless Chromium: it loads, the overlaid curves (busBW and latency against
+    the message size) decode, no console error."""
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    write_run(tmp_path / "b", 2, busbw=7.0, latency=100.0, commit="bbb", device="cpu A")
+    out = tmp_path / "out"
+    assert reproflow("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)).returncode == 0
+    with chromium_tab() as (tab, errors):
+        tab.goto((out / "compare.html").as_uri(), wait_until="load")
+        assert tab.title() == "reproflow compare"
+        images = tab.evaluate("[...document.images].map(i => [i.alt, i.complete && i.naturalWidth > 0])")
+        assert sorted(alt for alt, ok in images if ok) == ["compare_comms_c_busbw", "compare_comms_c_latency_p50_us"]
+        assert tab.locator("table").count() >= 1 and errors == []
