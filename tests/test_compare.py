@@ -9,7 +9,17 @@ from pathlib import Path
 import numpy as np
 from conftest import chromium_tab, reproflow
 
-from reproflow.reporting.compare import FASTER, NOT_JUDGED, SAME, SLOWER, compare, differences, only_in_one, open_run
+from reproflow.reporting.compare import (
+    FASTER,
+    NEITHER,
+    ONE_SAMPLE,
+    SAME,
+    SLOWER,
+    compare,
+    differences,
+    only_in_one,
+    open_run,
+)
 from reproflow.spec.family import Measurement
 from reproflow.store.files import atomic_write
 from reproflow.store.provenance import Provenance
@@ -21,7 +31,7 @@ SIZES = (1024, 65536, 4194304)
 def write_run(results: Path, seed: int, *, busbw: float, latency: float, commit: str, device: str,
               sizes: tuple[int, ...] = SIZES) -> None:
     """A comms suite as a run writes it: per message size, 8 repeats of busBW and latency (spread 3 %)
-    and an error count."""
+    and an error count, one set-up time and one buffer size."""
     rng = np.random.default_rng(seed)
     prov = Provenance("7", "node[1-2]", 2, "gloo", "cpu", device, "2.13.0", "", commit, "", "")
     for size in sizes:
@@ -30,6 +40,9 @@ def write_run(results: Path, seed: int, *, busbw: float, latency: float, commit:
             Measurement("busbw", busbw * n * size / SIZES[-1], "GB/s", {"size_bytes": size}),
             Measurement("latency_p50_us", latency / n * (1 + size / 1e6), "us", {"size_bytes": size}),
             Measurement("wrong_elements", 0.0, "count", {"size_bytes": size}))]
+        # Measured once a point: a set-up time (no interval) and a buffer size (neither a rate nor a time).
+        measured += [(0, Measurement("setup_s", 2.0 * noise[0], "s", {"size_bytes": size})),
+                     (0, Measurement("buffer_bytes", 2.0 * size, "B", {"size_bytes": size}))]
         key = f"size={size}"
         rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms", "point": key},
                          {"collective": "all_reduce"}, measured, prov)
@@ -59,7 +72,10 @@ def test_each_metric_is_judged_against_the_first_run(tmp_path: Path) -> None:
     slow = open_run(str(tmp_path / "c"), tmp_path)
     latency = compare(runs[0], slow).set_index(["point", "metric"]).loc[("size=65536", "latency_p50_us")]
     assert latency["verdict"] == SLOWER and latency["speed_high"] < 0.75
-    assert NOT_JUDGED not in set(table["verdict"])
+    # Measured once a side: the ratio, no interval, no verdict; a size: no verdict either.
+    setup, buffer = table.loc[("size=65536", "setup_s")], table.loc[("size=65536", "buffer_bytes")]
+    assert setup["verdict"] == ONE_SAMPLE and setup["ratio"] > 0 and setup["low"] != setup["low"]
+    assert buffer["verdict"] == NEITHER and buffer["ratio"] == 1.0
 
 
 def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path) -> None:
@@ -72,8 +88,8 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
     out = tmp_path / "out"
     run = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out))
     assert run.returncode == 0, run.stderr
-    assert "6 metrics matched: 0 faster, 3 slower, 3 same within noise, 0 not judged; 0 point(s) in one run only" \
-        in run.stdout
+    assert ("12 metrics matched: 0 faster, 3 slower, 3 same within noise, 3 one sample: no interval, 3 neither a rate "
+            "nor a time; 0 point(s) in one run only") in run.stdout
     assert "The runs' provenance (commit, image, hardware, versions, nodes) is the same." in run.stdout
     gated = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out), "--fail-below", "0.8")
     assert gated.returncode == 1 and "3 metric(s) slower than 0.8 of the first run's" in gated.stderr

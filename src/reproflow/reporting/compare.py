@@ -31,7 +31,13 @@ from reproflow.spec.family import AGGREGATE
 from reproflow.store.files import atomic_write
 from reproflow.store.results import RESERVED
 
-FASTER, SLOWER, SAME, NOT_JUDGED = "faster", "slower", "same within noise", "not judged"
+FASTER, SLOWER, SAME = "faster", "slower", "same within noise"
+# Not judged: a point measured once a side (launch.repeats = 1) has a ratio but no interval; a count,
+# a size or a variance is neither better higher nor lower.
+ONE_SAMPLE, NEITHER = "one sample: no interval", "neither a rate nor a time"
+VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER)
+# Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
+MAX_FIGURES = 24
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
 KEY = ["suite", "experiment", "point", "metric"]
 # Provenance that makes two runs different machines or software; said at the top when it differs.
@@ -93,8 +99,10 @@ def samples(frame: pd.DataFrame) -> pd.DataFrame:
 
 def verdict(ratio: float, interval: tuple[float, float] | None, sign: int) -> str:
     """faster, slower or the same within noise, for a ratio later / first of a metric of `direction` sign."""
-    if sign == 0 or interval is None:
-        return NOT_JUDGED
+    if sign == 0:
+        return NEITHER
+    if interval is None:
+        return ONE_SAMPLE
     if interval[0] > 1.0:
         return FASTER if sign > 0 else SLOWER
     if interval[1] < 1.0:
@@ -169,13 +177,15 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
     import matplotlib.pyplot as plt
 
     figures = []
-    judged = table[table["verdict"] != NOT_JUDGED][["suite", "experiment", "metric", "unit"]].drop_duplicates()
-    for suite, experiment, metric, unit in judged.itertuples(index=False):
+    judged = table[table["verdict"].isin([FASTER, SLOWER, SAME])][["suite", "experiment", "metric", "unit"]]
+    for suite, experiment, metric, unit in judged.drop_duplicates().itertuples(index=False):
+        if len(figures) == MAX_FIGURES:
+            break
         parts = [r.frame[(r.frame["suite"] == suite) & (r.frame["experiment"] == experiment)
                          & (r.frame["metric"] == metric)] for r in runs]
         x = _coordinate(pd.concat(parts))
-        if x is None:
-            continue
+        if x is None or pd.concat(parts)[x].nunique() < 3:
+            continue  # no curve to draw: fewer than three points along a coordinate
         fig, ax = plt.subplots(figsize=(7, 4))
         for run, part, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
             rows = newest(part)
@@ -193,8 +203,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
         ax.set_ylabel(f"{metric} ({unit}), median")
         ax.set_title(f"{suite} / {experiment}: {metric}", fontsize=9)
         ax.legend(fontsize=6)
-        figures += [p for p in save_figure(fig, out_dir, f"compare_{suite}_{experiment}_{metric}")
-                    if p.suffix == ".png"]
+        figures += save_figure(fig, out_dir, f"compare_{suite}_{experiment}_{metric}", formats=("png",))
     return figures
 
 
@@ -218,7 +227,7 @@ def write_comparison(runs: Sequence[Run], out_dir: Path,
     for run, table, alone in tables:
         counts = table["verdict"].value_counts()
         summary = (f"{run.label} against {first.label}: {len(table)} metrics matched: "
-                   + ", ".join(f"{counts.get(v, 0)} {v}" for v in (FASTER, SLOWER, SAME, NOT_JUDGED))
+                   + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
                    + f"; {len(alone)} point(s) in one run only.")
         if fail_below is not None:
             worse = regressions(table, fail_below)

@@ -49,12 +49,12 @@ def forest_plot(claims: Sequence[Claim], out_dir: Path, name: str = "claims_fore
     return save_figure(fig, out_dir, name)
 
 
-def save_figure(fig: object, out_dir: Path, name: str) -> list[Path]:
-    """`<name>.png` and `<name>.pdf` in `out_dir`; closes the figure."""
+def save_figure(fig: object, out_dir: Path, name: str, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """`<name>.png` and `<name>.pdf` (or `formats`) in `out_dir`; closes the figure."""
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    paths = [out_dir / f"{name}.{suffix}" for suffix in formats]
     for path in paths:
         fig.savefig(path, dpi=130, bbox_inches="tight")  # type: ignore[attr-defined]
     plt.close(fig)  # type: ignore[arg-type]
