@@ -12,6 +12,7 @@ from conftest import chromium_tab, reproflow
 from reproflow.reporting.compare import (
     FASTER,
     NEITHER,
+    NO_RATIO,
     ONE_SAMPLE,
     SAME,
     SLOWER,
@@ -58,8 +59,8 @@ def test_each_metric_is_judged_against_the_first_run(tmp_path: Path) -> None:
     busbw = table.loc[("size=65536", "busbw")]
     assert busbw["verdict"] == FASTER and busbw["low"] < 1.3 < busbw["high"] and busbw["n_a"] == busbw["n_b"] == 8
     assert set(table.xs("latency_p50_us", level="metric")["verdict"]) == {SAME}
-    # An error count is matched, neither a rate nor a time: not judged; zeros have no ratio and are left.
-    assert "wrong_elements" not in set(table.index.get_level_values("metric"))
+    # An error count of zero is matched and listed: no ratio.
+    assert table.loc[("size=65536", "wrong_elements")]["verdict"] == NO_RATIO
     # Points in one run only are listed, never dropped.
     alone = only_in_one(*runs)
     assert alone[["point", "only in"]].values.tolist() == [["size=1024", str(tmp_path / "a")],
@@ -88,8 +89,8 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
     out = tmp_path / "out"
     run = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out))
     assert run.returncode == 0, run.stderr
-    assert ("12 metrics matched: 0 faster, 3 slower, 3 same within noise, 3 one sample: no interval, 3 neither a rate "
-            "nor a time; 0 point(s) in one run only") in run.stdout
+    assert ("15 metrics matched: 0 faster, 3 slower, 3 same within noise, 3 one sample: no interval, 3 neither a rate "
+            "nor a time, 3 no ratio: a zero or no value; 0 point(s) in one run only") in run.stdout
     assert "The runs' provenance (commit, image, hardware, versions, nodes) is the same." in run.stdout
     gated = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out), "--fail-below", "0.8")
     assert gated.returncode == 1 and "3 metric(s) slower than 0.8 of the first run's" in gated.stderr

@@ -17,6 +17,7 @@ import math
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,8 @@ FASTER, SLOWER, SAME = "faster", "slower", "same within noise"
 # Not judged: a point measured once a side (launch.repeats = 1) has a ratio but no interval; a count,
 # a size or a variance is neither better higher nor lower.
 ONE_SAMPLE, NEITHER = "one sample: no interval", "neither a rate nor a time"
-VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER)
+NO_RATIO = "no ratio: a zero or no value"  # an error count of 0, a metric left empty
+VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO)
 # Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
 MAX_FIGURES = 24
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
@@ -52,6 +54,11 @@ class Run:
 
     label: str
     frame: pd.DataFrame
+
+    @cached_property
+    def samples(self) -> pd.DataFrame:
+        """One row per point and metric: its unit and its repeated samples (`samples`)."""
+        return samples(self.frame)
 
 
 def open_run(source: str, scratch: Path) -> Run:
@@ -113,15 +120,16 @@ def verdict(ratio: float, interval: tuple[float, float] | None, sign: int) -> st
 def compare(first: Run, later: Run) -> pd.DataFrame:
     """Every metric of the points both runs measured: samples, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
-    a, b = samples(first.frame), samples(later.frame)
-    both = a.merge(b, left_index=True, right_index=True, suffixes=("_a", "_b"))
+    both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b"))
     out = []
     for key, row in both.iterrows():
         xa, xb = row["values_a"], row["values_b"]
-        if not xa or not xb or min(xa + xb) <= 0:
-            continue  # nothing to take a ratio of (zero errors, an empty metric)
-        ratio, interval = ratio_interval(xb, xa)
         sign = direction(row["unit_a"])
+        if not xa or not xb or min(xa + xb) <= 0:
+            out.append({**dict(zip(KEY, key, strict=True)), "unit": row["unit_a"], "n_a": len(xa), "n_b": len(xb),
+                        "verdict": NO_RATIO})
+            continue
+        ratio, interval = ratio_interval(xb, xa)
         low, high = interval or (math.nan, math.nan)
         # A time's speed is its inverse: above 1 is better for every judged metric.
         speed = (1 / ratio, 1 / high, 1 / low) if sign < 0 else (ratio, low, high)
@@ -135,8 +143,7 @@ def compare(first: Run, later: Run) -> pd.DataFrame:
 
 def only_in_one(first: Run, later: Run) -> pd.DataFrame:
     """The points (suite, experiment, point) one of the two runs measured and the other did not."""
-    points = [set(map(tuple, samples(r.frame).reset_index()[KEY[:3]].drop_duplicates().to_numpy()))
-              for r in (first, later)]
+    points = [set(map(tuple, r.samples.reset_index()[KEY[:3]].drop_duplicates().to_numpy())) for r in (first, later)]
     rows = [(*p, first.label) for p in sorted(points[0] - points[1])]
     rows += [(*p, later.label) for p in sorted(points[1] - points[0])]
     return pd.DataFrame(rows, columns=[*KEY[:3], "only in"])
