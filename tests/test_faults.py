@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -157,12 +158,17 @@ def test_slurm_rank_killed_mid_collective_on_two_nodes(tmp_path):
 @pytest.mark.slurm
 @SLURM
 def test_slurm_node_down_during_a_two_node_job_is_retried_elsewhere_and_tagged(tmp_path):
-    suite = suite_file(tmp_path, nodes=2, procs=1, iters=6000)
+    """node2 set down after the first point, while the first attempt's ranks wait in the second (held
+    there by an injected hang of that attempt only, so the job cannot finish before it is killed, at
+    any speed): node2 is blamed from Slurm's event log though it is back within a second
+    (ReturnToService=2), and the retry runs the two points left on node1."""
+    suite = suite_file(tmp_path, nodes=2, procs=1, timeout=600)
     results = tmp_path / "results"
     start = time.monotonic()
     supervisor = subprocess.Popen([sys.executable, "-m", "reproflow.app.cli", "submit", str(suite), "--results",
                                    str(results), "--retries", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, "REPROFLOW_INJECT_FAULT": "collective=all_reduce:hang::1"})
     try:
         end = time.monotonic() + 120
         while time.monotonic() < end and not points(results):

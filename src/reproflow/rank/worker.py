@@ -9,8 +9,9 @@ already measured. Points whose results exist are skipped unless --force.
 Before the first point the ranks pass the health gate (reproflow.rank.health) unless the suite turns it
 off; rank 0 of each host records the job's environment (secrets redacted) beside the results.
 
-Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<mode>[:<rank>]" acts on the
-points whose label contains <text>, on that rank (all ranks when omitted). Modes: `raise` fails
+Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<mode>[:<rank>[:<attempt>]]" acts
+on the points whose label contains <text>, on that rank (all ranks when omitted), in that attempt of a
+retried job only (every attempt when omitted: a fault that must not follow the retry). Modes: `raise` fails
 the point and goes on; `exit` ends the rank as a crash would; `kill` sends the rank SIGKILL 0.2 s
 into the point, in the middle of its collectives; `hang` stops the rank before the point's first
 collective, as a stuck GPU would. `health:corrupt[:<rank>]` makes the rank add wrong values
@@ -70,6 +71,9 @@ def _injected_fault(label: str, rank: int) -> str:
     parts = spec.split(":")
     text, mode = parts[0], parts[1] if len(parts) > 1 else "raise"
     target = int(parts[2]) if len(parts) > 2 and parts[2] else None
+    attempt = int(parts[3]) if len(parts) > 3 and parts[3] else None
+    if attempt is not None and attempt != int(os.environ.get("REPROFLOW_ATTEMPT") or 1):
+        return ""
     if text in label and (target is None or target == rank):
         return mode
     return ""
