@@ -29,9 +29,12 @@ from reproflow.store.files import append_line
 
 
 def rendezvous_port(job_id: str) -> int:
-    """A port every task of a job derives alike from the job id (20000-39999)."""
+    """A port every task of a job derives alike from the job id (20000-29999, as the sbatch template's)."""
     digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return 20000 + int(digits) % 20000
+    # Below Linux's ephemeral ports (32768 and up by default): a port there may be held by any outgoing
+    # connection on the node, and the rendezvous then fails to listen (EADDRINUSE), as one of twenty
+    # array tasks did on port 36814.
+    return 20000 + int(digits) % 10000
 
 
 def run_rank(worker_argv: list[str]) -> int:
