@@ -143,10 +143,7 @@ def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
         raise ValueError("pooled_ratio_interval needs at least one case")
     diffs, parts = [], []
     for numerator, denominator in pairs:
-        a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-        if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
-            raise ValueError("ratio intervals need positive samples on both sides")
-        la, lb = np.log(a), np.log(b)
+        la, lb = _logs(numerator, denominator)
         diffs.append(la.mean() - lb.mean())
         parts += [(x.var(ddof=1) / len(x) / len(pairs) ** 2, len(x) - 1) for x in (la, lb) if len(x) > 1]
     ratio = float(np.exp(np.mean(diffs)))
@@ -168,15 +165,18 @@ def paired_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
     minutes, which no one job's samples show. One pair: `ratio_interval` of its samples."""
     if len(pairs) < 2:
         return pooled_ratio_interval(pairs, level)
-    logs = []
-    for numerator, denominator in pairs:
-        a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-        if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
-            raise ValueError("ratio intervals need positive samples on both sides")
-        logs.append(np.log(a).mean() - np.log(b).mean())
+    logs = [la.mean() - lb.mean() for la, lb in (_logs(n, d) for n, d in pairs)]
     ratio = float(np.exp(np.mean(logs)))
     half = float(stats.t.ppf((1 + level) / 2, len(logs) - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
+
+
+def _logs(numerator: Sequence[float], denominator: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides' logarithms; a ratio needs positive samples on both."""
+    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if not len(a) or not len(b) or (a <= 0).any() or (b <= 0).any():
+        raise ValueError("ratio intervals need positive samples on both sides")
+    return np.log(a), np.log(b)
 
 
 def median_ratio_interval(value: float, samples: Sequence[float],

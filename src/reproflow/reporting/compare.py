@@ -11,7 +11,6 @@ provenance (commit, image, hardware, versions, nodes) is said first.
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 import tarfile
@@ -25,10 +24,9 @@ import pandas as pd
 
 from reproflow.reporting.claims import LEVEL, ratio_interval
 from reproflow.reporting.figures import save_figure
-from reproflow.reporting.page import CSS, html_table, to_markdown
-from reproflow.reporting.report import load_results, newest
+from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
+from reproflow.reporting.report import aggregates, load_results, newest
 from reproflow.spec.errors import ReproflowError
-from reproflow.spec.family import AGGREGATE
 from reproflow.store.files import atomic_write
 from reproflow.store.results import RESERVED
 
@@ -92,14 +90,19 @@ def direction(unit: str) -> int:
     return -1 if unit in TIME_UNITS else 0
 
 
-def samples(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per point and metric: its unit and its repeated samples (the newest run of the point;
-    values aggregated across ranks where it has them, else rank 0's)."""
+def _compared_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows compared: the newest run of each point, its values aggregated across ranks where the
+    metric has them, else rank 0's."""
     rows = newest(frame)
-    aggregated = rows[rows["rank"].astype(str) == AGGREGATE]
+    aggregated = aggregates(rows)
     first_rank = rows[rows["rank"].astype(str) == "0"]
-    rows = pd.concat([aggregated, first_rank[~first_rank.set_index(KEY).index.isin(aggregated.set_index(KEY).index)]])
-    grouped = rows.groupby(KEY, sort=True)
+    return pd.concat([aggregated,
+                      first_rank[~first_rank.set_index(KEY).index.isin(aggregated.set_index(KEY).index)]])
+
+
+def samples(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per point and metric: its unit and its repeated samples (`_compared_rows`)."""
+    grouped = _compared_rows(frame).groupby(KEY, sort=True)
     return pd.DataFrame({"unit": grouped["unit"].first().astype(str),
                          "values": grouped["value"].agg(lambda v: [float(x) for x in v if np.isfinite(x)])})
 
@@ -195,9 +198,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
             continue  # no curve to draw: fewer than three points along a coordinate
         fig, ax = plt.subplots(figsize=(7, 4))
         for run, part, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
-            rows = newest(part)
-            rows = rows[rows["rank"].astype(str) == AGGREGATE] if (rows["rank"].astype(str) == AGGREGATE).any() \
-                else rows[rows["rank"].astype(str) == "0"]
+            rows = _compared_rows(part)
             others = [c for c in rows.columns if c not in RESERVED and c != x and rows[c].nunique() > 1]
             for setting, group in (rows.groupby(others) if others else [((), rows)]):
                 medians = group.groupby(x)["value"].median().sort_index()
@@ -248,10 +249,7 @@ def write_comparison(runs: Sequence[Run], out_dir: Path,
             body.append(f"<h3>Points in one run only</h3>{html_table(alone)}")
         body.append("</section>")
     figures = overlay(runs, pd.concat([t for _, t, _ in tables]), out_dir)
-    for path in figures:
-        data = base64.b64encode(path.read_bytes()).decode()
-        body.append(f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
-                    f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+    body.append(html_files(figures))
     md += [f"![{p.stem}]({p.name})\n" for p in figures]
     paths = [out_dir / "compare.md", out_dir / "compare.html"]
     atomic_write(paths[0], "\n".join(md))
