@@ -20,6 +20,15 @@ from reproflow.store.results import point_file_problem
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def own_catalog(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's runs go to a catalog of its own, never the user's, and no test inherits an open run."""
+    home = tmp_path_factory.mktemp("catalog")
+    monkeypatch.setenv("REPROFLOW_CATALOG", str(home))
+    monkeypatch.delenv("REPROFLOW_RUN_ID", raising=False)
+    return home
+
+
 @pytest.fixture
 def write_suite(tmp_path: Path):
     """Write a suite file into tmp_path and return its path."""

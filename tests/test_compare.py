@@ -3,12 +3,14 @@ faster, slower or the same within noise, the page checked in a real browser."""
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 
 import numpy as np
 from conftest import chromium_tab, reproflow
 
+from reproflow.reporting import catalog
 from reproflow.reporting.compare import (
     FASTER,
     NEITHER,
@@ -30,53 +32,87 @@ SIZES = (1024, 65536, 4194304)
 
 
 def write_run(results: Path, seed: int, *, busbw: float, latency: float, commit: str, device: str,
-              sizes: tuple[int, ...] = SIZES) -> None:
-    """A comms suite as a run writes it: per message size, 8 repeats of busBW and latency (spread 3 %)
-    and an error count, one set-up time and one buffer size."""
+              sizes: tuple[int, ...] = SIZES, run_id: str = "") -> None:
+    """A comms point as a run writes it: per message size (a coordinate inside the point), 8 repeats of
+    busBW and latency (spread 3 %) and an error count, one set-up time and one buffer size."""
     rng = np.random.default_rng(seed)
-    prov = Provenance("7", "node[1-2]", 2, "gloo", "cpu", device, "2.13.0", "", commit, "", "")
+    prov = Provenance("7", "node[1-2]", 2, "gloo", "cpu", device, "2.13.0", "", commit, "", "", run_id=run_id)
+    measured = []
     for size in sizes:
         noise = np.exp(rng.normal(0.0, 0.03, 8))
-        measured = [(r, m) for r, n in enumerate(noise) for m in (
+        measured += [(r, m) for r, n in enumerate(noise) for m in (
             Measurement("busbw", busbw * n * size / SIZES[-1], "GB/s", {"size_bytes": size}),
             Measurement("latency_p50_us", latency / n * (1 + size / 1e6), "us", {"size_bytes": size}),
             Measurement("wrong_elements", 0.0, "count", {"size_bytes": size}))]
         # Measured once a point: a set-up time (no interval) and a buffer size (neither a rate nor a time).
         measured += [(0, Measurement("setup_s", 2.0 * noise[0], "s", {"size_bytes": size})),
                      (0, Measurement("buffer_bytes", 2.0 * size, "B", {"size_bytes": size}))]
-        key = f"size={size}"
-        rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms", "point": key},
-                         {"collective": "all_reduce"}, measured, prov)
-        atomic_write(point_path(results, "comms", "c", key), rows_to_csv(rows))
+    rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms", "point": "collective=all_reduce"},
+                     {"collective": "all_reduce"}, measured, prov)
+    atomic_write(point_path(results, "comms", "c", "all_reduce"), rows_to_csv(rows))
+
+
+def size(n: int) -> str:
+    """The coordinates of a message size, as the index keys them."""
+    return json.dumps({"size_bytes": str(n)})
 
 
 def test_each_metric_is_judged_against_the_first_run(tmp_path: Path) -> None:
     write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
     write_run(tmp_path / "b", 2, busbw=13.0, latency=100.0, commit="bbb", device="cpu B", sizes=(*SIZES[1:], 2**24))
-    runs = [open_run(str(tmp_path / name), tmp_path) for name in ("a", "b")]
-    table = compare(*runs).set_index(["point", "metric"])
-    # busBW 1.3x: faster, its interval around 1.3; the latency unchanged: the same within noise.
-    busbw = table.loc[("size=65536", "busbw")]
+    index = catalog.connect(tmp_path / "index.sqlite")
+    runs = [open_run(str(tmp_path / name), index, tmp_path) for name in ("a", "b")]
+    table = compare(*runs).set_index(["coords", "metric"])
+    # busBW 1.3x: faster, its interval around 1.3; each message size judged on its own 8 repeats; the
+    # latency unchanged: the same within noise.
+    busbw = table.loc[(size(65536), "busbw")]
     assert busbw["verdict"] == FASTER and busbw["low"] < 1.3 < busbw["high"] and busbw["n_a"] == busbw["n_b"] == 8
     assert set(table.xs("latency_p50_us", level="metric")["verdict"]) == {SAME}
     # An error count of zero is matched and listed: no ratio.
-    assert table.loc[("size=65536", "wrong_elements")]["verdict"] == NO_RATIO
-    # Points in one run only are listed, never dropped.
+    assert table.loc[(size(65536), "wrong_elements")]["verdict"] == NO_RATIO
+    # Message sizes in one run only are listed, never dropped.
     alone = only_in_one(*runs)
-    assert alone[["point", "only in"]].values.tolist() == [["size=1024", str(tmp_path / "a")],
-                                                           [f"size={2**24}", str(tmp_path / "b")]]
+    assert alone[["coords", "only in"]].values.tolist() == [[size(1024), str(tmp_path / "a")],
+                                                            [size(2**24), str(tmp_path / "b")]]
     # What differs between the runs is said: commit and CPU, not the backend.
     differ = differences(runs).set_index("provenance")
     assert differ.loc["git_commit"].tolist() == ["aaa", "bbb"] and "backend" not in differ.index
     # A run 1.5x slower in latency: slower, the speed below 1 with its whole interval.
     write_run(tmp_path / "c", 3, busbw=10.0, latency=150.0, commit="aaa", device="cpu A")
-    slow = open_run(str(tmp_path / "c"), tmp_path)
-    latency = compare(runs[0], slow).set_index(["point", "metric"]).loc[("size=65536", "latency_p50_us")]
+    slow = open_run(str(tmp_path / "c"), index, tmp_path)
+    latency = compare(runs[0], slow).set_index(["coords", "metric"]).loc[(size(65536), "latency_p50_us")]
     assert latency["verdict"] == SLOWER and latency["speed_high"] < 0.75
     # Measured once a side: the ratio, no interval, no verdict; a size: no verdict either.
-    setup, buffer = table.loc[("size=65536", "setup_s")], table.loc[("size=65536", "buffer_bytes")]
+    setup, buffer = table.loc[(size(65536), "setup_s")], table.loc[(size(65536), "buffer_bytes")]
     assert setup["verdict"] == ONE_SAMPLE and setup["ratio"] > 0 and setup["low"] != setup["low"]
     assert buffer["verdict"] == NEITHER and buffer["ratio"] == 1.0
+
+
+def test_the_index_follows_the_files_and_matches_the_claims_statistics(tmp_path: Path) -> None:
+    """The index is read again where a file changed or went, never trusted over the files; its interval
+    is the one the claims compute from the raw samples."""
+    from reproflow.reporting.claims import ratio_interval
+    from reproflow.store.results import read_point_file
+
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    write_run(tmp_path / "b", 2, busbw=13.0, latency=100.0, commit="aaa", device="cpu A")
+    index = catalog.connect(tmp_path / "index.sqlite")
+    assert catalog.refresh(index, [tmp_path / "a", tmp_path / "b"]) == 2
+    assert catalog.refresh(index, [tmp_path / "a", tmp_path / "b"]) == 0
+    runs = [open_run(str(tmp_path / name), index, tmp_path) for name in ("a", "b")]
+    row = compare(*runs).set_index(["coords", "metric"]).loc[(size(65536), "busbw")]
+    raw = [[float(r["value"]) for r in read_point_file(tmp_path / n / "comms/c/all_reduce.csv")[0]
+            if r["metric"] == "busbw" and r["size_bytes"] == "65536"] for n in ("b", "a")]
+    ratio, (low, high) = ratio_interval(*raw)
+    assert np.allclose([row["ratio"], row["low"], row["high"]], [ratio, low, high])
+    # The later run measured again, 2x slower: the index follows the file.
+    write_run(tmp_path / "b", 4, busbw=5.0, latency=100.0, commit="aaa", device="cpu A")
+    assert catalog.refresh(index, [tmp_path / "b"]) == 1
+    later = open_run(str(tmp_path / "b"), index, tmp_path)
+    assert compare(runs[0], later).set_index(["coords", "metric"]).loc[(size(65536), "busbw")]["verdict"] == SLOWER
+    (tmp_path / "b/comms/c/all_reduce.csv").unlink()
+    catalog.refresh(index, [tmp_path / "b"])
+    assert catalog.samples(index, later.side).empty
 
 
 def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path) -> None:
@@ -98,7 +134,7 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
                      "--fail-below", "0.6").returncode == 0
     # Bad input: a clear error naming what to give, never a traceback.
     for args, words in [((str(archive),), "compare needs two runs or more"),
-                        ((str(archive), str(tmp_path / "nowhere")), "not a results folder or an archive"),
+                        ((str(archive), str(tmp_path / "nowhere")), "not a results folder, an archive or one run's id"),
                         ((str(archive), str(tmp_path / "b"), "--fail-below", "2"), "--fail-below 2.0")]:
         bad = reproflow("compare", *args, "--out", str(out))
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -93,6 +93,16 @@ def test_reproflow_submit_through_submitit(tmp_path):
     assert set(rows["job_id"]) == {job} and set(rows["nodelist"]) == {"node1,node2"}
     status = reproflow("status", "--results", str(results))
     assert f"{job}" in status.stdout and "COMPLETED" in status.stdout
+    # The catalog: one run, its id in every row, its manifest written by the submitting process, the
+    # cluster named by Slurm, the points and the headline figure read from the rows.
+    (manifest,) = (results / "runs").glob("*.json")
+    run_id = manifest.stem
+    assert set(rows["run_id"]) == {run_id}
+    listed = reproflow("runs", "--results", str(results))
+    assert listed.returncode == 0, listed.stderr
+    assert f"{run_id}" in listed.stdout and "submitted" in listed.stdout and "7 point(s), 0 failed" in listed.stdout
+    assert "reproflowtest" in listed.stdout and "param_comms busbw" in listed.stdout and "node1,node2" in listed.stdout
+    assert reproflow("runs", "--results", str(results), "--cluster", "no-such").stdout.startswith("reproflow: 0 run")
 
 
 def test_job_array_with_a_concurrency_cap(tmp_path):

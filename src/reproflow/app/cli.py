@@ -237,7 +237,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Set later runs against the first; exit 1 when a metric is slower beyond --fail-below."""
     import tempfile
+    from contextlib import closing
 
+    from reproflow.reporting import catalog
     from reproflow.reporting.compare import open_run, write_comparison
 
     if len(args.runs) < 2:
@@ -246,15 +248,62 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.fail_below is not None and not 0 < args.fail_below <= 1:
         raise ReproflowError(f"--fail-below {args.fail_below}: give the speed below which a metric fails, "
                              "between 0 and 1 (0.95: more than 5 % slower, the whole interval).")
-    with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch:
-        runs = [open_run(source, Path(scratch)) for source in args.runs]
-        paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
+    with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch, closing(catalog.open_index()) as index:
+        try:
+            runs = [open_run(source, index, Path(scratch)) for source in args.runs]
+            paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
+        finally:
+            catalog.forget(index, Path(scratch))
     print(text)
     print(f"reproflow: {', '.join(str(p) for p in paths)}")
     if slower:
         print(f"reproflow: {slower} metric(s) slower than {args.fail_below:g} of the first run's (the whole "
               "interval); exit 1", file=sys.stderr)
     return 1 if slower else 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """List the catalog's runs, newest first, with their headline figures."""
+    import datetime as _dt
+    from contextlib import closing
+
+    from reproflow.reporting import catalog
+
+    for flag in ("since", "until"):
+        value = getattr(args, flag)
+        try:
+            value and _dt.date.fromisoformat(value)
+        except ValueError:
+            raise ReproflowError(f"--{flag} {value!r}: give a date as YYYY-MM-DD (2026-11-26).") from None
+    folders = catalog.catalog_folders(args.results)
+    if not folders:
+        print("reproflow: no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
+              "theirs; or give a results folder with --results")
+        return 0
+    with closing(catalog.open_index()) as index:
+        read = catalog.refresh(index, folders)
+        table = catalog.runs_table(index, folders, suite=args.suite, cluster=args.cluster, since=args.since,
+                                   until=args.until)
+    if args.limit:
+        table = table.head(args.limit)
+    for _, run in table.iterrows():
+        print(f"{run['run']}  {run['start'][:19].replace('T', ' ')}  {run['state']}  {run['cluster'] or '-'}  "
+              f"{run['points']} point(s), {run['failed']} failed  {run['hardware'] or '-'} on {run['nodes'] or '-'}"
+              f"  commit {run['commit'] or '-'}")
+        print(f"    suites: {run['suites'] or '-'}")
+        if run["headline"]:
+            print(f"    {run['headline']}")
+        print(f"    {run['folder']}")
+    print(f"reproflow: {len(table)} run(s) in {len(folders)} results folder(s); index {catalog_path()} "
+          f"({read} file(s) read again)")
+    return 0
+
+
+def catalog_path() -> Path:
+    """Where the catalog's index is."""
+    from reproflow.store.runs import catalog_home
+
+    return catalog_home() / "index.sqlite"
 
 
 def _targets_help() -> str:
@@ -411,6 +460,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", default="logs", help="logs folder")
     p.set_defaults(func=cmd_archive)
 
+    p = sub.add_parser("runs", help="the runs recorded here, newest first, with their headline figures",
+                       formatter_class=fmt,
+                       description="List the runs of `reproflow run`, `submit` and `reproduce` (make demo) from the "
+                                   "catalog: id, start, how it ended, cluster, points measured and failed, each "
+                                   "family's headline figure, hardware, commit, results folder. The catalog's index "
+                                   "(SQLite) is brought up to date from the result files first; the files stay the "
+                                   "truth. Runs whose jobs were submitted by hand are listed from their rows.")
+    p.add_argument("--results", action="append", default=[],
+                   help="look only in this results folder (repeatable; default: every folder a run was recorded in)")
+    p.add_argument("--suite", default="", help="only runs of suites matching this glob (comms*, param-demo)")
+    p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
+    p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
+    p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
+    p.add_argument("--limit", type=_count, default=0, help="at most this many runs (0: all)")
+    p.set_defaults(func=cmd_runs)
+
     p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",
                        formatter_class=fmt,
                        description="Set each later run against the first: points matched by suite, experiment, "
@@ -419,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "points in one run only listed; what differs in the runs' provenance first. "
                                    "Writes compare.md and a self-contained compare.html with the runs' curves "
                                    "overlaid.")
-    p.add_argument("runs", nargs="+", help="results folders or `reproflow archive` files, the first the baseline")
+    p.add_argument("runs", nargs="+", help="run ids (`reproflow runs`), results folders or `reproflow archive` "
+                                           "files; the first is the baseline")
     p.add_argument("--out", default="compare", help="folder for compare.md, compare.html and the figures")
     p.add_argument("--fail-below", type=float, default=None,
                    help="exit 1 when a metric's speed against the first run is below this with its whole "
@@ -428,11 +494,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _recorded(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run a command that measures (run, submit, reproduce) as a run of the catalog: an id its rows
+    carry, and a manifest written here, by the invoking process, at its start and its end."""
+    import platform
+
+    from reproflow.launch.status import cluster_name
+    from reproflow.store.runs import SUBMITTED, recorded_run
+
+    executor = getattr(args, "executor", "slurm" if args.command == "submit" else "local")
+    cluster = (cluster_name() or "slurm") if executor == "slurm" else f"local ({platform.node()})"
+    suites = [args.suite] if getattr(args, "suite", None) else [t for item in getattr(args, "only", []) for t
+                                                                in item.split(",") if t]
+    with recorded_run(Path(args.results), argv, suites=suites, cluster=cluster, executor=executor,
+                      nodes=getattr(args, "nodes", None), image=getattr(args, "image", "")) as record:
+        if args.command == "submit" and not (args.wait or args.retries):
+            record["ends_as"] = SUBMITTED
+        record["exit_code"] = code = int(args.func(args))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    measures = args.command in ("run", "submit", "reproduce") and not any(
+        getattr(args, flag, False) for flag in ("dry_run", "explain", "estimate"))
     try:
-        return int(args.func(args))
+        return _recorded(args, argv) if measures else int(args.func(args))
     except (ReproflowError, ParamError) as exc:
         print(f"reproflow: error: {exc}", file=sys.stderr)
         return 2

@@ -96,3 +96,12 @@ def submitted_jobs(results: Path) -> list[dict[str, str]]:
     for path in sorted(results.glob("*/jobs.jsonl")):
         jobs.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
     return jobs
+
+
+def cluster_name() -> str:
+    """The Slurm cluster's name (slurm.conf ClusterName), for a run's manifest; '' where scontrol cannot say."""
+    for line in run_lines(["scontrol", "show", "config"]) if shutil.which("scontrol") else []:
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return ""

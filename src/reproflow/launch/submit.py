@@ -26,6 +26,7 @@ from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import PARTITION_RE, Experiment, Suite, slurm_seconds
 from reproflow.store.files import append_line
+from reproflow.store.runs import RUN_ID_ENV
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -108,6 +109,8 @@ class SubmititExecutor:
         # srun inside must then ask for the job's environment explicitly.
         srun_args: list[str] = ["--export=ALL"]
         setup = [f"export REPROFLOW_ATTEMPT={self.attempt}"]
+        if os.environ.get(RUN_ID_ENV):  # the rows join the run that submitted them
+            setup.append(f"export {RUN_ID_ENV}={shlex.quote(os.environ[RUN_ID_ENV])}")
         if os.environ.get("REPROFLOW_INJECT_FAULT"):  # the test hook crosses --export=NONE on purpose
             setup.append(f"export REPROFLOW_INJECT_FAULT={shlex.quote(os.environ['REPROFLOW_INJECT_FAULT'])}")
         if self.retry_of:

@@ -60,6 +60,7 @@ from reproflow.store.results import (
     rows_to_csv,
     write_failure,
 )
+from reproflow.store.runs import row_run_id
 
 EXIT_POINTS_FAILED = 3
 
@@ -110,6 +111,7 @@ def _provenance(ctx: RunContext, hosts: Sequence[object], root: Path, gate: Gate
         health_detail=gate.detail,
         network=os.environ.get("REPROFLOW_NETWORK", ""),
         host_cpus=len(os.sched_getaffinity(0)),
+        run_id=row_run_id(job_id),
     )
 
 
@@ -212,7 +214,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
         if message:
             failed += 1
             if ctx.rank == 0:
-                write_failure(path, point.label, message, prov.job_id)
+                write_failure(path, point.label, message, prov.job_id, prov.run_id)
             _point(ctx, events.FAILED, i, exp, f"{tag}: FAILED before running: {message}")
             continue
         _point(ctx, events.RUNNING, i, exp, f"{tag}: running")
@@ -227,7 +229,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
             # rank reads alike, so every rank fails the point at the same place.
             failed += 1
             if ctx.rank == 0:
-                write_failure(path, point.label, str(exc), prov.job_id)
+                write_failure(path, point.label, str(exc), prov.job_id, prov.run_id)
             _point(ctx, events.FAILED, i, exp, f"{tag}: FAILED: {exc}")
             continue
         except RuntimeError as exc:

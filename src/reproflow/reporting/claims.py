@@ -131,7 +131,29 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
                    level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
     """The ratio of the two samples' geometric means and its `level` confidence interval (Welch's t on
     the logarithms; a side with one value counts as exact). No interval where neither side repeats."""
-    return pooled_ratio_interval([(numerator, denominator)], level)
+    la, lb = _logs(numerator, denominator)
+    ratio, low, high = log_ratio_intervals(*(np.array([v]) for v in (
+        la.mean(), la.var(ddof=1) if len(la) > 1 else 0.0, len(la), lb.mean(),
+        lb.var(ddof=1) if len(lb) > 1 else 0.0, len(lb))), level=level)
+    return float(ratio[0]), (None if np.isnan(low[0]) else (float(low[0]), float(high[0])))
+
+
+def log_ratio_intervals(mean_a: np.ndarray, var_a: np.ndarray, n_a: np.ndarray, mean_b: np.ndarray,
+                        var_b: np.ndarray, n_b: np.ndarray,
+                        level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ratio_interval` of many pairs of samples at once, from each side's count and the mean and
+    variance of its logarithms (what the run catalog keeps): ratios a / b with the interval's ends,
+    NaN where neither side repeats."""
+    parts = [np.where(n > 1, v / np.maximum(n, 1), 0.0) for v, n in ((var_a, n_a), (var_b, n_b))]
+    se2 = parts[0] + parts[1]
+    denominators = sum(np.where(p > 0, p ** 2 / np.maximum(n - 1, 1), 0.0) for p, n in zip(parts, (n_a, n_b),
+                                                                                           strict=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.where(denominators > 0, se2 ** 2 / denominators, 1.0)
+    half = stats.t.ppf((1 + level) / 2, df) * np.sqrt(se2)
+    ratio = np.exp(mean_a - mean_b)
+    repeats = (n_a > 1) | (n_b > 1)
+    return ratio, np.where(repeats, ratio * np.exp(-half), np.nan), np.where(repeats, ratio * np.exp(half), np.nan)
 
 
 def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],

@@ -1,6 +1,7 @@
 """Runs against runs (`reproflow compare A B [C ...]`): each later run set against the first.
 
-Points are matched by suite, experiment, point (its parameters) and metric. Per metric: the ratio of
+Points are matched by suite, experiment, point (its parameters), coordinates inside the point (a
+message size) and metric, from the run catalog's index (catalog.py). Per metric: the ratio of
 the later run's repeated samples to the first's (geometric means) with its 95 % interval, the claims'
 statistics (`ratio_interval`), and a verdict oriented by the metric's unit: a rate (.../s) is better
 higher, a time (s, ms, us, ns) lower; *faster* or *slower* when the whole interval is on one side of
@@ -12,7 +13,7 @@ provenance (commit, image, hardware, versions, nodes) is said first.
 from __future__ import annotations
 
 import html
-import math
+import sqlite3
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reproflow.reporting.claims import LEVEL, ratio_interval
+from reproflow.reporting import catalog
+from reproflow.reporting.claims import LEVEL, log_ratio_intervals
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
-from reproflow.reporting.report import aggregates, load_results, newest
 from reproflow.spec.errors import ReproflowError
 from reproflow.store.files import atomic_write
 from reproflow.store.results import RESERVED
@@ -39,32 +40,35 @@ VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO)
 # Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
 MAX_FIGURES = 24
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
-KEY = ["suite", "experiment", "point", "metric"]
-# Provenance that makes two runs different machines or software; said at the top when it differs.
-MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
-            "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
-            "nccl_version")
+KEY = catalog.KEY
+COLUMNS = [*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high", "speed", "speed_low",
+           "speed_high", "verdict"]
 
 
 @dataclass(frozen=True)
 class Run:
-    """One run's rows, and what it was given as."""
+    """One side of a comparison: a run of the catalog, or the newest points of a results folder."""
 
     label: str
-    frame: pd.DataFrame
+    side: catalog.Selection
+    index: sqlite3.Connection
 
     @cached_property
     def samples(self) -> pd.DataFrame:
-        """One row per point and metric: its unit and its repeated samples (`samples`)."""
-        return samples(self.frame)
+        """One row per point, coordinates and metric: unit, count, log mean and variance, median."""
+        return catalog.samples(self.index, self.side)
+
+    @cached_property
+    def points(self) -> set[tuple[str, str, str, str]]:
+        """The (suite, experiment, point, coordinates) measured: a message size is a point of its own here."""
+        return set(self.samples.index.droplevel("metric"))
 
 
-def open_run(source: str, scratch: Path) -> Run:
-    """A results folder, or a `reproflow archive` file (unpacked under `scratch`), as a Run."""
+def open_run(source: str, index: sqlite3.Connection, scratch: Path) -> Run:
+    """A results folder, a `reproflow archive` file (unpacked under `scratch`) or a run id of the catalog
+    (or the start of one), as a Run; folders are brought into the index first."""
     path = Path(source)
-    if path.is_dir():
-        results = path
-    elif path.is_file() and tarfile.is_tarfile(path):
+    if path.is_file() and tarfile.is_tarfile(path):
         into = scratch / f"{len(list(scratch.iterdir()))}"
         with tarfile.open(path) as tar:
             tar.extractall(into, filter="data")
@@ -72,14 +76,21 @@ def open_run(source: str, scratch: Path) -> Run:
         if not found:
             raise ReproflowError(f"{source}: this archive holds no results/ folder. Give an archive written by "
                                  "`reproflow archive`, or the results folder itself.")
-        results = found[0]
+        path = found[0]
+    if path.is_dir():
+        catalog.refresh(index, [path])
+        run = Run(source, catalog.Selection(source, str(path.resolve())), index)
     else:
-        raise ReproflowError(f"{source}: not a results folder or an archive. Give the --results folder of a run "
-                             "(reproflow run, submit or reproduce) or a .tar.gz written by `reproflow archive`.")
-    frame = load_results(results)
-    if frame.empty:
-        raise ReproflowError(f"{source}: no result rows in it. Give a folder a run wrote rows into.")
-    return Run(source, frame)
+        catalog.refresh(index, catalog.catalog_folders())
+        side = catalog.resolve(index, source)
+        if side is None:
+            raise ReproflowError(f"{source}: not a results folder, an archive or one run's id. Give the --results "
+                                 "folder of a run, a .tar.gz written by `reproflow archive`, or a run id that "
+                                 "`reproflow runs` lists (its start is enough when only one run begins so).")
+        run = Run(source, side, index)
+    if run.samples.empty:
+        raise ReproflowError(f"{source}: no result rows in it. Give a folder or a run that measured points.")
+    return run
 
 
 def direction(unit: str) -> int:
@@ -90,74 +101,42 @@ def direction(unit: str) -> int:
     return -1 if unit in TIME_UNITS else 0
 
 
-def _compared_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows compared: the newest run of each point, its values aggregated across ranks where the
-    metric has them, else rank 0's."""
-    rows = newest(frame)
-    aggregated = aggregates(rows)
-    first_rank = rows[rows["rank"].astype(str) == "0"]
-    return pd.concat([aggregated,
-                      first_rank[~first_rank.set_index(KEY).index.isin(aggregated.set_index(KEY).index)]])
-
-
-def samples(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per point and metric: its unit and its repeated samples (`_compared_rows`)."""
-    grouped = _compared_rows(frame).groupby(KEY, sort=True)
-    return pd.DataFrame({"unit": grouped["unit"].first().astype(str),
-                         "values": grouped["value"].agg(lambda v: [float(x) for x in v if np.isfinite(x)])})
-
-
-def verdict(ratio: float, interval: tuple[float, float] | None, sign: int) -> str:
-    """faster, slower or the same within noise, for a ratio later / first of a metric of `direction` sign."""
-    if sign == 0:
-        return NEITHER
-    if interval is None:
-        return ONE_SAMPLE
-    if interval[0] > 1.0:
-        return FASTER if sign > 0 else SLOWER
-    if interval[1] < 1.0:
-        return SLOWER if sign > 0 else FASTER
-    return SAME
-
-
 def compare(first: Run, later: Run) -> pd.DataFrame:
-    """Every metric of the points both runs measured: samples, medians, ratio later / first with its
+    """Every metric of the points both runs measured: counts, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
-    both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b"))
-    out = []
-    for key, row in both.iterrows():
-        xa, xb = row["values_a"], row["values_b"]
-        sign = direction(row["unit_a"])
-        if not xa or not xb or min(xa + xb) <= 0:
-            out.append({**dict(zip(KEY, key, strict=True)), "unit": row["unit_a"], "n_a": len(xa), "n_b": len(xb),
-                        "verdict": NO_RATIO})
-            continue
-        ratio, interval = ratio_interval(xb, xa)
-        low, high = interval or (math.nan, math.nan)
-        # A time's speed is its inverse: above 1 is better for every judged metric.
-        speed = (1 / ratio, 1 / high, 1 / low) if sign < 0 else (ratio, low, high)
-        out.append({**dict(zip(KEY, key, strict=True)), "unit": row["unit_a"], "n_a": len(xa), "n_b": len(xb),
-                    "median_a": float(np.median(xa)), "median_b": float(np.median(xb)), "ratio": ratio,
-                    "low": low, "high": high, "speed": speed[0], "speed_low": speed[1], "speed_high": speed[2],
-                    "verdict": verdict(ratio, interval, sign)})
-    return pd.DataFrame(out, columns=[*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high",
-                                      "speed", "speed_low", "speed_high", "verdict"])
+    both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
+    sign = both["unit_a"].map(direction).to_numpy()
+    ratio, low, high = log_ratio_intervals(*(both[c].to_numpy(dtype=float) for c in (
+        "log_mean_b", "log_var_b", "n_b", "log_mean_a", "log_var_a", "n_a")))
+    no_ratio = both["log_mean_a"].isna().to_numpy() | both["log_mean_b"].isna().to_numpy()
+    table = both[KEY].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
+                             median_b=both["median_b"], ratio=ratio, low=low, high=high)
+    # A time's speed is its inverse: above 1 is better for every judged metric.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["speed"] = np.where(sign < 0, 1 / ratio, ratio)
+        table["speed_low"] = np.where(sign < 0, 1 / high, low)
+        table["speed_high"] = np.where(sign < 0, 1 / low, high)
+    table["verdict"] = np.select(
+        [no_ratio, sign == 0, np.isnan(low), table["speed_low"] > 1.0, table["speed_high"] < 1.0],
+        [NO_RATIO, NEITHER, ONE_SAMPLE, FASTER, SLOWER], SAME)
+    for column in ("median_a", "median_b", "ratio", "low", "high", "speed", "speed_low", "speed_high"):
+        table.loc[no_ratio, column] = np.nan
+    return table[COLUMNS]
 
 
 def only_in_one(first: Run, later: Run) -> pd.DataFrame:
-    """The points (suite, experiment, point) one of the two runs measured and the other did not."""
-    points = [set(map(tuple, r.samples.reset_index()[KEY[:3]].drop_duplicates().to_numpy())) for r in (first, later)]
-    rows = [(*p, first.label) for p in sorted(points[0] - points[1])]
-    rows += [(*p, later.label) for p in sorted(points[1] - points[0])]
-    return pd.DataFrame(rows, columns=[*KEY[:3], "only in"])
+    """The points (suite, experiment, point, coordinates) one of the two runs measured and the other did not."""
+    rows = [(*p, first.label) for p in sorted(first.points - later.points)]
+    rows += [(*p, later.label) for p in sorted(later.points - first.points)]
+    return pd.DataFrame(rows, columns=[*KEY[:4], "only in"])
 
 
 def differences(runs: Sequence[Run]) -> pd.DataFrame:
     """The provenance columns whose values differ between the runs: one row each, a column per run."""
     rows = []
-    for column in MANIFEST:
-        seen = [", ".join(sorted({str(v) for v in r.frame[column].dropna().unique()}))
-                if column in r.frame.columns else "" for r in runs]
+    frames = [catalog.points(r.index, r.side, catalog.MANIFEST) for r in runs]
+    for column in catalog.MANIFEST:
+        seen = [", ".join(sorted({str(v) for v in f[column].dropna().unique() if str(v)})) for f in frames]
         if len(set(seen)) > 1:
             rows.append({"provenance": column, **{r.label: s for r, s in zip(runs, seen, strict=True)}})
     return pd.DataFrame(rows)
@@ -169,8 +148,8 @@ def regressions(table: pd.DataFrame, fail_below: float) -> pd.DataFrame:
 
 
 def _coordinate(frame: pd.DataFrame) -> str | None:
-    """The numeric parameter that varies most across an experiment's points (a message size, a
-    matrix size): the x axis its curves are drawn over; None where none varies."""
+    """The numeric parameter or coordinate that varies most across an experiment's points (a message
+    size, a matrix size): the x axis its curves are drawn over; None where none varies."""
     best, most = None, 1
     for column in frame.columns:
         if column in RESERVED or not pd.api.types.is_numeric_dtype(frame[column]):
@@ -191,15 +170,13 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
     for suite, experiment, metric, unit in judged.drop_duplicates().itertuples(index=False):
         if len(figures) == MAX_FIGURES:
             break
-        parts = [r.frame[(r.frame["suite"] == suite) & (r.frame["experiment"] == experiment)
-                         & (r.frame["metric"] == metric)] for r in runs]
+        parts = [catalog.curves(r.index, r.side, suite, experiment, metric) for r in runs]
         x = _coordinate(pd.concat(parts))
         if x is None or pd.concat(parts)[x].nunique() < 3:
             continue  # no curve to draw: fewer than three points along a coordinate
         fig, ax = plt.subplots(figsize=(7, 4))
-        for run, part, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
-            rows = _compared_rows(part)
-            others = [c for c in rows.columns if c not in RESERVED and c != x and rows[c].nunique() > 1]
+        for run, rows, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
+            others = [c for c in rows.columns if c not in (x, "value") and rows[c].nunique() > 1]
             for setting, group in (rows.groupby(others) if others else [((), rows)]):
                 medians = group.groupby(x)["value"].median().sort_index()
                 label = run.label + (f" {setting}" if others else "")

@@ -66,6 +66,8 @@ class Family:
     # rank, before the point's first collective; raise ParamError.
     runtime_check: RuntimeCheckFn | None = None
     explain: ExplainFn | None = None
+    # The metric a run of the family is summed up by in `reproflow runs` (its best point's median).
+    headline: str = ""
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""

@@ -39,6 +39,8 @@ LAUNCHERS = ("torchrun", "mpi")
 # Used with fullmatch: `$` would let a trailing newline through into a rendered #SBATCH line.
 _TIME_RE = re.compile(r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# The results folder's own folders beside the suites' (torn files moved aside, the runs' manifests).
+RESULTS_FOLDERS = ("quarantine", "runs")
 PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 
 
@@ -319,6 +321,9 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
     if not _NAME_RE.fullmatch(name):
         raise SuiteError(path, "suite.name", f"{name!r} cannot name a folder or a Slurm job.",
                          "up to 128 letters, digits, '_', '.', '-', starting with a letter or digit")
+    if name in RESULTS_FOLDERS:
+        raise SuiteError(path, "suite.name", f"{name!r} is a folder every results folder has for itself.",
+                         f"any other name ({', '.join(RESULTS_FOLDERS)} are taken)")
     if meta.get("container") and not _NAME_RE.fullmatch(meta["container"]):
         raise SuiteError(path, "suite.container", f"{meta['container']!r} is not an image name.",
                          "an image flavour of containers/reproflow.Dockerfile: gpu or cpu")

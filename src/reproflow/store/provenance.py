@@ -49,6 +49,8 @@ class Provenance:
     network: str = ""
     # CPU cores rank 0 may run on: a CPU run with more ranks per host than cores measures time-sharing.
     host_cpus: int = 0
+    # The run the job belongs to (store.runs): the invoking process's id, else one per Slurm job.
+    run_id: str = ""
 
     def columns(self) -> dict[str, Any]:
         """Provenance as row columns (point_rows and timestamp are added at write time)."""

@@ -21,14 +21,16 @@ from typing import Any
 
 from reproflow.spec.family import AGGREGATE, Measurement
 from reproflow.spec.params import canonical
+from reproflow.spec.suite import RESULTS_FOLDERS
 from reproflow.store.files import atomic_write
 from reproflow.store.provenance import Provenance
 
 # 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network; 4 added
-# host_cpus; 5 added container_runtime and enroot_version. Files of every earlier schema are still read.
-SCHEMA_VERSION = 5
-READABLE_SCHEMAS = (1, 2, 3, 4, 5)
-QUARANTINE = "quarantine"
+# host_cpus; 5 added container_runtime and enroot_version; 6 added run_id. Files of every earlier schema
+# are still read.
+SCHEMA_VERSION = 6
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
+QUARANTINE = RESULTS_FOLDERS[0]
 # Values of the health_gate column (reproflow.rank.health).
 GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
 
@@ -55,6 +57,7 @@ PROVENANCE_COLUMNS = (
     "health_detail",
     "network",
     "host_cpus",
+    "run_id",
     "point_rows",
     "timestamp",
 )
@@ -120,9 +123,9 @@ def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def write_failure(csv_path: Path, point_label: str, error: str, job_id: str) -> None:
+def write_failure(csv_path: Path, point_label: str, error: str, job_id: str, run_id: str = "") -> None:
     """Record why a point failed, next to where its rows would be."""
-    record = {"point": point_label, "error": error, "job_id": job_id,
+    record = {"point": point_label, "error": error, "job_id": job_id, "run_id": run_id,
               "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n")
 
@@ -147,36 +150,41 @@ def failure_files(results: Path) -> list[Path]:
 
 def point_file_problem(path: Path) -> str:
     """Why a point CSV is not a whole result file ('' when it is): read before it is trusted or aggregated."""
+    return read_point_file(path)[1]
+
+
+def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
+    """A point CSV's rows (column -> text) and '', or no rows and why the file is not whole."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        return f"unreadable: {exc}"
+        return [], f"unreadable: {exc}"
     if not text.endswith("\n"):
-        return "the last line is cut short (no final newline)"
+        return [], "the last line is cut short (no final newline)"
     try:
         lines = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:
-        return f"not CSV: {exc}"
+        return [], f"not CSV: {exc}"
     if not lines or tuple(lines[0][: len(HEAD_COLUMNS)]) != HEAD_COLUMNS:
-        return "no reproflow header (schema_version, suite, experiment, family, point)"
+        return [], "no reproflow header (schema_version, suite, experiment, family, point)"
     header, rows = lines[0], lines[1:]
     if not rows:
-        return "a header and no rows"
+        return [], "a header and no rows"
     for i, row in enumerate(rows, start=2):
         if len(row) != len(header):
-            return f"line {i} has {len(row)} fields, the header {len(header)}"
+            return [], f"line {i} has {len(row)} fields, the header {len(header)}"
     fields = [dict(zip(header, row, strict=True)) for row in rows]
     versions = {f["schema_version"] for f in fields}
     if not versions <= {str(v) for v in READABLE_SCHEMAS}:
-        return f"result schema {sorted(versions)}; this reproflow reads {list(READABLE_SCHEMAS)}"
+        return [], f"result schema {sorted(versions)}; this reproflow reads {list(READABLE_SCHEMAS)}"
     if "point_rows" in header and {f["point_rows"] for f in fields} != {str(len(rows))}:
-        return f"{len(rows)} rows where the writer wrote {fields[0]['point_rows']}"
+        return [], f"{len(rows)} rows where the writer wrote {fields[0]['point_rows']}"
     for i, f in enumerate(fields, start=2):
         try:
             float(f["value"])
         except (KeyError, ValueError):
-            return f"line {i}: value {f.get('value')!r} is not a number"
-    return ""
+            return [], f"line {i}: value {f.get('value')!r} is not a number"
+    return fields, ""
 
 
 def quarantine(results: Path, path: Path, problem: str) -> Path:

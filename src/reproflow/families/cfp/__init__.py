@@ -59,6 +59,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 
 FAMILY = Family(
     name="cfp",
+    headline="tflops",
     summary="CFP: ParallelBlock analysis, segment profiling and strategy search on GPT, MoE and LLaMA",
     params=(
         Param("mode", "str", "analysis", "the pass: analysis, profile, search (needs the profiles), or enum "

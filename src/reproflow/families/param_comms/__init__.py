@@ -102,6 +102,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 
 FAMILY = Family(
     name="param_comms",
+    headline="busbw",
     summary="collective latency, algBW and busBW over a message-size sweep (param comms.py, nccl-tests)",
     params=(
         Param("collective", "str", "all_reduce", "collective to time", choices=COLLECTIVES),

@@ -91,6 +91,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 
 FAMILY = Family(
     name="param_compute",
+    headline="tflops",
     summary="GEMM TFLOP/s, EmbeddingBag GB/s and MLP TFLOP/s per rank (param train/compute/pt)",
     params=(
         Param("kernel", "str", "gemm", "what to measure (param driver subcommand)", choices=KERNELS),

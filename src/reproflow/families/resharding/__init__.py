@@ -118,6 +118,7 @@ def explain(params: Mapping[str, Any], host_size: int) -> str:
 
 FAMILY = Family(
     name="resharding",
+    headline="effective_bw",
     summary="cross-mesh resharding (Alpa): 1-to-m and n-to-m cases, send_recv vs broadcast, load balancing",
     params=(
         Param("case", "str", "case1", "reference case (1-to-NxG or caseK), or 'custom' with the five fields below",

@@ -1,0 +1,312 @@
+"""The run catalog: an index of results folders in one SQLite file, brought up to date from their files
+whenever they are newer, and the runs it lists (`reproflow runs`) and compares (`reproflow compare`).
+
+The result files stay the only truth: the index holds, per point file, who measured it (run, job,
+provenance) and, per metric, the count, the mean and variance of the logarithms and the median of
+its repeated samples, which is all the comparisons' statistics need. A file newer or larger than
+when it was indexed is read again, a file gone is forgotten; deleting the index loses nothing.
+SQLite rather than DuckDB: it is in Python's standard library, and an index of point files is many
+small writes and lookups by run, not scans over columns. Only the process that reads it writes it,
+in the catalog's folder (store.runs.catalog_home): never a rank, never inside a results folder,
+where several writers on Lustre or NFS break SQLite's locks.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from reproflow.spec.family import AGGREGATE, families
+from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
+from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
+
+INDEX_VERSION = 1
+# Provenance that makes two runs different machines or software, kept per point for `compare`.
+MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
+            "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
+            "nccl_version")
+KEY = ["suite", "experiment", "point", "coords", "metric"]
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER);
+CREATE TABLE IF NOT EXISTS manifests(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, record TEXT);
+CREATE TABLE IF NOT EXISTS points(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
+    experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
+    {", ".join(f"{c} TEXT" for c in MANIFEST)});
+CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
+    coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
+CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
+CREATE INDEX IF NOT EXISTS points_folder ON points(folder);
+CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);
+CREATE INDEX IF NOT EXISTS samples_folder ON samples(folder);
+CREATE INDEX IF NOT EXISTS samples_path ON samples(path);
+PRAGMA user_version = {INDEX_VERSION};
+"""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which indexed rows make one side of a comparison: a folder's newest points, or one run's."""
+
+    label: str
+    folder: str
+    run_id: str = ""
+
+    def where(self, table: str = "") -> tuple[str, tuple[str, ...]]:
+        """SQL condition and its arguments."""
+        prefix = f"{table}." if table else ""
+        if self.run_id:
+            return f"{prefix}run_id = ?", (self.run_id,)
+        return f"{prefix}folder = ?", (self.folder,)
+
+
+def open_index() -> sqlite3.Connection:
+    """The catalog's index (index.sqlite in the catalog's folder)."""
+    return connect(catalog_home() / "index.sqlite")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The index at `path`, made (or made again, when written by another version) where needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=120)
+    if con.execute("PRAGMA user_version").fetchone()[0] not in (0, INDEX_VERSION):
+        con.close()
+        path.unlink()
+        con = sqlite3.connect(path, timeout=120)
+    con.executescript(_SCHEMA)
+    return con
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every point file, failure record and run manifest under a results folder: path -> (mtime, size)."""
+    found = {}
+    for directory, subdirs, names in os.walk(folder):
+        if directory == str(folder):
+            subdirs[:] = [d for d in subdirs if d != QUARANTINE]
+        subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in ("submitit", "env", "logs")]
+        manifests = Path(directory) == folder / RUNS
+        for name in names:
+            if name.startswith(".") or not (name.endswith(".csv") or name.endswith(".failed.json")
+                                            or (manifests and name.endswith(".json"))):
+                continue
+            path = os.path.join(directory, name)
+            stat = os.stat(path)
+            found[path] = (stat.st_mtime_ns, stat.st_size)
+    return found
+
+
+def refresh(con: sqlite3.Connection, folders: Iterable[Path]) -> int:
+    """Bring the index up to date with the folders' files; returns how many files were read again."""
+    read = 0
+    for folder in folders:
+        folder = folder.resolve()
+        on_disk = _files(folder) if folder.is_dir() else {}
+        indexed = {p: (m, s) for p, m, s in con.execute("SELECT path, mtime_ns, size FROM files WHERE folder = ?",
+                                                        (str(folder),))}
+        stale = [p for p in indexed if on_disk.get(p) != indexed[p]]
+        fresh = [p for p in on_disk if indexed.get(p) != on_disk[p]]
+        with con:
+            for table in ("files", "manifests", "points", "samples"):
+                con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in stale))
+            for path in fresh:
+                _index_file(con, folder, Path(path))
+            con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
+                            ((p, str(folder), *on_disk[p]) for p in fresh))
+        read += len(fresh)
+    return read
+
+
+def forget(con: sqlite3.Connection, under: Path) -> None:
+    """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
+    with con:
+        for table in ("files", "manifests", "points", "samples"):
+            con.execute(f"DELETE FROM {table} WHERE folder LIKE ? || '%'", (str(under.resolve()),))
+
+
+def _index_file(con: sqlite3.Connection, folder: Path, path: Path) -> None:
+    if path.parent == folder / RUNS:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # half written by a run starting now: read again when it is whole
+        con.execute("INSERT INTO manifests VALUES (?, ?, ?, ?)",
+                    (str(path), str(folder), str(record.get("run_id", path.stem)), json.dumps(record)))
+    elif path.name.endswith(".failed.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        experiment, suite = path.parent.name, path.parent.parent.name
+        con.execute("INSERT INTO points (path, folder, run_id, job_id, suite, experiment, point, failed, timestamp) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)",
+                    (str(path), str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
+                     str(record.get("job_id", "")), suite, experiment, str(record.get("point", "")),
+                     str(record.get("timestamp", ""))))
+    else:
+        rows, problem = read_point_file(path)
+        if not problem:
+            _index_rows(con, folder, path, rows)
+
+
+def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[dict[str, str]]) -> None:
+    """One point file: its point with provenance, and per coordinates and metric the samples' statistics
+    (the rows aggregated across ranks where the metric has them, else rank 0's)."""
+    first = rows[0]
+    known = families().get(first["family"])
+    middle = [c for c in first if c not in RESERVED]
+    params = {p.name for p in known.params} if known else {c for c in middle if len({r[c] for r in rows}) == 1}
+    coords = [c for c in middle if c not in params]
+    run_id = first.get("run_id") or job_run_id(first["job_id"])
+    con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (11 + len(MANIFEST)))})",
+                (str(path), str(folder), run_id, first["job_id"], first["suite"], first["experiment"],
+                 first["family"], first["point"], 0, first["timestamp"],
+                 json.dumps({c: first[c] for c in middle if c in params}), *(first.get(c, "") for c in MANIFEST)))
+    groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
+    for row in rows:
+        key = (json.dumps({c: row[c] for c in coords}) if coords else "", row["metric"])
+        _, merged, first_rank = groups.setdefault(key, (row["unit"], [], []))
+        value = float(row["value"])
+        if math.isfinite(value):
+            if row["rank"] == AGGREGATE:
+                merged.append(value)
+            elif row["rank"] == "0":
+                first_rank.append(value)
+    con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
+        (str(path), run_id, str(folder), first["suite"], first["experiment"], first["point"], coords_key, metric,
+         unit, *_statistics(merged or first_rank))
+        for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
+
+
+def _statistics(values: Sequence[float]) -> tuple[int, float | None, float | None, float | None]:
+    """Count, mean and variance of the logarithms (None unless every value is positive), median."""
+    if not values:
+        return 0, None, None, None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    if ordered[0] <= 0:
+        return len(values), None, None, median
+    logs = [math.log(v) for v in values]
+    mean = sum(logs) / len(logs)
+    var = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) if len(logs) > 1 else 0.0
+    return len(values), mean, var, median
+
+
+def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dict]:
+    """Run id -> manifest, in the given folders."""
+    marks = ", ".join("?" * len(folders))
+    return {run_id: json.loads(record) for run_id, record in con.execute(
+        f"SELECT run_id, record FROM manifests WHERE folder IN ({marks})", [str(f.resolve()) for f in folders])}
+
+
+def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str = "", cluster: str = "",
+               since: str = "", until: str = "") -> pd.DataFrame:
+    """The runs in the folders, newest first: when, where, what, points measured and failed, and each
+    family's headline figure (its best point's median); filtered by suite (a glob), cluster (a part of
+    its name) and start date (YYYY-MM-DD, both ends included)."""
+    marks = ", ".join("?" * len(folders))
+    where = [str(f.resolve()) for f in folders]
+    points = pd.read_sql_query(
+        f"SELECT run_id, folder, GROUP_CONCAT(DISTINCT suite) AS suites, SUM(failed = 0) AS points, "
+        f"SUM(failed) AS failed, MIN(timestamp) AS first, MAX(timestamp) AS last, "
+        f"GROUP_CONCAT(DISTINCT device_name) AS hardware, GROUP_CONCAT(DISTINCT nodelist) AS nodes, "
+        f"GROUP_CONCAT(DISTINCT git_commit) AS commits FROM points WHERE folder IN ({marks}) GROUP BY run_id",
+        con, params=where).set_index("run_id")
+    recorded = manifests(con, folders)
+    out = []
+    for run_id in sorted(set(points.index) | set(recorded)):
+        m = recorded.get(run_id, {})
+        p = points.loc[run_id] if run_id in points.index else None
+        suites = sorted(set(str(p["suites"]).split(",")) if p is not None else set(m.get("suites", [])))
+        out.append({
+            "run": run_id, "start": m.get("start") or (p["first"] if p is not None else ""),
+            "end": m.get("end") or (p["last"] if p is not None else ""),
+            "state": m.get("state", "no manifest (rows only)"), "cluster": m.get("cluster", ""),
+            "suites": ",".join(suites), "points": int(p["points"]) if p is not None else 0,
+            "failed": int(p["failed"]) if p is not None else 0,
+            "hardware": (p["hardware"] if p is not None and p["hardware"] else m.get("cpu_model", "")),
+            "nodes": p["nodes"] if p is not None and p["nodes"] else "",
+            "commit": str(m.get("git_commit") or (p["commits"] if p is not None else ""))[:12],
+            "folder": m.get("results") or (p["folder"] if p is not None else "")})
+    table = pd.DataFrame(out, columns=["run", "start", "end", "state", "cluster", "suites", "points", "failed",
+                                       "hardware", "nodes", "commit", "folder"])
+    if suite:
+        table = table[table["suites"].map(lambda s: any(fnmatch.fnmatch(x, suite) for x in s.split(",")))]
+    if cluster:
+        table = table[table["cluster"].str.contains(cluster, regex=False)]
+    if since:
+        table = table[table["start"].str[:10] >= since]
+    if until:
+        table = table[table["start"].str[:10] <= until]
+    table = table.sort_values("start", ascending=False)
+    table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
+    return table.reset_index(drop=True)
+
+
+def _headline(con: sqlite3.Connection, run_id: str) -> str:
+    """Each family's headline metric in a run: the largest median over its points, with its unit."""
+    parts = []
+    for family, metric, unit, best in con.execute(
+            "SELECT p.family, s.metric, s.unit, MAX(s.median) FROM samples s JOIN points p ON s.path = p.path "
+            "WHERE p.run_id = ? GROUP BY p.family, s.metric", (run_id,)):
+        known = families().get(family)
+        if known and known.headline == metric and best is not None:
+            parts.append(f"{family} {metric} {best:.4g} {unit}")
+    return "; ".join(sorted(parts))
+
+
+def resolve(con: sqlite3.Connection, name: str) -> Selection | None:
+    """The run called `name` (its id, or the start of one id only); None when no run or several are."""
+    query = ("SELECT run_id, folder FROM points WHERE run_id LIKE ? || '%' "
+             "UNION SELECT run_id, folder FROM manifests WHERE run_id LIKE ? || '%'")
+    found = dict(con.execute(query, (name, name)).fetchall())
+    if name in found:
+        return Selection(name, found[name], name)
+    if len(found) == 1:
+        run_id, folder = found.popitem()
+        return Selection(run_id, folder, run_id)
+    return None
+
+
+def samples(con: sqlite3.Connection, side: Selection) -> pd.DataFrame:
+    """One row per point, coordinates and metric of one side: unit, count, log mean and variance, median."""
+    where, args = side.where()
+    return pd.read_sql_query(f"SELECT {', '.join(KEY)}, unit, n, log_mean, log_var, median FROM samples "
+                             f"WHERE {where}", con, params=args).set_index(KEY).sort_index()
+
+
+def points(con: sqlite3.Connection, side: Selection, columns: Sequence[str] = ("suite", "experiment", "point"),
+           failed: bool = False) -> pd.DataFrame:
+    """The points of one side (measured ones, or the failed ones), with the columns asked for."""
+    where, args = side.where()
+    return pd.read_sql_query(f"SELECT {', '.join(columns)} FROM points WHERE {where} AND failed = ?", con,
+                             params=(*args, int(failed)))
+
+
+def curves(con: sqlite3.Connection, side: Selection, suite: str, experiment: str, metric: str) -> pd.DataFrame:
+    """One experiment's medians of a metric, a row per point and coordinates, with every parameter and
+    coordinate as a column (numbers as numbers): what its curve is drawn from."""
+    where, args = side.where("p")
+    rows = con.execute(f"SELECT p.params, s.coords, s.median FROM samples s JOIN points p ON s.path = p.path "
+                       f"WHERE {where} AND s.suite = ? AND s.experiment = ? AND s.metric = ?",
+                       (*args, suite, experiment, metric)).fetchall()
+    frame = pd.DataFrame([json.loads(params or "{}") | (json.loads(coords) if coords else {}) | {"value": median}
+                          for params, coords, median in rows])
+    for column in frame.columns:
+        converted = pd.to_numeric(frame[column], errors="coerce")
+        if converted.notna().all():
+            frame[column] = converted
+    return frame
+
+
+def catalog_folders(extra: Sequence[str] = ()) -> list[Path]:
+    """The folders the catalog looks in: those given, else every results folder a run was recorded in."""
+    return [Path(f).resolve() for f in extra] or known_folders()
+
