@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import chromium_tab, reproflow
 
 from reproflow.reporting import catalog
@@ -153,3 +154,58 @@ def test_the_comparison_page_in_a_browser(tmp_path: Path) -> None:
         images = tab.evaluate("[...document.images].map(i => [i.alt, i.complete && i.naturalWidth > 0])")
         assert sorted(alt for alt, ok in images if ok) == ["compare_comms_c_busbw", "compare_comms_c_latency_p50_us"]
         assert tab.locator("table").count() >= 1 and errors == []
+
+
+def write_gemm(results: Path, tflops: float, repeats: int = 3) -> None:
+    """This machine's GEMM point as param-demo writes it: TFLOP/s of three shapes, a few repeats."""
+    prov = Provenance("9", "vm", 1, "gloo", "cpu", "a CPU", "2.13.0", "", "ccc", "", "")
+    shapes = [(1024, 4096, 4096), (128, 4096, 4096), (4096, 4096, 1024)]
+    measured = [(r, Measurement("tflops", tflops * (1 + 0.01 * r), "TFLOP/s", {"m": m, "n": n, "k": k}))
+                for r in range(repeats) for m, n, k in shapes]
+    for dtype in ("bfloat16", "float32"):
+        rows = make_rows({"suite": "param-demo", "experiment": "gemm", "family": "param_compute",
+                          "point": f"dtype={dtype}"},
+                         {"kernel": "gemm", "dtype": dtype, "implementation": "reproflow"}, measured, prov)
+        atomic_write(point_path(results, "param-demo", "gemm", dtype), rows_to_csv(rows))
+
+
+def test_other_hardware_is_matched_by_parameters_and_set_against_its_limit(tmp_path: Path) -> None:
+    """This machine's GEMM rows against the H200 rows kept in benchmarks/results/gpu: other suites, other
+    settings, matched by kernel, dtype, implementation and shape; the GPU said at the top; each GPU rate
+    also a fraction of the H200's dense peak for its dtype (limits.toml), none for the CPU."""
+    from conftest import ROOT
+
+    from reproflow.reporting.limits import limits
+
+    write_gemm(tmp_path / "here", 1.0)
+    index = catalog.connect(tmp_path / "index.sqlite")
+    match = ("kernel", "dtype", "implementation", "m", "n", "k")
+    here = open_run(str(tmp_path / "here"), index, tmp_path, match)
+    gpu = open_run(str(ROOT / "benchmarks/results/gpu"), index, tmp_path, match)
+    table = compare(here, gpu).set_index("match")
+    row = table.loc["kernel=gemm,dtype=bfloat16,implementation=reproflow,m=1024,n=4096,k=4096"]
+    peak = limits().gpu("NVIDIA H200").limits["dense_tflops"]["bfloat16"]
+    assert row["median_b"] > 100 and np.isclose(row["of_limit_b"], row["median_b"] / peak)
+    # The GPU rows have one repeat a shape: the interval is this side's spread alone, the GPU far faster.
+    assert np.isnan(row["of_limit_a"]) and row["verdict"] == FASTER and row["ratio"] > 100
+    assert len(table) == 6 and set(table["metric"]) == {"tflops"}
+    differ = differences([here, gpu]).set_index("provenance")
+    assert differ.loc["device_name"].tolist() == ["a CPU", "NVIDIA H200"]
+
+
+def test_runs_against_a_published_figure_and_the_table_checked(tmp_path: Path) -> None:
+    write_gemm(tmp_path / "here", 10.0, repeats=4)
+    out = tmp_path / "out"
+    run = reproflow("compare", "--reference", "param-gemm-fp32-gpu", str(tmp_path / "here"), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    # Three float32 shapes are in the published table: 4 repeats against one exact value each, judged.
+    assert "3 metrics matched: 0 faster, 3 slower" in run.stdout and "aws-samples/awsome-distributed" in run.stdout
+    unknown = reproflow("compare", "--reference", "nowhere", str(tmp_path / "here"), "--out", str(out))
+    assert unknown.returncode == 2 and "Published figures there: " in unknown.stderr
+    from reproflow.reporting.limits import load_limits
+    from reproflow.spec.errors import ParamError
+
+    bad = tmp_path / "limits.toml"
+    bad.write_text('version = 1\n[[gpu]]\nname = "X"\nmatch = "X"\nsource = "s"\n')
+    with pytest.raises(ParamError, match="'gpu\\[0\\]match' must be a list"):
+        load_limits(bad)

@@ -240,17 +240,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from contextlib import closing
 
     from reproflow.reporting import catalog
-    from reproflow.reporting.compare import open_run, write_comparison
+    from reproflow.reporting.compare import Reference, open_run, write_comparison
 
-    if len(args.runs) < 2:
+    if len(args.runs) + bool(args.reference) < 2:
         raise ReproflowError(f"compare needs two runs or more, got {len(args.runs)}: give the first (the "
-                             "baseline) and the ones to set against it, as results folders or archives.")
+                             "baseline) and the ones to set against it, as results folders or archives; or one "
+                             "run and --reference.")
     if args.fail_below is not None and not 0 < args.fail_below <= 1:
         raise ReproflowError(f"--fail-below {args.fail_below}: give the speed below which a metric fails, "
                              "between 0 and 1 (0.95: more than 5 % slower, the whole interval).")
     with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch, closing(catalog.open_index()) as index:
         try:
-            runs = [open_run(source, index, Path(scratch)) for source in args.runs]
+            first: list[Reference] = [Reference(_published(args.reference))] if args.reference else []
+            match = first[0].match if first else tuple(f for f in args.match.split(",") if f)
+            runs = [*first, *(open_run(source, index, Path(scratch), match) for source in args.runs)]
             paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
         finally:
             catalog.forget(index, Path(scratch))
@@ -260,6 +263,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"reproflow: {slower} metric(s) slower than {args.fail_below:g} of the first run's (the whole "
               "interval); exit 1", file=sys.stderr)
     return 1 if slower else 0
+
+
+def _published(name: str) -> Any:
+    """The published figure called `name` in the reference table, or an error listing them."""
+    from reproflow.reporting.limits import LIMITS, limits
+
+    table = limits().published
+    if name not in table:
+        raise ReproflowError(f"--reference {name!r} is not in {LIMITS}. Published figures there: "
+                             f"{', '.join(sorted(table))}.")
+    return table[name]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -283,9 +297,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     with closing(catalog.open_index()) as index:
         read = catalog.refresh(index, folders)
         table = catalog.runs_table(index, folders, suite=args.suite, cluster=args.cluster, since=args.since,
-                                   until=args.until)
-    if args.limit:
-        table = table.head(args.limit)
+                                   until=args.until, limit=args.limit)
     for _, run in table.iterrows():
         print(f"{run['run']}  {run['start'][:19].replace('T', ' ')}  {run['state']}  {run['cluster'] or '-'}  "
               f"{run['points']} point(s), {run['failed']} failed  {run['hardware'] or '-'} on {run['nodes'] or '-'}"
@@ -294,7 +306,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if run["headline"]:
             print(f"    {run['headline']}")
         print(f"    {run['folder']}")
-    print(f"reproflow: {len(table)} run(s) in {len(folders)} results folder(s); index {catalog_path()} "
+    print(f"reproflow: {len(table)} run(s) listed from {len(folders)} results folder(s); index {catalog_path()} "
           f"({read} file(s) read again)")
     return 0
 
@@ -487,6 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run ids (`reproflow runs`), results folders or `reproflow archive` "
                                            "files; the first is the baseline")
     p.add_argument("--out", default="compare", help="folder for compare.md, compare.html and the figures")
+    p.add_argument("--match", default="",
+                   help="match points by these parameters and coordinates only (comma-separated, e.g. "
+                        "kernel,dtype,implementation,m,n,k), whatever their suites and experiments are called: "
+                        "one machine's rows against another's")
+    p.add_argument("--reference", default="",
+                   help="set the runs against a published figure of workflows/reference/limits.toml "
+                        "(e.g. param-gemm-fp32-gpu), matched by the parameters it was published at")
     p.add_argument("--fail-below", type=float, default=None,
                    help="exit 1 when a metric's speed against the first run is below this with its whole "
                    "interval (0.95: more than 5 %% slower); default: off")

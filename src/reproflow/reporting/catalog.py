@@ -28,22 +28,24 @@ from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
             "nccl_version")
 KEY = ["suite", "experiment", "point", "coords", "metric"]
+MATCH_KEY = ["family", "match", "metric"]  # compare --match: points matched by the named fields only
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER);
 CREATE TABLE IF NOT EXISTS manifests(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, record TEXT);
-CREATE TABLE IF NOT EXISTS points(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
+CREATE TABLE IF NOT EXISTS points(path TEXT, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
     experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
     {", ".join(f"{c} TEXT" for c in MANIFEST)});
 CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
     coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
 CREATE INDEX IF NOT EXISTS points_folder ON points(folder);
+CREATE INDEX IF NOT EXISTS points_path ON points(path);
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);
 CREATE INDEX IF NOT EXISTS samples_folder ON samples(folder);
 CREATE INDEX IF NOT EXISTS samples_path ON samples(path);
@@ -156,32 +158,49 @@ def _index_file(con: sqlite3.Connection, folder: Path, path: Path) -> None:
 
 
 def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[dict[str, str]]) -> None:
-    """One point file: its point with provenance, and per coordinates and metric the samples' statistics
-    (the rows aggregated across ranks where the metric has them, else rank 0's)."""
-    first = rows[0]
-    known = families().get(first["family"])
-    middle = [c for c in first if c not in RESERVED]
-    params = {p.name for p in known.params} if known else {c for c in middle if len({r[c] for r in rows}) == 1}
-    coords = [c for c in middle if c not in params]
-    run_id = first.get("run_id") or job_run_id(first["job_id"])
-    con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (11 + len(MANIFEST)))})",
-                (str(path), str(folder), run_id, first["job_id"], first["suite"], first["experiment"],
-                 first["family"], first["point"], 0, first["timestamp"],
-                 json.dumps({c: first[c] for c in middle if c in params}), *(first.get(c, "") for c in MANIFEST)))
-    groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
+    """A file's points (one, or several put together) with their provenance, and per point, coordinates
+    and metric the samples' statistics (the rows aggregated across ranks where the metric has them, else
+    rank 0's)."""
+    by_point: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
     for row in rows:
-        key = (json.dumps({c: row[c] for c in coords}) if coords else "", row["metric"])
-        _, merged, first_rank = groups.setdefault(key, (row["unit"], [], []))
-        value = float(row["value"])
-        if math.isfinite(value):
-            if row["rank"] == AGGREGATE:
-                merged.append(value)
-            elif row["rank"] == "0":
-                first_rank.append(value)
-    con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
-        (str(path), run_id, str(folder), first["suite"], first["experiment"], first["point"], coords_key, metric,
-         unit, *_statistics(merged or first_rank))
-        for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
+        by_point.setdefault((row["suite"], row["experiment"], row["point"], row["job_id"]), []).append(row)
+    for (suite, experiment, point, job_id), mine in by_point.items():
+        first = mine[0]
+        known = families().get(first["family"])
+        middle = [c for c in first if c not in RESERVED]
+        params = ({p.name for p in known.params} if known
+                  else {c for c in middle if len({r[c] for r in mine}) == 1})
+        coords = [c for c in middle if c not in params]
+        run_id = first.get("run_id") or job_run_id(job_id)
+        con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (11 + len(MANIFEST)))})",
+                    (str(path), str(folder), run_id, job_id, suite, experiment, first["family"], point, 0,
+                     first["timestamp"], json.dumps({c: _number(first[c]) for c in middle if c in params}),
+                     *(first.get(c, "") for c in MANIFEST)))
+        groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
+        for row in mine:
+            key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"])
+            _, merged, first_rank = groups.setdefault(key, (row["unit"], [], []))
+            value = float(row["value"])
+            if math.isfinite(value):
+                if row["rank"] == AGGREGATE:
+                    merged.append(value)
+                elif row["rank"] == "0":
+                    first_rank.append(value)
+        con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
+            (str(path), run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
+             *_statistics(merged or first_rank))
+            for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
+
+
+def _number(text: str) -> str:
+    """A value as one text however it was written: 128, 128.0 and 1.28e2 alike as 128."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value):
+        return text
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
 def _statistics(values: Sequence[float]) -> tuple[int, float | None, float | None, float | None]:
@@ -207,10 +226,10 @@ def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dic
 
 
 def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str = "", cluster: str = "",
-               since: str = "", until: str = "") -> pd.DataFrame:
+               since: str = "", until: str = "", limit: int = 0) -> pd.DataFrame:
     """The runs in the folders, newest first: when, where, what, points measured and failed, and each
     family's headline figure (its best point's median); filtered by suite (a glob), cluster (a part of
-    its name) and start date (YYYY-MM-DD, both ends included)."""
+    its name) and start date (YYYY-MM-DD, both ends included); the newest `limit` (0: all)."""
     marks = ", ".join("?" * len(folders))
     where = [str(f.resolve()) for f in folders]
     points = pd.read_sql_query(
@@ -246,6 +265,8 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
     if until:
         table = table[table["start"].str[:10] <= until]
     table = table.sort_values("start", ascending=False)
+    if limit:
+        table = table.head(limit)
     table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
     return table.reset_index(drop=True)
 
@@ -275,11 +296,24 @@ def resolve(con: sqlite3.Connection, name: str) -> Selection | None:
     return None
 
 
-def samples(con: sqlite3.Connection, side: Selection) -> pd.DataFrame:
-    """One row per point, coordinates and metric of one side: unit, count, log mean and variance, median."""
-    where, args = side.where()
-    return pd.read_sql_query(f"SELECT {', '.join(KEY)}, unit, n, log_mean, log_var, median FROM samples "
-                             f"WHERE {where}", con, params=args).set_index(KEY).sort_index()
+def samples(con: sqlite3.Connection, side: Selection, match: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per point, coordinates and metric of one side: unit, count, log mean and variance, median,
+    and the point's family, device, nodes and parameters (JSON). With `match`, keyed instead by family,
+    those parameters and coordinates ("name=value,...") and metric, whatever the suite and experiment:
+    one machine's points set against another's measured under other names."""
+    where, args = side.where("s")
+    frame = pd.read_sql_query(
+        f"SELECT {', '.join('s.' + k for k in KEY)}, s.unit, s.n, s.log_mean, s.log_var, s.median, p.family, "
+        f"p.device_name, p.nodelist, p.params FROM samples s JOIN points p ON s.path = p.path AND s.suite = p.suite "
+        f"AND s.experiment = p.experiment AND s.point = p.point WHERE {where}", con, params=args)
+    if not match:
+        return frame.set_index(KEY).sort_index()
+    fields = [json.loads(p or "{}") | (json.loads(c) if c else {}) for p, c in zip(frame["params"], frame["coords"],
+                                                                                 strict=True)]
+    frame["match"] = [",".join(f"{name}={f.get(name, '')}" for name in match) for f in fields]
+    # Points without every field named are not the ones asked for (another family's, another kernel's).
+    has_all = [all(f.get(name, "") != "" for name in match) for f in fields]
+    return frame[has_all].set_index(MATCH_KEY).sort_index()
 
 
 def points(con: sqlite3.Connection, side: Selection, columns: Sequence[str] = ("suite", "experiment", "point"),

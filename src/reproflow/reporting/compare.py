@@ -13,6 +13,8 @@ provenance (commit, image, hardware, versions, nodes) is said first.
 from __future__ import annotations
 
 import html
+import json
+import math
 import sqlite3
 import tarfile
 from collections.abc import Sequence
@@ -26,6 +28,7 @@ import pandas as pd
 from reproflow.reporting import catalog
 from reproflow.reporting.claims import LEVEL, log_ratio_intervals
 from reproflow.reporting.figures import save_figure
+from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
 from reproflow.spec.errors import ReproflowError
 from reproflow.store.files import atomic_write
@@ -42,7 +45,7 @@ MAX_FIGURES = 24
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
 KEY = catalog.KEY
 COLUMNS = [*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high", "speed", "speed_low",
-           "speed_high", "verdict"]
+           "speed_high", "verdict", "of_limit_a", "of_limit_b"]
 
 
 @dataclass(frozen=True)
@@ -52,19 +55,77 @@ class Run:
     label: str
     side: catalog.Selection
     index: sqlite3.Connection
+    # Parameters and coordinates that alone match points across runs (compare --match); empty: suite,
+    # experiment, point and coordinates.
+    match: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> list[str]:
+        """The columns points and metrics are matched by."""
+        return catalog.MATCH_KEY if self.match else catalog.KEY
 
     @cached_property
     def samples(self) -> pd.DataFrame:
         """One row per point, coordinates and metric: unit, count, log mean and variance, median."""
-        return catalog.samples(self.index, self.side)
+        frame = catalog.samples(self.index, self.side, self.match)
+        clash = frame.index[frame.index.duplicated()]
+        if len(clash):
+            family, fields, metric = clash[0]
+            raise ReproflowError(f"{self.label}: several points have {fields} ({family}, {metric}): --match "
+                                 f"{','.join(self.match)} does not tell them apart. Add the parameter they "
+                                 "differ in (implementation, dtype, a size) to --match.")
+        return frame
 
     @cached_property
-    def points(self) -> set[tuple[str, str, str, str]]:
-        """The (suite, experiment, point, coordinates) measured: a message size is a point of its own here."""
+    def points(self) -> set[tuple[str, ...]]:
+        """The points measured, with their coordinates: a message size is a point of its own here."""
         return set(self.samples.index.droplevel("metric"))
 
+    def provenance(self) -> pd.DataFrame:
+        """The provenance columns that make runs different machines or software, a row per point."""
+        return catalog.points(self.index, self.side, catalog.MANIFEST)
 
-def open_run(source: str, index: sqlite3.Connection, scratch: Path) -> Run:
+
+@dataclass(frozen=True)
+class Reference:
+    """A published figure (limits.toml) as the first side of a comparison: each value one exact sample,
+    matched by the parameters it was published at."""
+
+    published: Published
+
+    @property
+    def label(self) -> str:
+        """What it is and what measured it."""
+        return f"{self.published.name} ({self.published.hardware})"
+
+    @property
+    def match(self) -> tuple[str, ...]:
+        """The parameters its values are given at."""
+        return tuple(sorted({name for params, _ in self.published.values for name in params}))
+
+    key = catalog.MATCH_KEY
+
+    @cached_property
+    def samples(self) -> pd.DataFrame:
+        """One row per published value, as Run.samples: one sample, no spread."""
+        p = self.published
+        return pd.DataFrame([{
+            "family": p.family, "match": ",".join(f"{name}={params.get(name, '')}" for name in self.match),
+            "metric": p.metric, "unit": p.unit, "n": 1, "log_mean": math.log(value), "log_var": 0.0,
+            "median": value, "device_name": p.hardware, "nodelist": ",".join(f"host{i}" for i in range(p.hosts)),
+            "params": json.dumps(dict(params))} for params, value in p.values]).set_index(self.key).sort_index()
+
+    @cached_property
+    def points(self) -> set[tuple[str, ...]]:
+        """The published points."""
+        return set(self.samples.index.droplevel("metric"))
+
+    def provenance(self) -> pd.DataFrame:
+        """The hardware it was published for and where."""
+        return pd.DataFrame([{"device_name": self.published.hardware, "source": self.published.source}])
+
+
+def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Sequence[str] = ()) -> Run:
     """A results folder, a `reproflow archive` file (unpacked under `scratch`) or a run id of the catalog
     (or the start of one), as a Run; folders are brought into the index first."""
     path = Path(source)
@@ -79,7 +140,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path) -> Run:
         path = found[0]
     if path.is_dir():
         catalog.refresh(index, [path])
-        run = Run(source, catalog.Selection(source, str(path.resolve())), index)
+        run = Run(source, catalog.Selection(source, str(path.resolve())), index, tuple(match))
     else:
         catalog.refresh(index, catalog.catalog_folders())
         side = catalog.resolve(index, source)
@@ -87,7 +148,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path) -> Run:
             raise ReproflowError(f"{source}: not a results folder, an archive or one run's id. Give the --results "
                                  "folder of a run, a .tar.gz written by `reproflow archive`, or a run id that "
                                  "`reproflow runs` lists (its start is enough when only one run begins so).")
-        run = Run(source, side, index)
+        run = Run(source, side, index, tuple(match))
     if run.samples.empty:
         raise ReproflowError(f"{source}: no result rows in it. Give a folder or a run that measured points.")
     return run
@@ -101,7 +162,7 @@ def direction(unit: str) -> int:
     return -1 if unit in TIME_UNITS else 0
 
 
-def compare(first: Run, later: Run) -> pd.DataFrame:
+def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     """Every metric of the points both runs measured: counts, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
     both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
@@ -109,7 +170,7 @@ def compare(first: Run, later: Run) -> pd.DataFrame:
     ratio, low, high = log_ratio_intervals(*(both[c].to_numpy(dtype=float) for c in (
         "log_mean_b", "log_var_b", "n_b", "log_mean_a", "log_var_a", "n_a")))
     no_ratio = both["log_mean_a"].isna().to_numpy() | both["log_mean_b"].isna().to_numpy()
-    table = both[KEY].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
+    table = both[first.key].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
                              median_b=both["median_b"], ratio=ratio, low=low, high=high)
     # A time's speed is its inverse: above 1 is better for every judged metric.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -121,22 +182,45 @@ def compare(first: Run, later: Run) -> pd.DataFrame:
         [NO_RATIO, NEITHER, ONE_SAMPLE, FASTER, SLOWER], SAME)
     for column in ("median_a", "median_b", "ratio", "low", "high", "speed", "speed_low", "speed_high"):
         table.loc[no_ratio, column] = np.nan
-    return table[COLUMNS]
+    family = both["family"] if "family" in both else both["family_a"]
+    for side in ("a", "b"):
+        table[f"of_limit_{side}"] = both[f"median_{side}"] / _limits(family, both, side)
+    return table[[*first.key, *COLUMNS[len(KEY):]]]
 
 
-def only_in_one(first: Run, later: Run) -> pd.DataFrame:
+def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
+    """The hardware limit bounding each row's metric on the side's device (NaN where none is known)."""
+    table = limits()
+    bounded = {(u.family, u.metric) for u in table.uses}
+    wanted = [(f, m) in bounded for f, m in zip(family, both["metric"], strict=True)]
+    out = pd.Series(np.nan, index=both.index)
+    cache: dict[tuple[str, ...], float] = {}
+    for i in np.flatnonzero(wanted):
+        row = both.iloc[i]
+        key = (family.iloc[i], row["metric"], row[f"device_name_{side}"], row[f"nodelist_{side}"],
+               row[f"params_{side}"])
+        if key not in cache:
+            hosts = len(str(row[f"nodelist_{side}"]).split(","))
+            found = table.limit(key[0], key[1], json.loads(key[4] or "{}"), str(key[2]), hosts)
+            cache[key] = found[0] if found else np.nan
+        out.iloc[i] = cache[key]
+    return out
+
+
+def only_in_one(first: Run | Reference, later: Run) -> pd.DataFrame:
     """The points (suite, experiment, point, coordinates) one of the two runs measured and the other did not."""
     rows = [(*p, first.label) for p in sorted(first.points - later.points)]
     rows += [(*p, later.label) for p in sorted(later.points - first.points)]
-    return pd.DataFrame(rows, columns=[*KEY[:4], "only in"])
+    return pd.DataFrame(rows, columns=[*first.key[:-1], "only in"])
 
 
-def differences(runs: Sequence[Run]) -> pd.DataFrame:
+def differences(runs: Sequence[Run | Reference]) -> pd.DataFrame:
     """The provenance columns whose values differ between the runs: one row each, a column per run."""
     rows = []
-    frames = [catalog.points(r.index, r.side, catalog.MANIFEST) for r in runs]
-    for column in catalog.MANIFEST:
-        seen = [", ".join(sorted({str(v) for v in f[column].dropna().unique() if str(v)})) for f in frames]
+    frames = [r.provenance() for r in runs]
+    for column in (*catalog.MANIFEST, "source"):
+        seen = [", ".join(sorted({str(v) for v in f[column].dropna().unique() if str(v)})) if column in f else ""
+                for f in frames]
         if len(set(seen)) > 1:
             rows.append({"provenance": column, **{r.label: s for r, s in zip(runs, seen, strict=True)}})
     return pd.DataFrame(rows)
@@ -165,7 +249,9 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
     overlaid (one line per run and per setting of the other parameters)."""
     import matplotlib.pyplot as plt
 
-    figures = []
+    figures: list[Path] = []
+    if runs[0].match:
+        return figures  # points matched across suites: no one experiment's curves to draw
     judged = table[table["verdict"].isin([FASTER, SLOWER, SAME])][["suite", "experiment", "metric", "unit"]]
     for suite, experiment, metric, unit in judged.drop_duplicates().itertuples(index=False):
         if len(figures) == MAX_FIGURES:
@@ -192,7 +278,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
     return figures
 
 
-def write_comparison(runs: Sequence[Run], out_dir: Path,
+def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
                      fail_below: float | None = None) -> tuple[list[Path], str, int]:
     """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, the markdown
     (the summary and the tables) and how many metrics are slower beyond `fail_below`."""
@@ -218,7 +304,10 @@ def write_comparison(runs: Sequence[Run], out_dir: Path,
             worse = regressions(table, fail_below)
             slower += len(worse)
             summary += f" Slower than {fail_below:g} of the first run's (the whole interval): {len(worse)}."
-        shown = table.drop(columns=["speed_low", "speed_high"])
+        shown = table.drop(columns=["speed_low", "speed_high"]).dropna(axis=1, how="all")
+        if {"of_limit_a", "of_limit_b"} & set(shown.columns):
+            summary += (" of_limit: the median as a fraction of the limit of the hardware that measured it "
+                        f"({LIMITS}: a GPU's dense peak for the dtype, its memory bandwidth, its NVLink).")
         md += [f"## {run.label}\n\n{summary}\n", to_markdown(shown)]
         body.append(f"<section><h2>{html.escape(run.label)}</h2><p>{html.escape(summary)}</p>{html_table(shown)}")
         if len(alone):

@@ -1,4 +1,5 @@
-"""JSON documents users hand in (Aceso configs, CFP strategy files): read and checked field by field.
+"""Documents users hand in (Aceso configs, CFP strategy files, the reference table): JSON, or TOML by the
+file's suffix, read and checked field by field.
 
 A shape is a type (`str`, `int`, `float`, `bool`), `Count` (an int >= 1), `Index` (an int >= 0),
 a one-element list (a list of that shape), a dict of field shapes (keys ending in '?' may be
@@ -14,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.spec.errors import ParamError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
+    import tomli as tomllib
 
 
 class Count:
@@ -93,11 +99,14 @@ def check(doc: Any, shape: Any, where: str = "") -> None:
 
 
 def read(path: Path, what: str, shape: Any) -> dict:
-    """The JSON object in `path`, checked against `shape`; ParamError saying what the file should be."""
+    """The JSON (or, for a .toml file, TOML) object in `path`, checked against `shape`; ParamError saying
+    what the file should be."""
+    toml = Path(path).suffix == ".toml"
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        doc = tomllib.loads(text) if toml else json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ParamError(f"{path} cannot be read as JSON ({exc}).", what) from None
+        raise ParamError(f"{path} cannot be read as {'TOML' if toml else 'JSON'} ({exc}).", what) from None
     try:
         check(doc, shape)
     except ParamError as exc:

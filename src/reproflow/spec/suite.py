@@ -26,14 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reproflow.spec.documents import tomllib
 from reproflow.spec.errors import ParamError, ReproflowError, SuiteError
 from reproflow.spec.family import Family, get_family
 from reproflow.spec.params import Param, canonical, resolve
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
-    import tomli as tomllib
 
 LAUNCHERS = ("torchrun", "mpi")
 # Used with fullmatch: `$` would let a trailing newline through into a rendered #SBATCH line.
