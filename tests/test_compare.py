@@ -209,3 +209,23 @@ def test_runs_against_a_published_figure_and_the_table_checked(tmp_path: Path) -
     bad.write_text('version = 1\n[[gpu]]\nname = "X"\nmatch = "X"\nsource = "s"\n')
     with pytest.raises(ParamError, match="'gpu\\[0\\]match' must be a list"):
         load_limits(bad)
+
+
+def test_the_report_sets_each_bounded_rate_against_its_limit(tmp_path: Path) -> None:
+    """The H200 rows kept in benchmarks/results/gpu: GEMM TFLOP/s against the dense peak of its dtype,
+    EmbeddingBag GB/s against the memory bandwidth; one rank's busBW is bounded by no link."""
+    import shutil
+
+    from conftest import ROOT
+
+    from reproflow.reporting.report import against_limits, load_results
+
+    (tmp_path / "r").mkdir()
+    for name in ("param_compute_rows.csv", "param_comms_rows.csv"):
+        shutil.copy(ROOT / "benchmarks/results/gpu" / name, tmp_path / "r" / name)
+    table = against_limits(load_results(tmp_path / "r")).set_index("limit_is")
+    assert set(table.index) == {"H200 SXM bfloat16 dense_tflops", "H200 SXM float32 dense_tflops",
+                                "H200 SXM tf32 dense_tflops", "H200 SXM memory_gbs"}
+    bf16 = table.loc["H200 SXM bfloat16 dense_tflops"]
+    assert bf16["limit"] == 989.5 and 0.5 < bf16["fraction"] < 1
+    assert np.isclose(bf16["fraction"], bf16["median"] / 989.5)

@@ -298,14 +298,14 @@ def resolve(con: sqlite3.Connection, name: str) -> Selection | None:
 
 def samples(con: sqlite3.Connection, side: Selection, match: Sequence[str] = ()) -> pd.DataFrame:
     """One row per point, coordinates and metric of one side: unit, count, log mean and variance, median,
-    and the point's family, device, nodes and parameters (JSON). With `match`, keyed instead by family,
+    and the point's family, device, nodes, ranks and parameters (JSON). With `match`, keyed instead by family,
     those parameters and coordinates ("name=value,...") and metric, whatever the suite and experiment:
     one machine's points set against another's measured under other names."""
     where, args = side.where("s")
     frame = pd.read_sql_query(
         f"SELECT {', '.join('s.' + k for k in KEY)}, s.unit, s.n, s.log_mean, s.log_var, s.median, p.family, "
-        f"p.device_name, p.nodelist, p.params FROM samples s JOIN points p ON s.path = p.path AND s.suite = p.suite "
-        f"AND s.experiment = p.experiment AND s.point = p.point WHERE {where}", con, params=args)
+        f"p.device_name, p.nodelist, p.world_size, p.params FROM samples s JOIN points p ON s.path = p.path "
+        f"AND s.suite = p.suite AND s.experiment = p.experiment AND s.point = p.point WHERE {where}", con, params=args)
     if not match:
         return frame.set_index(KEY).sort_index()
     fields = [json.loads(p or "{}") | (json.loads(c) if c else {}) for p, c in zip(frame["params"], frame["coords"],

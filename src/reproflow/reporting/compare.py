@@ -113,6 +113,7 @@ class Reference:
             "family": p.family, "match": ",".join(f"{name}={params.get(name, '')}" for name in self.match),
             "metric": p.metric, "unit": p.unit, "n": 1, "log_mean": math.log(value), "log_var": 0.0,
             "median": value, "device_name": p.hardware, "nodelist": ",".join(f"host{i}" for i in range(p.hosts)),
+            "world_size": p.ranks,
             "params": json.dumps(dict(params))} for params, value in p.values]).set_index(self.key).sort_index()
 
     @cached_property
@@ -198,10 +199,10 @@ def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
     for i in np.flatnonzero(wanted):
         row = both.iloc[i]
         key = (family.iloc[i], row["metric"], row[f"device_name_{side}"], row[f"nodelist_{side}"],
-               row[f"params_{side}"])
+               row[f"world_size_{side}"], row[f"params_{side}"])
         if key not in cache:
-            hosts = len(str(row[f"nodelist_{side}"]).split(","))
-            found = table.limit(key[0], key[1], json.loads(key[4] or "{}"), str(key[2]), hosts)
+            hosts = len(str(key[3]).split(","))
+            found = table.limit(key[0], key[1], json.loads(key[5] or "{}"), str(key[2]), hosts, int(key[4] or 1))
             cache[key] = found[0] if found else np.nan
         out.iloc[i] = cache[key]
     return out

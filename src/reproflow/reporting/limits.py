@@ -39,7 +39,8 @@ class Use:
     metric: str
     limit: str
     by: str = ""
-    # Only points within one host (NVLink bounds busBW inside a node, the network across nodes).
+    # Only points of several ranks within one host (NVLink bounds busBW inside a node, the network across
+    # nodes, nothing a single rank's).
     one_host: bool = False
 
 
@@ -55,6 +56,7 @@ class Published:
     hardware: str
     source: str
     hosts: int = 1  # nodes it was measured on
+    ranks: int = 1  # and GPUs (ranks) in all
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,15 @@ class Limits:
                 return gpu
         return None
 
-    def limit(self, family: str, metric: str, params: Mapping[str, str], device_name: str,
-              hosts: int) -> tuple[float, str] | None:
+    def limit(self, family: str, metric: str, params: Mapping[str, str], device_name: str, hosts: int,
+              ranks: int) -> tuple[float, str] | None:
         """The limit bounding a metric measured on a device, and what it is ('H200 bfloat16 dense peak');
         None where the table knows none."""
         gpu = self.gpu(device_name)
         if gpu is None:
             return None
         for use in self.uses:
-            if use.family != family or use.metric != metric or (use.one_host and hosts != 1):
+            if use.family != family or use.metric != metric or (use.one_host and (hosts != 1 or ranks < 2)):
                 continue
             value = gpu.limits.get(use.limit)
             if use.by:
@@ -97,7 +99,7 @@ SHAPE = {
              "nvlink_gbs?": float}],
     "use": [{"family": str, "metric": str, "limit": str, "by?": str, "one_host?": bool}],
     "published": [{"name": str, "family": str, "metric": str, "unit": str, "hardware": str, "source": str,
-                   "hosts?": Count, "values": [MapOf(Either(str, float))]}],
+                   "hosts?": Count, "ranks?": Count, "values": [MapOf(Either(str, float))]}],
 }
 WHAT = ("a table of hardware limits ([[gpu]]), which metric each bounds ([[use]]) and published figures "
         "([[published]]), each with its source, as workflows/reference/limits.toml")
@@ -119,7 +121,7 @@ def load_limits(path: Path) -> Limits:
                                  f"not {v.get('value')!r}.", WHAT)
             values.append(({k: str(x) for k, x in v.items() if k != "value"}, float(v["value"])))
         published[p["name"]] = Published(p["name"], p["family"], p["metric"], p["unit"], tuple(values),
-                                         p["hardware"], p["source"], p.get("hosts", 1))
+                                         p["hardware"], p["source"], p.get("hosts", 1), p.get("ranks", 1))
     return Limits(data["version"], gpus, uses, published)
 
 

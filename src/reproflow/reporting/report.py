@@ -18,11 +18,19 @@ import pandas as pd
 
 from reproflow.reporting.claims import Claim
 from reproflow.reporting.figures import forest_plot
+from reproflow.reporting.limits import LIMITS, limits
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.spec.params import canonical
-from reproflow.store.results import GATE_FAIL, PROVENANCE_COLUMNS, point_file_problem, quarantine, result_files
+from reproflow.store.results import (
+    GATE_FAIL,
+    PROVENANCE_COLUMNS,
+    RESERVED,
+    point_file_problem,
+    quarantine,
+    result_files,
+)
 
 # The package of the papers' tables, figures and claims, `analysis.<family>`: found by name, as a plugin.
 ANALYSIS = "analysis"
@@ -144,6 +152,33 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note:
     return [csv_path, md_path]
 
 
+def against_limits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each rate the reference table bounds (limits.toml's [[use]]), where the rows name hardware it knows:
+    the best median over the repeats per family, metric, device and setting, the limit, and the fraction."""
+    table = limits()
+    bounded = {(u.family, u.metric) for u in table.uses}
+    rows = aggregates(newest(frame))
+    rows = rows[[(f, m) in bounded for f, m in zip(rows["family"], rows["metric"], strict=True)]]
+    out = []
+    keys = ["family", "metric", "device_name", "nodelist", "world_size"]
+    for (family, metric, device, nodes, ranks), group in rows.groupby(keys):
+        settings = [c for c in group.columns if c not in RESERVED and group[c].notna().any()]
+        medians = group.groupby(settings, dropna=False)["value"].median() if settings else group["value"]
+        for setting, value in medians.items():
+            params = dict(zip(settings, setting if isinstance(setting, tuple) else (setting,), strict=True))
+            found = table.limit(family, metric, {k: str(v) for k, v in params.items()}, str(device),
+                                len(str(nodes).split(",")), int(ranks))
+            if found:
+                out.append({"family": family, "metric": metric, "device_name": device, "nodes": nodes, "ranks": ranks,
+                            "dtype": params.get("dtype", ""), "median": value, "limit": found[0],
+                            "limit_is": found[1], "setting": setting, "fraction": value / found[0]})
+    if not out:
+        return pd.DataFrame()
+    best = pd.DataFrame(out).rename(columns={"nodes": "nodelist", "ranks": "world_size"}).sort_values(
+        "fraction", ascending=False)
+    return best.drop_duplicates([*keys, "limit_is"]).drop(columns="setting")
+
+
 def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, out_dir: Path, name: str,
                             title: str, note: str) -> tuple[pd.DataFrame, list[Path]]:
     """`value` per implementation side by side, reproflow's ratio to each other one, and the median
@@ -240,6 +275,14 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> lis
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
     if only:
         return written
+    bounded = against_limits(frame)
+    if len(bounded):
+        files = write_table(bounded, out_dir, "limits", "Rates against the hardware's limits",
+                            f"The best setting of each rate, as a fraction of its limit ({LIMITS}).")
+        written += files
+        sections.append(Section("hardware limits", f"Each bounded rate's best median against the limit of the "
+                                f"hardware that measured it ({LIMITS}: dense peak per dtype, memory bandwidth, "
+                                "NVLink).", [files[0]]))
     provenance = frame[[c for c in PROVENANCE_COLUMNS if c in frame.columns]].drop_duplicates("job_id")
     provenance = provenance.drop(columns=["timestamp"])
     written += write_table(provenance, out_dir, "jobs", "Jobs behind these results")
