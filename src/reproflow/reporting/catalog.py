@@ -252,7 +252,7 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
             "failed": int(p["failed"]) if p is not None else 0,
             "hardware": (p["hardware"] if p is not None and p["hardware"] else m.get("cpu_model", "")),
             "nodes": p["nodes"] if p is not None and p["nodes"] else "",
-            "commit": str(m.get("git_commit") or (p["commits"] if p is not None else ""))[:12],
+            "commit": _short(str(m.get("git_commit") or (p["commits"] if p is not None else ""))),
             "folder": m.get("results") or (p["folder"] if p is not None else "")})
     table = pd.DataFrame(out, columns=["run", "start", "end", "state", "cluster", "suites", "points", "failed",
                                        "hardware", "nodes", "commit", "folder"])
@@ -269,6 +269,11 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
         table = table.head(limit)
     table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
     return table.reset_index(drop=True)
+
+
+def _short(commits: str) -> str:
+    """Commits as their first 12 digits, `-dirty` kept."""
+    return ",".join(c[:12] + ("-dirty" if c.endswith("-dirty") else "") for c in commits.split(",") if c)
 
 
 def _headline(con: sqlite3.Connection, run_id: str) -> str:
