@@ -56,6 +56,10 @@ def test_runs_are_recorded_listed_and_compared_by_id(tmp_path: Path, write_suite
     states = sorted(json.loads(p.read_text())["state"] for p in (first / "runs").glob("*.json"))
     assert states == ["completed", "failed"], states
 
+    # Input refused before anything ran: no run recorded, nothing left behind.
+    refused = reproflow("run", str(suite), "-e", "nowhere", "--results", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and not (tmp_path / "refused").exists()
+
     listed = reproflow("runs")
     assert listed.returncode == 0, listed.stderr
     ids = [line.split()[0] for line in listed.stdout.splitlines() if not line.startswith((" ", "reproflow:"))]

@@ -17,11 +17,13 @@ import os
 import platform
 import secrets
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.paths import project_root
 from reproflow.spec.suite import RESULTS_FOLDERS
 from reproflow.store.files import append_line, atomic_write
@@ -106,6 +108,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         "image": image, "image_sha256": image_sha256(image) if image else "",
         "start": now(), "end": "", "state": RUNNING, "exit_code": None}
     path = manifest_path(results, run_id)
+    existed, started = results.exists(), time.time()
     atomic_write(path, json.dumps(record, indent=1) + "\n")
     register_folder(results)
     os.environ[RUN_ID_ENV] = run_id
@@ -113,6 +116,14 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         yield record
     except KeyboardInterrupt:
         record.update(state=INTERRUPTED, exit_code=130)
+        raise
+    except (ReproflowError, ParamError) as exc:
+        if not _written_since(results, started):
+            # Input refused before anything ran (a bad suite, a missing tool): no run to record.
+            record["state"] = ""
+            _remove(path, results if not existed else None)
+        else:
+            record.update(state=FAILED, exit_code=2, error=str(exc)[:500])
         raise
     except BaseException as exc:
         record.update(state=FAILED, exit_code=record.get("exit_code") or 1, error=str(exc)[:500])
@@ -123,6 +134,21 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         record.update(state=record.pop("ends_as", COMPLETED) if code == 0 else FAILED, exit_code=code)
     finally:
         del os.environ[RUN_ID_ENV]
-        record["end"] = now()
-        atomic_write(path, json.dumps(record, indent=1) + "\n")
-        print(f"reproflow: run {run_id} ({record['state']}): {path}", file=sys.stderr)
+        if record["state"]:
+            record["end"] = now()
+            atomic_write(path, json.dumps(record, indent=1) + "\n")
+            print(f"reproflow: run {run_id} ({record['state']}): {path}", file=sys.stderr)
+
+
+def _written_since(results: Path, started: float) -> bool:
+    """Whether anything beside the runs' manifests was written under the results folder since `started`."""
+    return any(p.stat().st_mtime >= started for p in results.rglob("*")
+               if p.is_file() and p.relative_to(results).parts[0] != RUNS) if results.is_dir() else False
+
+
+def _remove(manifest: Path, created: Path | None) -> None:
+    """Take back a manifest, its folder when empty, and the results folder the run made, when empty."""
+    manifest.unlink(missing_ok=True)
+    for folder in (manifest.parent, created):
+        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
