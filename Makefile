@@ -119,7 +119,7 @@ test: lint test-setup
 
 # The unit tests: no Slurm, no image, no process group, nothing marked slow.
 test-fast: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slurm and not slow and not distributed"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slurm and not slow and not distributed"
 
 # The fault-injection suite alone (it is also part of `make test`), with its summary line.
 faults: test-setup
