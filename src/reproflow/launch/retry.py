@@ -163,7 +163,9 @@ def failed_nodes(job: SlurmJob, log: str = "", settle_s: float = 60.0) -> tuple[
     slurmdbd a little after the job's state, so a NODE_FAIL job whose event is not there yet is asked
     again for up to `settle_s` seconds.
     """
-    nodes = hostnames(job.nodelist)
+    # The allocation's nodes and its steps': a job ended NODE_FAIL may be listed without the node it lost.
+    steps = run_lines(["sacct", "-n", "-P", "-j", job.job_id, "-o", "NodeList"])
+    nodes = sorted({n for listed in (job.nodelist, *steps) for n in hostnames(listed)})
     if not nodes:
         return [], ""
     srun = re.findall(r"[Nn]ode failure on (\S+?)[\s,.:]", log)

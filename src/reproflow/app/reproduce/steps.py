@@ -110,7 +110,8 @@ def run_step(argv: list[str], log: Path, progress: Progress | None,
 
 
 def _stop_group(child: subprocess.Popen) -> None:
-    """SIGTERM to the child's process group (it and its ranks), SIGKILL to what is left after 20 s."""
+    """SIGTERM to the child's process group (it and its ranks), SIGKILL to what is left after 20 s; returns
+    when no process of the group is left (a killed rank can take a moment to go on a loaded machine)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -118,6 +119,13 @@ def _stop_group(child: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
 
 
 def _apply(event: dict[str, Any], counts: dict[str, int], job_ids: list[str], progress: Progress | None) -> None:
