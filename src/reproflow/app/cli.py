@@ -302,7 +302,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"{run['run']}  {run['start'][:19].replace('T', ' ')}  {run['state']}  {run['cluster'] or '-'}  "
               f"{run['points']} point(s), {run['failed']} failed  {run['hardware'] or '-'} on {run['nodes'] or '-'}"
               f"  commit {run['commit'] or '-'}")
-        print(f"    suites: {run['suites'] or '-'}")
+        suites = run["suites"].split(",") if run["suites"] else ["-"]
+        more = f" (+{len(suites) - 6} more)" if len(suites) > 6 else ""
+        print(f"    suites: {','.join(suites[:6])}{more}")
         if run["headline"]:
             print(f"    {run['headline']}")
         print(f"    {run['folder']}")

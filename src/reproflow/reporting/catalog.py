@@ -28,7 +28,7 @@ from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
@@ -170,7 +170,7 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
         middle = [c for c in first if c not in RESERVED]
         params = ({p.name for p in known.params} if known
                   else {c for c in middle if len({r[c] for r in mine}) == 1})
-        coords = [c for c in middle if c not in params]
+        coords = [c for c in middle if c not in params and c not in (known.sample_coords if known else ())]
         run_id = first.get("run_id") or job_run_id(job_id)
         con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (11 + len(MANIFEST)))})",
                     (str(path), str(folder), run_id, job_id, suite, experiment, first["family"], point, 0,
@@ -251,7 +251,7 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
             "suites": ",".join(suites), "points": int(p["points"]) if p is not None else 0,
             "failed": int(p["failed"]) if p is not None else 0,
             "hardware": (p["hardware"] if p is not None and p["hardware"] else m.get("cpu_model", "")),
-            "nodes": p["nodes"] if p is not None and p["nodes"] else "",
+            "nodes": ",".join(sorted(set(str(p["nodes"]).split(",")))) if p is not None and p["nodes"] else "",
             "commit": _short(str(m.get("git_commit") or (p["commits"] if p is not None else ""))),
             "folder": m.get("results") or (p["folder"] if p is not None else "")})
     table = pd.DataFrame(out, columns=["run", "start", "end", "state", "cluster", "suites", "points", "failed",

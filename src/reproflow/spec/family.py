@@ -68,6 +68,9 @@ class Family:
     explain: ExplainFn | None = None
     # The metric a run of the family is summed up by in `reproflow runs` (its best point's median).
     headline: str = ""
+    # Coordinates that number repeated samples of one quantity (an iteration, a step), not conditions
+    # like a message size: pooled, not matched, when runs are compared.
+    sample_coords: tuple[str, ...] = ()
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""

@@ -55,6 +55,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 
 FAMILY = Family(
     name="aceso",
+    sample_coords=('iteration',),
     headline="samples_per_s",
     summary="Aceso: op profiler (forward/backward time and sizes on TP ranks) and runtime (train a config JSON)",
     params=(
