@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sqlite3
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,15 +208,11 @@ def _statistics(values: Sequence[float]) -> tuple[int, float | None, float | Non
     """Count, mean and variance of the logarithms (None unless every value is positive), median."""
     if not values:
         return 0, None, None, None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    if ordered[0] <= 0:
+    median = statistics.median(values)
+    if min(values) <= 0:
         return len(values), None, None, median
     logs = [math.log(v) for v in values]
-    mean = sum(logs) / len(logs)
-    var = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) if len(logs) > 1 else 0.0
-    return len(values), mean, var, median
+    return len(values), statistics.fmean(logs), statistics.variance(logs) if len(logs) > 1 else 0.0, median
 
 
 def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dict]:
@@ -315,10 +312,15 @@ def samples(con: sqlite3.Connection, side: Selection, match: Sequence[str] = ())
         return frame.set_index(KEY).sort_index()
     fields = [json.loads(p or "{}") | (json.loads(c) if c else {}) for p, c in zip(frame["params"], frame["coords"],
                                                                                  strict=True)]
-    frame["match"] = [",".join(f"{name}={f.get(name, '')}" for name in match) for f in fields]
+    frame["match"] = [match_label(match, f) for f in fields]
     # Points without every field named are not the ones asked for (another family's, another kernel's).
     has_all = [all(f.get(name, "") != "" for name in match) for f in fields]
     return frame[has_all].set_index(MATCH_KEY).sort_index()
+
+
+def match_label(match: Sequence[str], fields: dict[str, str]) -> str:
+    """How a point is named when matched by `match` alone: "name=value,..."."""
+    return ",".join(f"{name}={fields.get(name, '')}" for name in match)
 
 
 def points(con: sqlite3.Connection, side: Selection, columns: Sequence[str] = ("suite", "experiment", "point"),

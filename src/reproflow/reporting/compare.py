@@ -110,7 +110,7 @@ class Reference:
         """One row per published value, as Run.samples: one sample, no spread."""
         p = self.published
         return pd.DataFrame([{
-            "family": p.family, "match": ",".join(f"{name}={params.get(name, '')}" for name in self.match),
+            "family": p.family, "match": catalog.match_label(self.match, dict(params)),
             "metric": p.metric, "unit": p.unit, "n": 1, "log_mean": math.log(value), "log_var": 0.0,
             "median": value, "device_name": p.hardware, "nodelist": ",".join(f"host{i}" for i in range(p.hosts)),
             "world_size": p.ranks,
@@ -308,7 +308,8 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
         shown = table.drop(columns=["speed_low", "speed_high"]).dropna(axis=1, how="all")
         if {"of_limit_a", "of_limit_b"} & set(shown.columns):
             summary += (" of_limit: the median as a fraction of the limit of the hardware that measured it "
-                        f"({LIMITS}: a GPU's dense peak for the dtype, its memory bandwidth, its NVLink).")
+                        f"({LIMITS}, version {limits().version}: a GPU's dense peak for the dtype, its memory "
+                        "bandwidth, its NVLink).")
         md += [f"## {run.label}\n\n{summary}\n", to_markdown(shown)]
         body.append(f"<section><h2>{html.escape(run.label)}</h2><p>{html.escape(summary)}</p>{html_table(shown)}")
         if len(alone):
