@@ -4,7 +4,9 @@ namespaces, a bridge, tc) that bounds a transfer between two emulated hosts, rec
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from conftest import reproflow
 
 from reproflow.launch.local import LocalExecutor
-from reproflow.launch.network import UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.launch.network import OWNERS, UNSHAPED, EmulatedNetwork, parse_rate
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import load_suite
 
@@ -70,21 +72,36 @@ def test_a_shaped_link_bounds_the_transfer_and_every_row_says_so(tmp_path: Path)
     assert "rf" not in left, left  # the namespaces are gone with the run
 
 
-def test_what_a_killed_run_left_is_swept() -> None:
+def test_what_a_killed_run_left_is_swept_and_what_another_namespace_runs_is_not() -> None:
     why = EmulatedNetwork.unavailable()
     if why:
         pytest.skip(why)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    left = [["ip", "netns", "add", f"rf{dead.pid}h0"], ["ip", "link", "add", f"rf{dead.pid}br", "type", "bridge"]]
-    for cmd in left:
-        subprocess.run(cmd, check=True)
-    with EmulatedNetwork(1, 100.0):
+    dead, foreign, alive = (subprocess.Popen(["true"]) for _ in range(3))
+    for proc in (dead, foreign, alive):
+        proc.wait()  # three pids no process here has: killed, or of another PID namespace
+    OWNERS.mkdir(parents=True, exist_ok=True)
+    (OWNERS / str(dead.pid)).touch()  # its run died holding no lock
+    held = open(OWNERS / str(alive.pid), "w")  # noqa: SIM115 - its run lives (in another PID namespace)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    tags = (dead.pid, foreign.pid, alive.pid)
+    try:
+        for tag in tags:
+            subprocess.run(["ip", "netns", "add", f"rf{tag}h0"], check=True)
+            subprocess.run(["ip", "link", "add", f"rf{tag}br", "type", "bridge"], check=True)
+        with EmulatedNetwork(1, 100.0):
+            names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            names += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+            assert f"rf{dead.pid}" not in names and f"rf{os.getpid()}h0" in names
+            assert {f"rf{foreign.pid}h0", f"rf{foreign.pid}br", f"rf{alive.pid}h0", f"rf{alive.pid}br"} <= \
+                set(re.findall(r"rf\d+(?:h0|br)", names))
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        names += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert f"rf{dead.pid}" not in names and f"rf{os.getpid()}h0" in names
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"rf{os.getpid()}" not in names
+        assert f"rf{os.getpid()}" not in names and not (OWNERS / str(os.getpid())).exists()
+    finally:
+        held.close()
+        (OWNERS / str(alive.pid)).unlink(missing_ok=True)
+        for tag in tags:
+            subprocess.run(["ip", "netns", "del", f"rf{tag}h0"], capture_output=True)
+            subprocess.run(["ip", "link", "del", f"rf{tag}br"], capture_output=True)
 
 
 def test_where_it_cannot_be_built_the_run_says_why_and_goes_unshaped(

@@ -12,15 +12,20 @@ unshaped. Latency is not shaped: that needs the kernel's netem, which is not alw
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 from reproflow.spec.errors import ReproflowError
 
 UNSHAPED = "loopback, unshaped"
+# One file per live network, locked while its run lives (/run is emptied at boot, as the links are).
+OWNERS = Path("/run/reproflow/networks")
 # Bits only, as tc writes them (its "mbps" means megabytes): 200, 200mbit, 1gbit, 100 Mbit/s.
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:(k|m|g)?bit(?:/s)?)?\s*$", re.I)
 
@@ -44,6 +49,7 @@ class EmulatedNetwork:
     mbit: float
     tag: str = field(default_factory=lambda: str(os.getpid()))  # names: rf<pid>br, rf<pid>v<host>, rf<pid>h<host>
     _made: list[list[str]] = field(default_factory=list)
+    _owner: IO[str] | None = None
 
     @property
     def subnet(self) -> str:
@@ -89,23 +95,33 @@ class EmulatedNetwork:
 
     @staticmethod
     def _sweep() -> None:
-        """Remove what runs killed before their clean-up left (their process is gone): a namespace or a
-        bridge of theirs would hold an address of a later run's subnet."""
+        """Remove what killed runs left: a namespace or a bridge of theirs would hold an address of a later
+        run's subnet. A run is dead when its file in OWNERS can be locked. Where there is no file, the
+        network is another mount namespace's (a container or a clean room sharing this network
+        namespace, whose processes may be invisible here) and is left alone."""
         listing = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
                                  check=False).stdout + subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                                       text=True, check=False).stdout
-        for name, pid, kind in re.findall(r"\b(rf(\d+)(br|h\d+))\b", listing):
+        found: dict[str, list[str]] = {}
+        for name, tag, _ in re.findall(r"\b(rf(\d+)(br|h\d+))\b", listing):
+            found.setdefault(tag, []).append(name)
+        for tag, names in found.items():
             try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:  # deleting a namespace deletes its veth pair too
-                subprocess.run(["ip", "link", "del", name] if kind == "br" else ["ip", "netns", "del", name],
-                               capture_output=True, check=False)
-            except PermissionError:  # alive, another user's
-                pass
+                with open(OWNERS / tag) as owner:
+                    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    for name in names:  # deleting a namespace deletes its veth pair too
+                        subprocess.run(["ip", "link", "del", name] if name.endswith("br") else
+                                       ["ip", "netns", "del", name], capture_output=True, check=False)
+                    (OWNERS / tag).unlink()
+            except (FileNotFoundError, BlockingIOError):  # not this namespace's, or alive
+                continue
 
     def __enter__(self) -> EmulatedNetwork:
         bridge = f"rf{self.tag}br"
         self._sweep()
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        self._owner = open(OWNERS / self.tag, "w")
+        fcntl.flock(self._owner, fcntl.LOCK_EX)
         try:
             self._run("ip", "link", "add", bridge, "type", "bridge", undo=["ip", "link", "del", bridge])
             self._run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
@@ -131,3 +147,7 @@ class EmulatedNetwork:
         for undo in reversed(self._made):
             subprocess.run(undo, capture_output=True, check=False)
         self._made.clear()
+        if self._owner:
+            (OWNERS / self.tag).unlink(missing_ok=True)
+            self._owner.close()
+            self._owner = None
