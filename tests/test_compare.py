@@ -16,6 +16,7 @@ from reproflow.reporting.compare import (
     FASTER,
     NEITHER,
     NO_RATIO,
+    NOT_MEASURED,
     ONE_SAMPLE,
     SAME,
     SLOWER,
@@ -229,3 +230,36 @@ def test_the_report_sets_each_bounded_rate_against_its_limit(tmp_path: Path) -> 
     bf16 = table.loc["H200 SXM bfloat16 dense_tflops"]
     assert bf16["limit"] == 989.5 and 0.5 < bf16["fraction"] < 1
     assert np.isclose(bf16["fraction"], bf16["median"] / 989.5)
+
+
+def test_the_report_sets_the_results_against_published_figures(tmp_path: Path) -> None:
+    """`reproflow report --reference`: the H200's GEMM rows kept in benchmarks/results/gpu against PARAM's
+    published float32 rates (PARAM's point and reproflow's each against every value, each also a fraction
+    of the H200's float32 peak), and a figure none of whose values was measured, listed as such."""
+    import shutil
+
+    import pandas as pd
+    from conftest import ROOT
+
+    from reproflow.reporting.limits import limits
+
+    (tmp_path / "r").mkdir()
+    shutil.copy(ROOT / "benchmarks/results/gpu/param_compute_rows.csv", tmp_path / "r")
+    out = tmp_path / "report"
+    run = reproflow("report", "--results", str(tmp_path / "r"), "--out", str(out),
+                    "--reference", "param-gemm-fp32-gpu,p5-2node")
+    assert run.returncode == 0, run.stderr
+    gemm = pd.read_csv(out / "reference_param-gemm-fp32-gpu.csv")
+    assert len(gemm) == 30 and set(gemm["measured_at"]) == {
+        f"gpu-one/gemm/dtype=float32,implementation={name}" for name in ("param", "reproflow")}
+    assert (gemm["verdict"] == ONE_SAMPLE).all() and np.allclose(gemm["ratio"], gemm["measured"] / gemm["published"])
+    peak = limits().gpu("NVIDIA H200").limits["dense_tflops"]["float32"]
+    assert np.allclose(gemm["of_limit_b"], gemm["measured"] / peak) and (gemm["of_limit_b"] < 1).all()
+    p5 = pd.read_csv(out / "reference_p5-2node.csv")
+    assert list(p5["verdict"]) == [NOT_MEASURED] * 2 and "measured" not in p5
+    page = (out / "report.md").read_text()
+    assert "15 of 15 published value(s) measured here, by 2 point(s) on NVIDIA H200" in page
+    assert "0 of 2 published value(s) measured here." in page
+    assert 'id="family-against-p5-2node"' in (out / "report.html").read_text()
+    both = reproflow("report", "--results", str(tmp_path / "r"), "--reference", "p5-2node", "--claims-only")
+    assert both.returncode == 2 and "--claims-only does not write" in both.stderr

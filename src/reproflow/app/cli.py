@@ -169,6 +169,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reproflow.reporting.claims import METHOD, NOT_MEASURED, counts
     from reproflow.reporting.report import build_reports, check_claims
 
+    if args.claims_only and args.reference:
+        raise ReproflowError("--reference adds a section to the report page, which --claims-only does not write: "
+                             "leave one of them out.")
     if args.claims_only:
         claims, written = check_claims(Path(args.results), Path(args.out))
         for c in claims:
@@ -181,7 +184,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"reproflow: {', '.join(f'{n} {s}' for s, n in counts(claims).items())} ({METHOD}); "
               f"{', '.join(str(p) for p in written)}")
         return 0
-    written = build_reports(Path(args.results), Path(args.out), args.family)
+    references = [_published(name) for item in args.reference for name in item.split(",") if name]
+    written = build_reports(Path(args.results), Path(args.out), args.family, references)
     for path in written:
         print(path)
     print(f"reproflow: {len(written)} files in {args.out}")
@@ -434,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this family's tables and figures, no page (repeatable)")
     p.add_argument("--claims-only", action="store_true",
                    help="only check the claims again on the rows (claims.csv, claims.md) and print them")
+    p.add_argument("--reference", action="append", default=[], metavar="NAME",
+                   help="a section (and reference_NAME.md) setting the results against this published figure of "
+                        "workflows/reference/limits.toml, e.g. p5-2node (comma-separated or repeated)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("reproduce", help="every family's small suites, then the report page with the claims",

@@ -39,6 +39,7 @@ FASTER, SLOWER, SAME = "faster", "slower", "same within noise"
 # a size or a variance is neither better higher nor lower.
 ONE_SAMPLE, NEITHER = "one sample: no interval", "neither a rate nor a time"
 NO_RATIO = "no ratio: a zero or no value"  # an error count of 0, a metric left empty
+NOT_MEASURED = "not measured here"  # a published value no point of the run has the parameters of
 VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO)
 # Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
 MAX_FIGURES = 24
@@ -166,12 +167,17 @@ def direction(unit: str) -> int:
 def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     """Every metric of the points both runs measured: counts, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
-    both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
+    return compare_samples(first.samples, later.samples, first.key)
+
+
+def compare_samples(first: pd.DataFrame, later: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """`compare` on two sides' samples (Run.samples), indexed by `key`."""
+    both = first.merge(later, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
     sign = both["unit_a"].map(direction).to_numpy()
     ratio, low, high = log_ratio_intervals(*(both[c].to_numpy(dtype=float) for c in (
         "log_mean_b", "log_var_b", "n_b", "log_mean_a", "log_var_a", "n_a")))
     no_ratio = both["log_mean_a"].isna().to_numpy() | both["log_mean_b"].isna().to_numpy()
-    table = both[first.key].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
+    table = both[key].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
                              median_b=both["median_b"], ratio=ratio, low=low, high=high)
     # A time's speed is its inverse: above 1 is better for every judged metric.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,7 +192,7 @@ def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     family = both["family"] if "family" in both else both["family_a"]
     for side in ("a", "b"):
         table[f"of_limit_{side}"] = both[f"median_{side}"] / _limits(family, both, side)
-    return table[[*first.key, *COLUMNS[len(KEY):]]]
+    return table[[*key, *COLUMNS[len(KEY):]]]
 
 
 def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
@@ -213,6 +219,28 @@ def only_in_one(first: Run | Reference, later: Run) -> pd.DataFrame:
     rows = [(*p, first.label) for p in sorted(first.points - later.points)]
     rows += [(*p, later.label) for p in sorted(later.points - first.points)]
     return pd.DataFrame(rows, columns=[*first.key[:-1], "only in"])
+
+
+def against_published(published: Published, index: sqlite3.Connection, results: Path) -> pd.DataFrame:
+    """The newest rows under `results` set against a published figure: a row per published value and
+    point here with its parameters (`measured_at`: PARAM's GEMM and reproflow's are two points), with
+    the measured median, the ratio measured / published and its interval, and the verdict;
+    NOT_MEASURED where no point here has the value's parameters."""
+    reference = Reference(published)
+    catalog.refresh(index, [results])
+    here = catalog.samples(index, catalog.Selection(str(results), str(results.resolve())), reference.match)
+    parts = [compare_samples(reference.samples, part, reference.key).assign(
+        measured_at="/".join(point), measured_on=", ".join(sorted(part["device_name"].unique())))
+        for point, part in here.groupby(["suite", "experiment", "point"])]
+    published_rows = reference.samples.reset_index()
+    matched = {key for part in parts for key in zip(part["family"], part["match"], part["metric"], strict=True)}
+    missing = published_rows[[key not in matched for key in zip(
+        published_rows["family"], published_rows["match"], published_rows["metric"], strict=True)]]
+    missing = missing[[*reference.key, "unit", "median"]].rename(columns={"median": "median_a"})
+    table = pd.concat([*parts, missing.assign(verdict=NOT_MEASURED, measured_at="")], ignore_index=True).reindex(
+        columns=[*reference.key, *COLUMNS[len(KEY):], "measured_at", "measured_on"])
+    return table.rename(columns={"median_a": "published", "median_b": "measured", "n_b": "n"}).drop(
+        columns=["n_a", "speed_low", "speed_high"])
 
 
 def differences(runs: Sequence[Run | Reference]) -> pd.DataFrame:

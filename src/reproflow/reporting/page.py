@@ -11,6 +11,7 @@ import base64
 import datetime as _dt
 import html
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -57,7 +58,7 @@ class Section:
 
 
 def _anchor(name: str) -> str:
-    return "family-" + name.replace("_", "-")
+    return "family-" + re.sub(r"[^A-Za-z0-9-]+", "-", name)
 
 
 def _table_parts(path: Path) -> tuple[str, pd.DataFrame, str]:

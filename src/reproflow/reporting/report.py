@@ -10,15 +10,18 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
 
-from reproflow.reporting.claims import Claim
+from reproflow.reporting import catalog
+from reproflow.reporting.claims import LEVEL, Claim
+from reproflow.reporting.compare import NOT_MEASURED, against_published
 from reproflow.reporting.figures import forest_plot
-from reproflow.reporting.limits import LIMITS, limits
+from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
@@ -179,6 +182,28 @@ def against_limits(frame: pd.DataFrame) -> pd.DataFrame:
     return best.drop_duplicates([*keys, "limit_is"]).drop(columns="setting")
 
 
+def against_reference(published: Published, results: Path, out_dir: Path) -> tuple[Section, list[Path]]:
+    """The page's section setting the newest rows under `results` against a published figure of the
+    reference table, and its table `reference_<name>.csv` / `.md`."""
+    with closing(catalog.open_index()) as index:
+        table = against_published(published, index, results)
+    counts = table["verdict"].value_counts()
+    judged = ", ".join(f"{n} {verdict}" for verdict, n in counts.items() if verdict != NOT_MEASURED)
+    here = table[table["verdict"] != NOT_MEASURED]
+    summary = (f"{published.family} {published.metric} against {published.name}, measured on {published.hardware} "
+               f"({published.source}). {here[['match', 'metric']].drop_duplicates().shape[0]} of "
+               f"{len(published.values)} published value(s) measured here"
+               + (f", by {here['measured_at'].nunique()} point(s) on {', '.join(sorted(set(here['measured_on'])))}: "
+                  f"{judged}." if judged else "."))
+    files = write_table(table.dropna(axis=1, how="all"), out_dir, f"reference_{published.name}",
+                        f"Against {published.name}",
+                        f"Ratio = measured / published, with its {LEVEL:.0%} interval from the repeats here (the "
+                        "published figure is one value); speed: the ratio oriented so that above 1 is better; "
+                        "of_limit_b: the measured median as a fraction of its hardware's limit, where the rows name "
+                        "a GPU the table knows.")
+    return Section(f"against {published.name}", summary, [files[0]]), files
+
+
 def compare_implementations(table: pd.DataFrame, keys: list[str], value: str, out_dir: Path, name: str,
                             title: str, note: str) -> tuple[pd.DataFrame, list[Path]]:
     """`value` per implementation side by side, reproflow's ratio to each other one, and the median
@@ -232,10 +257,11 @@ def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
                        "The papers' claims, checked on these results")
 
 
-def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> list[Path]:
+def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
+                  references: Sequence[Published] = ()) -> list[Path]:
     """Tables and figures for every family that has results (or only the families in `only`), then,
-    for all families, the claims checked and the report page (report.html, report.md); returns the
-    files written."""
+    for all families, the claims checked and the report page (report.html, report.md), with a section
+    against each published figure of `references`; returns the files written."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     unknown = sorted(set(only) - set(families()))
     if unknown:
@@ -273,6 +299,10 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = ()) -> lis
         claims = _claims(module, rows, out_dir)
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
+    for published in references:
+        section, files = against_reference(published, results, out_dir)
+        sections.append(section)
+        written += files
     if only:
         return written
     bounded = against_limits(frame)
