@@ -263,3 +263,23 @@ def test_the_report_sets_the_results_against_published_figures(tmp_path: Path) -
     assert 'id="family-against-p5-2node"' in (out / "report.html").read_text()
     both = reproflow("report", "--results", str(tmp_path / "r"), "--reference", "p5-2node", "--claims-only")
     assert both.returncode == 2 and "--claims-only does not write" in both.stderr
+
+
+def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Path) -> None:
+    """A year of nightly folders in the catalog: comparing two runs by id reads those two runs' folders,
+    not every folder the catalog knows."""
+    from reproflow.store.runs import recorded_run
+
+    ids = []
+    for night in range(3):
+        with recorded_run(tmp_path / f"night{night}", ["run", "comms"], suites=["comms"], cluster="c",
+                          executor="local") as record:
+            write_run(tmp_path / f"night{night}", night, busbw=10.0, latency=5.0, commit="c", device="a CPU",
+                      run_id=record["run_id"])
+            ids.append(record["run_id"])
+    index = catalog.open_index()
+    runs = [open_run(run_id, index, tmp_path) for run_id in (ids[0], ids[2])]
+    assert compare(*runs)["verdict"].eq(SAME).any()
+    read = {Path(folder).name for (folder,) in index.execute("SELECT DISTINCT folder FROM files")}
+    assert read == {"night0", "night2"}
+    assert catalog.folders_of("job-") == [] and catalog.folders_of(ids[1]) == [(tmp_path / "night1").resolve()]

@@ -14,6 +14,7 @@ where several writers on Lustre or NFS break SQLite's locks.
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import math
 import os
@@ -345,6 +346,12 @@ def curves(con: sqlite3.Connection, side: Selection, suite: str, experiment: str
         if converted.notna().all():
             frame[column] = converted
     return frame
+
+
+def folders_of(run: str) -> list[Path]:
+    """The catalog's folders holding the manifest of a run whose id is or starts with `run`: the only ones a
+    comparison by id needs brought up to date (runs of hand-submitted jobs have none: then every folder)."""
+    return [f for f in known_folders() if any((f / RUNS).glob(f"{glob.escape(run)}*.json"))]
 
 
 def catalog_folders(extra: Sequence[str] = ()) -> list[Path]:

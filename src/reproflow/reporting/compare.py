@@ -144,7 +144,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
         catalog.refresh(index, [path])
         run = Run(source, catalog.Selection(source, str(path.resolve())), index, tuple(match))
     else:
-        catalog.refresh(index, catalog.catalog_folders())
+        catalog.refresh(index, catalog.folders_of(source) or catalog.catalog_folders())
         side = catalog.resolve(index, source)
         if side is None:
             raise ReproflowError(f"{source}: not a results folder, an archive or one run's id. Give the --results "
