@@ -261,6 +261,11 @@ def test_the_report_sets_the_results_against_published_figures(tmp_path: Path) -
     assert "15 of 15 published value(s) measured here, by 2 point(s) on NVIDIA H200" in page
     assert "0 of 2 published value(s) measured here." in page
     assert 'id="family-against-p5-2node"' in (out / "report.html").read_text()
+    # compare --reference sets each of the two points against each value too, naming it.
+    compared = reproflow("compare", "--reference", "param-gemm-fp32-gpu", str(tmp_path / "r"), "--out",
+                         str(tmp_path / "compare"))
+    assert compared.returncode == 0, compared.stderr
+    assert "30 metrics matched" in compared.stdout and "implementation=param |" in compared.stdout
     both = reproflow("report", "--results", str(tmp_path / "r"), "--reference", "p5-2node", "--claims-only")
     assert both.returncode == 2 and "--claims-only does not write" in both.stderr
 

@@ -257,7 +257,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         try:
             first: list[Reference] = [Reference(_published(args.reference))] if args.reference else []
             match = first[0].match if first else tuple(f for f in args.match.split(",") if f)
-            runs = [*first, *(open_run(source, index, Path(scratch), match) for source in args.runs)]
+            runs = [*first, *(open_run(source, index, Path(scratch), match, by_point=bool(first))
+                              for source in args.runs)]
             paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
         finally:
             catalog.forget(index, Path(scratch))

@@ -59,6 +59,9 @@ class Run:
     # Parameters and coordinates that alone match points across runs (compare --match); empty: suite,
     # experiment, point and coordinates.
     match: tuple[str, ...] = ()
+    # Set against a published figure: several points may have one value's parameters (PARAM's GEMM and
+    # reproflow's), each set against it and named in `measured_at`.
+    by_point: bool = False
 
     @property
     def key(self) -> list[str]:
@@ -69,6 +72,8 @@ class Run:
     def samples(self) -> pd.DataFrame:
         """One row per point, coordinates and metric: unit, count, log mean and variance, median."""
         frame = catalog.samples(self.index, self.side, self.match)
+        if self.by_point:
+            return frame.assign(measured_at=frame["suite"] + "/" + frame["experiment"] + "/" + frame["point"])
         clash = frame.index[frame.index.duplicated()]
         if len(clash):
             family, fields, metric = clash[0]
@@ -127,7 +132,8 @@ class Reference:
         return pd.DataFrame([{"device_name": self.published.hardware, "source": self.published.source}])
 
 
-def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Sequence[str] = ()) -> Run:
+def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Sequence[str] = (),
+             by_point: bool = False) -> Run:
     """A results folder, a `reproflow archive` file (unpacked under `scratch`) or a run id of the catalog
     (or the start of one), as a Run; folders are brought into the index first."""
     path = Path(source)
@@ -142,7 +148,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
         path = found[0]
     if path.is_dir():
         catalog.refresh(index, [path])
-        run = Run(source, catalog.Selection(source, str(path.resolve())), index, tuple(match))
+        run = Run(source, catalog.Selection(source, str(path.resolve())), index, tuple(match), by_point)
     else:
         catalog.refresh(index, catalog.folders_of(source) or catalog.catalog_folders())
         side = catalog.resolve(index, source)
@@ -150,9 +156,11 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
             raise ReproflowError(f"{source}: not a results folder, an archive or one run's id. Give the --results "
                                  "folder of a run, a .tar.gz written by `reproflow archive`, or a run id that "
                                  "`reproflow runs` lists (its start is enough when only one run begins so).")
-        run = Run(source, side, index, tuple(match))
+        run = Run(source, side, index, tuple(match), by_point)
     if run.samples.empty:
-        raise ReproflowError(f"{source}: no result rows in it. Give a folder or a run that measured points.")
+        raise ReproflowError(f"{source}: no point in it has the fields {', '.join(match)}. Give a run that measured "
+                             "such points, or other fields." if match else
+                             f"{source}: no result rows in it. Give a folder or a run that measured points.")
     return run
 
 
@@ -167,12 +175,8 @@ def direction(unit: str) -> int:
 def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     """Every metric of the points both runs measured: counts, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
-    return compare_samples(first.samples, later.samples, first.key)
-
-
-def compare_samples(first: pd.DataFrame, later: pd.DataFrame, key: list[str]) -> pd.DataFrame:
-    """`compare` on two sides' samples (Run.samples), indexed by `key`."""
-    both = first.merge(later, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
+    key = first.key
+    both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
     sign = both["unit_a"].map(direction).to_numpy()
     ratio, low, high = log_ratio_intervals(*(both[c].to_numpy(dtype=float) for c in (
         "log_mean_b", "log_var_b", "n_b", "log_mean_a", "log_var_a", "n_a")))
@@ -192,7 +196,9 @@ def compare_samples(first: pd.DataFrame, later: pd.DataFrame, key: list[str]) ->
     family = both["family"] if "family" in both else both["family_a"]
     for side in ("a", "b"):
         table[f"of_limit_{side}"] = both[f"median_{side}"] / _limits(family, both, side)
-    return table[[*key, *COLUMNS[len(KEY):]]]
+    if "measured_at" in both:
+        table["measured_at"] = both["measured_at"]
+    return table[[*key, *COLUMNS[len(KEY):], *(["measured_at"] if "measured_at" in both else [])]]
 
 
 def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
@@ -223,22 +229,21 @@ def only_in_one(first: Run | Reference, later: Run) -> pd.DataFrame:
 
 def against_published(published: Published, index: sqlite3.Connection, results: Path) -> pd.DataFrame:
     """The newest rows under `results` set against a published figure: a row per published value and
-    point here with its parameters (`measured_at`: PARAM's GEMM and reproflow's are two points), with
-    the measured median, the ratio measured / published and its interval, and the verdict;
-    NOT_MEASURED where no point here has the value's parameters."""
+    point here with its parameters (`measured_at`), with the measured median, the ratio measured /
+    published and its interval, the verdict and the device; NOT_MEASURED where no point here has the
+    value's parameters."""
     reference = Reference(published)
     catalog.refresh(index, [results])
-    here = catalog.samples(index, catalog.Selection(str(results), str(results.resolve())), reference.match)
-    parts = [compare_samples(reference.samples, part, reference.key).assign(
-        measured_at="/".join(point), measured_on=", ".join(sorted(part["device_name"].unique())))
-        for point, part in here.groupby(["suite", "experiment", "point"])]
+    run = Run(str(results), catalog.Selection(str(results), str(results.resolve())), index, reference.match, True)
+    table = compare(reference, run)
+    devices = run.samples.groupby("measured_at")["device_name"].agg(lambda d: ", ".join(sorted(set(d))))
+    table["measured_on"] = table["measured_at"].map(devices)
     published_rows = reference.samples.reset_index()
-    matched = {key for part in parts for key in zip(part["family"], part["match"], part["metric"], strict=True)}
+    matched = set(zip(table["family"], table["match"], table["metric"], strict=True))
     missing = published_rows[[key not in matched for key in zip(
         published_rows["family"], published_rows["match"], published_rows["metric"], strict=True)]]
     missing = missing[[*reference.key, "unit", "median"]].rename(columns={"median": "median_a"})
-    table = pd.concat([*parts, missing.assign(verdict=NOT_MEASURED, measured_at="")], ignore_index=True).reindex(
-        columns=[*reference.key, *COLUMNS[len(KEY):], "measured_at", "measured_on"])
+    table = pd.concat([table, missing.assign(verdict=NOT_MEASURED, measured_at="")], ignore_index=True)
     return table.rename(columns={"median_a": "published", "median_b": "measured", "n_b": "n"}).drop(
         columns=["n_a", "speed_low", "speed_high"])
 
