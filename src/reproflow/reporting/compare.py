@@ -175,13 +175,12 @@ def direction(unit: str) -> int:
 def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     """Every metric of the points both runs measured: counts, medians, ratio later / first with its
     interval, `speed` (the ratio oriented so that above 1 is better) and the verdict."""
-    key = first.key
     both = first.samples.merge(later.samples, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
     sign = both["unit_a"].map(direction).to_numpy()
     ratio, low, high = log_ratio_intervals(*(both[c].to_numpy(dtype=float) for c in (
         "log_mean_b", "log_var_b", "n_b", "log_mean_a", "log_var_a", "n_a")))
     no_ratio = both["log_mean_a"].isna().to_numpy() | both["log_mean_b"].isna().to_numpy()
-    table = both[key].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
+    table = both[first.key].assign(unit=both["unit_a"], n_a=both["n_a"], n_b=both["n_b"], median_a=both["median_a"],
                              median_b=both["median_b"], ratio=ratio, low=low, high=high)
     # A time's speed is its inverse: above 1 is better for every judged metric.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -196,9 +195,9 @@ def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     family = both["family"] if "family" in both else both["family_a"]
     for side in ("a", "b"):
         table[f"of_limit_{side}"] = both[f"median_{side}"] / _limits(family, both, side)
-    if "measured_at" in both:
-        table["measured_at"] = both["measured_at"]
-    return table[[*key, *COLUMNS[len(KEY):], *(["measured_at"] if "measured_at" in both else [])]]
+    named = ["measured_at"] if "measured_at" in both else []  # by point: which point each row is
+    table[named] = both[named]
+    return table[[*first.key, *COLUMNS[len(KEY):], *named]]
 
 
 def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
