@@ -4,6 +4,7 @@ faster, slower or the same within noise, the page checked in a real browser."""
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -288,3 +289,32 @@ def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Pa
     read = {Path(folder).name for (folder,) in index.execute("SELECT DISTINCT folder FROM files")}
     assert read == {"night0", "night2"}
     assert catalog.folders_of("job-") == [] and catalog.folders_of(ids[1]) == [(tmp_path / "night1").resolve()]
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["tarfile-filters", "python-before-3.11.4"])
+def test_an_archive_is_unpacked_only_when_it_holds_files_and_folders_inside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool) -> None:
+    """With tarfile's extraction filters and without them (Debian 12's Python 3.11.2): a `reproflow
+    archive`-like file is compared; one with a member leading out, or a link, is refused naming it."""
+    import io
+
+    from reproflow.spec.errors import ReproflowError
+
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=5.0, commit="c", device="a CPU")
+    good = tmp_path / "good.tar.gz"
+    with tarfile.open(good, "w:gz") as tar:
+        tar.add(tmp_path / "a", arcname="reproflow-archive/results")
+    index = catalog.connect(tmp_path / "index.sqlite")
+    (tmp_path / "scratch").mkdir()
+    assert len(open_run(str(good), index, tmp_path / "scratch").samples) > 0
+    for name, kind in [("../../outside.csv", tarfile.REGTYPE), ("reproflow-archive/results/x", tarfile.SYMTYPE)]:
+        bad = tmp_path / "bad.tar"
+        with tarfile.open(bad, "w") as tar:
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = kind, "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+            tar.addfile(member, io.BytesIO(b""))
+        with pytest.raises(ReproflowError, match=f"holds '{re.escape(name)}', which is not a file or a folder"):
+            open_run(str(bad), index, tmp_path / "scratch")
+    assert not (tmp_path / "outside.csv").exists()
