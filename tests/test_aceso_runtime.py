@@ -88,6 +88,10 @@ def test_bad_configs_name_the_field(tmp_path: Path) -> None:
         load_config(tmp_path / "bad.json", SEQ)
     with pytest.raises(ParamError, match="cannot be read as JSON"):
         load_config(tmp_path / "missing.json", SEQ)
+    deep = json.loads(good.read_text()) | {"num_layers": [2, 2]}  # block depths, a Wide-ResNet's
+    (tmp_path / "deep.json").write_text(json.dumps(deep))
+    with pytest.raises(ParamError, match=r"'num_layers' of a gpt model must be a whole number >= 1, not \[2, 2\]"):
+        load_config(tmp_path / "deep.json", SEQ)
     odd = _config(tmp_path / "odd.json", gpt, [n], [1] * n, [4] * n, [0] * n, [0] * n, mbs=2)
     with pytest.raises(ParamError, match="does not split over dp 4"):
         load_config(odd, SEQ)

@@ -72,10 +72,6 @@ def load_config(path: Path, seq_len: int) -> tuple[Config, list[StagePlan]]:
     d = read_config(path)
     name = d["model_name"]
     num_layers = None if name == "resnet" else d.get("num_layers")
-    if num_layers is not None and not isinstance(num_layers, int):
-        # A list of block depths is Wide-ResNet's; a transformer's depth is one number.
-        raise ParamError(f"config {path}: the field 'num_layers' of a {name} model must be a whole number >= 1, "
-                         f"not {num_layers!r}.", "the number of transformer layers")
     if d["model_size"] == "scale-layer":
         name = "scale-layer"
     try:

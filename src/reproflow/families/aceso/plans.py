@@ -73,6 +73,10 @@ def read_config(path: Path) -> dict:
     d = documents.read(path, what, CONFIG_SHAPE)
     counts = d["num_ops_in_each_stage"]
     layers = d.get("num_layers", 1)
+    if isinstance(layers, list) and d["model_name"] != "resnet":
+        # A list of block depths is Wide-ResNet's; a transformer's depth is one number.
+        raise ParamError(f"{path}: the field 'num_layers' of a {d['model_name']} model must be a whole number >= 1, "
+                         f"not {layers!r}.", what)
     if (sum(layers) if isinstance(layers, list) else layers) > MAX_LAYERS:
         raise ParamError(f"{path}: 'num_layers' is {d['num_layers']}, more than any model here ({MAX_LAYERS}).", what)
     if not counts:
