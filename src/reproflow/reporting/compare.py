@@ -31,6 +31,7 @@ from reproflow.reporting.figures import save_figure
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
 from reproflow.spec.errors import ReproflowError
+from reproflow.store.archive import unpack_results
 from reproflow.store.files import atomic_write
 from reproflow.store.results import RESERVED
 
@@ -138,14 +139,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
     (or the start of one), as a Run; folders are brought into the index first."""
     path = Path(source)
     if path.is_file() and tarfile.is_tarfile(path):
-        into = scratch / f"{len(list(scratch.iterdir()))}"
-        with tarfile.open(path) as tar:
-            _unpack(tar, into, source)
-        found = sorted(into.glob("*/results"))
-        if not found:
-            raise ReproflowError(f"{source}: this archive holds no results/ folder. Give an archive written by "
-                                 "`reproflow archive`, or the results folder itself.")
-        path = found[0]
+        path = unpack_results(path, scratch / f"{len(list(scratch.iterdir()))}")
     if path.is_dir():
         catalog.refresh(index, [path])
         run = Run(source, catalog.Selection(source, str(path.resolve())), index, tuple(match), by_point)
@@ -162,19 +156,6 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
                              "such points, or other fields." if match else
                              f"{source}: no result rows in it. Give a folder or a run that measured points.")
     return run
-
-
-def _unpack(tar: tarfile.TarFile, into: Path, source: str) -> None:
-    """Unpack an archive's files and folders under `into`, refusing one with anything else (a link, a
-    device, a path leading out of `into`). Checked here because Pythons before 3.11.4 (Debian 12's
-    3.11.2) have no extraction filters; where tarfile has them, its "data" filter applies as well."""
-    root = into.resolve()
-    for member in tar.getmembers():
-        if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
-            raise ReproflowError(f"{source}: the archive holds {member.name!r}, which is not a file or a folder "
-                                 "inside it (a link, a device, or a path leading out). Give an archive written by "
-                                 "`reproflow archive`, or the results folder itself.")
-    tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
 
 
 def direction(unit: str) -> int:

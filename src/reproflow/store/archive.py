@@ -56,3 +56,25 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
         tar.addfile(info, io.BytesIO(data))
     partial.replace(out)
     return out, len(members) + 1
+
+
+def unpack_results(archive: Path, into: Path) -> Path:
+    """Unpack an archive written by `write_archive` under `into`; returns its results folder.
+
+    Only files and folders inside `into` are unpacked; an archive holding anything else (a link, a device,
+    a path leading out) is refused. Checked here because Pythons before 3.11.4 (Debian 12's 3.11.2) have no
+    extraction filters; where tarfile has them, its "data" filter applies as well.
+    """
+    root = into.resolve()
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
+                raise ReproflowError(f"{archive}: the archive holds {member.name!r}, which is not a file or a folder "
+                                     "inside it (a link, a device, or a path leading out). Give an archive written "
+                                     "by `reproflow archive`, or the results folder itself.")
+        tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    found = sorted(into.glob("*/results"))
+    if not found:
+        raise ReproflowError(f"{archive}: this archive holds no results/ folder. Give an archive written by "
+                             "`reproflow archive`, or the results folder itself.")
+    return found[0]
