@@ -25,21 +25,23 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from reproflow.families.aceso.database import AFTER_TRAINING
-from reproflow.families.aceso.manifest import newest_file
+from reproflow.families.aceso.manifest import BASELINE, newest_file, resolve_config
+from reproflow.families.aceso.plans import read_config
 from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
 from reproflow.reporting.claims import (
     Claim,
     deciding,
-    median_ratio_interval,
     not_measured,
     paired_ratio_interval,
-    replicated_ratio_interval,
+    ratio_interval,
 )
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import aggregates, newest, wide, write_table
+from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import AGGREGATE
 
 MODELS = ("gpt", "t5", "resnet")
@@ -74,13 +76,51 @@ def runs(root: Path, runtime: str, model: str, size: str) -> dict[str, list[dict
     return out
 
 
+def chosen(root: Path, plan: str, model: str, size: str) -> str | None:
+    """The config name a size's newest search stands for: its Aceso config (`plan` aceso), or its
+    Megatron-LM baseline (the fastest measured where the baseline was measured, else the predicted);
+    None without a search."""
+    try:
+        return resolve_config(root / "aceso" / "search" / model / size, plan).stem
+    except (ParamError, ReproflowError):
+        return None
+
+
+def same_config(root: Path, model: str, size: str) -> bool:
+    """Whether the size's Aceso config and its Megatron-LM baseline are one config (`chosen`)."""
+    names = [chosen(root, plan, model, size) for plan in PLAN_NAMES]
+    folder = root / "aceso" / "search" / model / size
+    return None not in names and len({json.dumps(read_config(folder / f"{n}.json"), sort_keys=True)
+                                      for n in names}) == 1
+
+
+def screened(root: Path, model: str, size: str) -> pd.DataFrame:
+    """The Megatron-LM plans the size's baseline screen trained (baseline.json of its newest search), with
+    Aceso's config among them: prediction, measurement, whether it fits, and which is which."""
+    folder = root / "aceso" / "search" / model / size
+    path, manifest = folder / BASELINE, _manifest(folder)
+    if not path.is_file() or manifest is None:
+        return pd.DataFrame()
+    done = json.loads(path.read_text())
+    if done.get("search") != (newest_file(folder, "search-*.json") or Path()).name:
+        return pd.DataFrame()
+    table = pd.DataFrame(done["plans"])
+    role = {done["measured_best"]: "baseline (fastest measured that fits)", done["aceso"]: "Aceso's config"}
+    table["chosen"] = [("; ".join(filter(None, (role.get(n, ""), "predicted fastest" if n == done["predicted_best"]
+                                               else "")))) for n in table["name"]]
+    return table.assign(size=size, memory_limit=done["memory_limit"])
+
+
 def best_run(root: Path, runtime: str, model: str, size: str) -> tuple[str, float, list[dict[str, str]]] | None:
-    """(config name, samples/s, its rows) of the fastest config, or None."""
+    """(config name, samples/s, its rows) of the config the size's newest search stands for in this
+    runtime column (`chosen`), or of the fastest trained where there is no search; None if not trained."""
+    trained = runs(root, runtime, model, size)
+    name = chosen(root, "aceso" if runtime == "aceso" else "megatron", model, size)
     best = None
-    for name, rows in runs(root, runtime, model, size).items():
+    for config, rows in trained.items():
         thpt = float(rows[0]["global_batch_size"]) / (max(float(r["time"]) for r in rows) / 1000)
-        if best is None or thpt > best[1]:
-            best = (name, thpt, rows)
+        if (config == name or (name is None and (best is None or thpt > best[1]))):
+            best = (config, thpt, rows)
     return best
 
 
@@ -119,8 +159,14 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
                 other = best_run(root, column, model, size)
                 if other is not None:
                     lines.append(f"  {size}: {what}: {other[1]:.2f} samples/s")
-        same = {size: bool((_manifest(root / "aceso" / "search" / model / size) or {}).get("same_as_megatron"))
-                for size in sizes}
+        same = {size: same_config(root, model, size) for size in sizes}
+        plans = pd.concat([screened(root, model, size) for size in sizes] or [pd.DataFrame()])
+        for size, group in (plans.groupby("size", sort=False) if len(plans) else ()):
+            lines.append(f"  {size}: every Megatron-LM plan trained once (one job, shuffled; ms per iteration and "
+                         f"peak MB per rank measured / predicted; limit {group['memory_limit'].iloc[0]:.0f} MB):")
+            lines += [f"    {r.measured_ms:8.1f} / {r.predicted_ms or float('nan'):8.1f} ms  {r.measured_mb:6.1f} / "
+                      f"{r.predicted_mb or float('nan'):6.1f} MB{'' if r.fits else ' over the limit'}  "
+                      f"{r.describe or r.name}{f'  <- {r.chosen}' if r.chosen else ''}" for r in group.itertuples()]
         configs = _configs_side_by_side(root, model, sizes)
         for size, described in configs.items():
             lines += [f"  {size}: {PLAN_NAMES[plan]}: {text}" for plan, text in described.items()]
@@ -136,6 +182,10 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
                     out / f"e2e_same_config_{setting}_{model}.csv")
         if configs:
             pd.DataFrame(configs).to_csv(out / f"e2e_configs_{setting}_{model}.csv", index_label="plan")
+        if len(plans):
+            plans.to_csv(out / f"e2e_baseline_{setting}_{model}.csv", index=False, float_format="%.2f")
+        pd.DataFrame({size: {plan: chosen(root, plan, model, size) for plan in PLAN_NAMES} for size in sizes}).to_csv(
+            out / f"e2e_config_names_{setting}_{model}.csv", index_label="plan")
         norm = table.set_index("size")[["megatron", "aceso"]].T
         norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1)
         _write_wide(norm, out / f"e2e_norm_thpt_{setting}_{model}.csv")
@@ -379,7 +429,7 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             plan = best_run(root, "megatron", model, size)
             again_plan = _info(root, model, size, plan[0] + AFTER_TRAINING) if plan else []
             plan_info = _info(root, model, size, plan[0]) if plan else []
-            same = bool((_manifest(root / "aceso" / "search" / model / size) or {}).get("same_as_megatron"))
+            same = same_config(root, model, size)
             rows.append({"size": size, "same": same, "time_actual": actual_ms,
                          "time_predict": max(float(r["time"]) for r in info),
                          "time_megatron_actual": max(float(r["time"]) for r in plan[2]) if plan and plan_info
@@ -535,19 +585,40 @@ def _per_size(reports: Path, stem: str, value: Callable[[pd.Series], T | None]) 
     return found
 
 
-def _step_samples(frame: pd.DataFrame) -> dict[str, dict[str, list[list[float]]]]:
-    """Per "<model> <size>": each plan's trainings on reproflow's layers (one job each, in the order
-    they ran), each as its per-iteration times (ms, the slowest rank's)."""
-    if not {"metric", "plan", "model_name", "model_size"} <= set(frame.columns):
+def _step_samples(frame: pd.DataFrame, reports: Path) -> dict[str, dict[str, list[list[float]]]]:
+    """Per "<model> <size>" (the case's label): each plan's trainings in turns on reproflow's layers, one
+    per round in round order, each as its per-iteration times (ms, the slowest rank's); only trainings of
+    the configs the size's newest search stands for (`config_names`)."""
+    if not {"metric", "plan", "model_name", "model_size", "round"} <= set(frame.columns):
         return {}
-    rows = frame[frame["metric"] == "step_ms"]
+    rows = frame[(frame["metric"] == "step_ms") & (pd.to_numeric(frame["round"], errors="coerce") > 0)]
     if "tp_impl" in rows.columns:
         rows = rows[rows["tp_impl"] == "reproflow"]
+    case = rows["case"].fillna("").astype(str) if "case" in rows.columns else pd.Series("", index=rows.index)
+    rows = rows.assign(key=rows["model_name"].astype(str) + " " + rows["model_size"].astype(str)
+                       + case.map(lambda c: f"-{c}" if c else ""), round=pd.to_numeric(rows["round"]))
+    names = config_names(reports)
     out: dict[str, dict[str, list[list[float]]]] = {}
-    for (plan, name, size), group in newest(rows).groupby(["plan", "model_name", "model_size"]):
-        jobs = sorted(group.groupby("suite"), key=lambda job: str(job[1]["timestamp"].min()))
-        out.setdefault(f"{name} {size}", {})[str(plan)] = [job["value"].astype(float).tolist() for _, job in jobs]
+    for (key, plan), group in newest(rows).groupby(["key", "plan"]):
+        wanted = names.get(str(key), {}).get(str(plan))
+        if wanted is not None:
+            group = group[group["config_name"].astype(str) == wanted]
+        if len(group):
+            out.setdefault(str(key), {})[str(plan)] = [r["value"].astype(float).tolist()
+                                                      for _, r in group.sort_values("round").groupby("round")]
     return out
+
+
+def config_names(reports: Path) -> dict[str, dict[str, str]]:
+    """Per "<model> <size>", the config name of each plan (aceso, megatron) its newest search stands for,
+    from the result scripts' e2e_config_names tables."""
+    found: dict[str, dict[str, str]] = {}
+    for model in MODELS:
+        path = reports / "aceso" / f"e2e_config_names_small_{model}.csv"
+        if path.is_file():
+            for size, plans in pd.read_csv(path, index_col=0).to_dict().items():
+                found[f"{model} {size}"] = {plan: str(n) for plan, n in plans.items() if isinstance(n, str)}
+    return found
 
 
 def _cases(values: dict[str, tuple[float, tuple[float, float] | None]], fmt: str, notes: dict[str, str]) -> str:
@@ -556,30 +627,30 @@ def _cases(values: dict[str, tuple[float, tuple[float, float] | None]], fmt: str
                                                 else "") + notes.get(k, "") for k, (r, i) in values.items())
 
 
-def _predictions(c: pd.Series) -> tuple[float, float, float, float] | None:
-    """(prediction the claim judges, measured, the search's prediction, the prediction beside the same
-    config's training as the Megatron-LM plan: NaN where there is none) of one size's perf_model_time
-    column: the prediction from the ops profiled again right after the training where there is one
-    (the machine's speed then, not minutes before), else the search's."""
+def _predictions(c: pd.Series) -> dict[str, tuple[float, float]] | None:
+    """Per plan (aceso, megatron), (the search's prediction, made before any training; the prediction
+    from its ops profiled again right after training, NaN where there is none) of one size's
+    perf_model_time column."""
     if not c["actual"] > 0:
         return None
-    again = c.get("predict_after_training", float("nan"))
-    return ((c["predict"] if pd.isna(again) else again), c["actual"], c["predict"],
-            c.get("predict_after_megatron_training", float("nan")))
+    nan = float("nan")
+    return {"aceso": (c["predict"], c.get("predict_after_training", nan)),
+            "megatron": (c.get("megatron_predict", nan), c.get("predict_after_megatron_training", nan))}
 
 
 def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """Aceso's config is faster than the Megatron-LM plan; its predicted iteration time is within 10 %.
-    With the runtime's per-iteration times in the rows, each ratio has its confidence interval."""
+    """Aceso's config trains faster than the Megatron-LM baseline (the fastest plan of Megatron-LM's grid
+    as measured); the search's predicted iteration time is within 10 % of the measured one. Each ratio's
+    interval is over the rounds in which the two trained in turns."""
     run_it = "make fig7 (reproflow aceso reproduce small --out <reports>/aceso)"
     out = []
-    steps = _step_samples(frame)
-    statement = "Aceso's config trains faster than the Megatron-LM plan (same runtime, same devices)"
-    ratio = "Aceso samples/s / Megatron-LM plan samples/s, the model that decides"
+    steps = _step_samples(frame, reports)
+    statement = "Aceso's config trains faster than the fastest Megatron-LM plan measured (same runtime, same devices)"
+    ratio = "Aceso samples/s / the Megatron-LM baseline's samples/s, over the rounds in turns, the case that decides"
     speedups = _per_size(reports, "e2e_thpt",
                          lambda c: c["aceso"] / c["megatron"] if c["aceso"] > 0 and c["megatron"] > 0 else None)
-    # Where the search returned the Megatron-LM plan itself, the two are one config: ratio 1, and nothing
-    # was compared for that model (the claim is "not compared" unless another model does not hold).
+    # Where Aceso's config is the baseline itself, the two are one config: nothing was compared for that
+    # case (the claim is "not compared" unless another case does not hold).
     same = [k for k, v in _per_size(reports, "e2e_same_config", lambda c: c["same_config"]).items() if v]
     speed: dict[str, tuple[float, tuple[float, float] | None]] = {}
     for key, value in speedups.items():
@@ -587,13 +658,13 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
         if key in same:
             speed[key] = (1.0, (1.0, 1.0))
         elif "aceso" in runs and "megatron" in runs:
-            # Trained in turns (reproduce's rounds): the i-th training of one with the i-th of the other.
+            # Trained in turns (ABBA rounds in one job): the i-th round's plan over its Aceso training.
             speed[key] = paired_ratio_interval(list(zip(runs["megatron"], runs["aceso"], strict=False)))
         else:
             speed[key] = (value, None)
     if speed:
         detail = _cases(speed, "{:.2f}x", dict.fromkeys(same, " (the same config)"))
-        itself = "Aceso's search returned the Megatron-LM plan itself"
+        itself = "Aceso's config is the Megatron-LM baseline itself"
         out.append(deciding([Claim("aceso", statement, ratio, r, at_least=1.0, paper=PAPER_SPEEDUP, target="fig7",
                                    interval=i, detail=detail,
                                    same_on_both_sides=f"{key}: {itself}" if key in same else "")
@@ -601,28 +672,22 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
     else:
         out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it}", paper=PAPER_SPEEDUP,
                                 target="fig7"))
-    statement = "Aceso's predicted iteration time is within 10 % of the measured one"
-    ratio = ("predicted (from the ops profiled again right after each training, where they were) / median measured "
-             "iteration time, the model that decides (0.9 to 1.1 holds)")
+    statement = ("the search's predicted iteration time is within 10 % of the measured one (Aceso's config and the "
+                 "baseline)")
+    ratio = ("predicted by the search, before any training / measured iteration (the rounds' medians), the case that "
+             "decides (0.9 to 1.1 holds)")
     cases, notes = {}, {}
-    for key, (predicted, actual, first, beside) in _per_size(reports, "perf_model_time", _predictions).items():
-        # The training the profile after it is beside (the last) first, then the ones before it: the
-        # interval spans every training's, as the machine's speed drifted between them.
-        runs = steps.get(key, {}).get("aceso", [])[::-1]
-        # Where the search returned the Megatron-LM plan itself, the plan's training is the same config
-        # measured again, by another job, predicted from the ops profiled right after it where they
-        # were: the interval spans those pairs too.
-        again = steps.get(key, {}).get("megatron", [])[::-1] if key in same else []
-        second = predicted if pd.isna(beside) else beside
-        # Over the median, as the runtime reports the iteration time: a slow iteration of a shared CPU
-        # moves neither the ratio nor its interval much.
-        cases[key] = (replicated_ratio_interval([(predicted, r) for r in runs] + [(second, r) for r in again])
-                      if runs else (predicted / actual, None))
-        said = [f"from the search's profile: {first / actual:.3f}"] if first != predicted else []
-        if runs and again:
-            said.append(f"the same config trained again: {median_ratio_interval(second, again[0])[0]:.3f}")
-        if said:
-            notes[key] = f" ({'; '.join(said)})"
+    for key, plans in _per_size(reports, "perf_model_time", _predictions).items():
+        for plan, (predicted, again) in plans.items():
+            runs = steps.get(key, {}).get(plan, [])
+            if pd.isna(predicted) or not runs:
+                continue
+            case = f"{key} {'Aceso' if plan == 'aceso' else 'Megatron-LM'}"
+            # The prediction, made once before any training, over the geometric mean of the rounds' median
+            # iterations, its interval from their spread: the machine's speed drifts between rounds.
+            cases[case] = ratio_interval([predicted], [float(np.median(r)) for r in runs])
+            if not pd.isna(again):
+                notes[case] = f" (from its ops profiled again right after training: {again / np.median(runs[-1]):.3f})"
     if cases:
         detail = _cases(cases, "{:.3f}", notes)
         out.append(deciding([Claim("aceso", statement, ratio, r, at_least=0.9, at_most=1.1, paper=PAPER_ERROR,

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import reproflow
 
@@ -158,7 +159,8 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / 
 
 @pytest.mark.distributed
 def test_small_setting_from_one_command(tmp_path: Path) -> None:
-    """profile -> search -> train (Aceso's config and the Megatron-LM plan) -> the reference's tables."""
+    """profile -> search -> screen of every Megatron-LM plan -> the fastest measured against Aceso's config
+    in ABBA rounds -> the reference's tables."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
     short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2"]
@@ -181,7 +183,16 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # too; the Megatron-LM plan's prediction from the search's profile beside Aceso's config's.
     search = logs / "aceso" / "search" / "gpt" / "tiny"
     assert len(list((search / "csv").glob("info_*-after-training.csv"))) == 2
-    assert len(list((search / "csv").glob("info_*megatron*.csv"))) == 2
+    # Every plan of the grid written with its prediction, and trained once in the screen; the fastest
+    # measured within the memory limit is the baseline.
+    manifest = json.loads(next(search.glob("search-*.json")).read_text())
+    grid = {g["name"] for g in manifest["megatron_grid"]}
+    assert len(grid) >= 10 and all((search / "csv" / f"info_{Path(n).stem}.csv").is_file() for n in grid)
+    chosen = json.loads((search / "baseline.json").read_text())
+    measured = [p for p in chosen["plans"] if p["plan"] == "megatron"]
+    assert {p["name"] for p in measured} == grid
+    assert chosen["measured_best"] == min((p for p in measured if p["fits"]), key=lambda p: p["measured_ms"])["name"]
+    assert "the baseline: " in out and "every Megatron-LM plan trained once" in out
     # Both configs side by side: stages, ops, GPUs, micro-batch, TP / DP sizes, recomputed ops.
     assert re.search(r"^  tiny: Aceso's config: \d stage\(s\): [\d +]+ ops on [\d +]+ GPUs, micro-batch \d+", out, re.M)
     assert "  tiny: the Megatron-LM plan: " in out
@@ -196,9 +207,14 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
         assert (tables / name).is_file(), name
     for plan in ("aceso", "megatron"):
         assert list((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan
-    # Trained in turns: each config twice, each training its own suite (the megatron-core one once).
-    for r in (1, 2):
-        assert len(list(results.glob(f"aceso-train-*-round{r}.toml"))) == 2, sorted(results.glob("*.toml"))
+    # Trained in turns in one job, ABBA: Aceso first in round 1, the plan first in round 2; each training's
+    # round and place recorded in its rows.
+    rows = load_results(results)
+    turns = rows[(rows["suite"] == "aceso-train-gpt-tiny") & (rows["metric"] == "iteration_ms")
+                 & (pd.to_numeric(rows["round"]) > 0)].sort_values("turn")
+    assert [(int(r), p) for r, p in zip(turns["round"], turns["plan"], strict=True)] == [
+        (1, "aceso"), (1, "megatron"), (2, "megatron"), (2, "aceso")]
+    assert turns["config_name"].nunique() == 2  # the two configs by name, never another search's
     # A second run reuses everything: profiles, search and training are not repeated.
     again = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--log-path", str(logs), "--results",
                       str(results), *short, timeout=300)

@@ -22,20 +22,69 @@ itself) is "not compared", never "holds": nothing was measured against anything.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from reproflow.spec.errors import NOT_APPLICABLE
+from reproflow.store.files import atomic_write
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NOT_MEASURED, NOT_COMPARED = "not measured", "not compared"
 STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_COMPARED, NOT_APPLICABLE)
-LEVEL = 0.95  # confidence of the intervals
+LEVEL = 0.95  # confidence of the intervals, over all the looks a claim may get
+# The level the interval functions take when given none: LEVEL, or a stricter one for a claim that may be
+# looked at again with more samples (`at_level`).
+_LEVEL: ContextVar[float] = ContextVar("claims_level", default=LEVEL)
+LOOKS = "looks.json"  # in a results folder: the looks each family's claims may get (app.reproduce writes it)
+
+
+def current_level() -> float:
+    """The confidence the interval functions use where they are given none."""
+    return _LEVEL.get()
+
+
+def level_for(looks: int) -> float:
+    """The level of each look at a claim that may be looked at `looks` times (more samples after an
+    inconclusive verdict): LEVEL's error spent evenly over the looks (Bonferroni), so that the chance of a
+    wrong verdict over all of them is at most LEVEL's."""
+    return 1 - (1 - LEVEL) / max(looks, 1)
+
+
+@contextmanager
+def at_level(level: float) -> Iterator[None]:
+    """The interval functions' level within the block."""
+    token = _LEVEL.set(level)
+    try:
+        yield
+    finally:
+        _LEVEL.reset(token)
+
+
+def read_looks(results: Path) -> dict[str, int]:
+    """Per family, the looks its claims may get, as the reproduction that measured `results` planned them
+    (none recorded: one)."""
+    path = results / LOOKS
+    try:
+        found = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in found.items() if isinstance(v, int) and v >= 1}
+
+
+def write_looks(results: Path, looks: dict[str, int]) -> None:
+    """Record the looks each family's claims may get, before the first: a report built later judges them
+    at the same level."""
+    results.mkdir(parents=True, exist_ok=True)
+    atomic_write(results / LOOKS, json.dumps(looks, indent=2, sort_keys=True) + "\n")
 METHOD = (f"{LEVEL:.0%} Welch t-interval on log samples (ratio of geometric means); for a value over a median, "
           "the median's order-statistic interval")
 
@@ -58,11 +107,12 @@ class Claim:
     paper: str = ""
     detail: str = ""
     target: str = ""
-    interval: tuple[float, float] | None = None  # LEVEL confidence interval of `measured`
+    interval: tuple[float, float] | None = None  # `level` confidence interval of `measured`
     not_applicable: str = ""  # why the hardware that measured it cannot judge the claim
     # Why the two sides of the ratio are one and the same (the search returned the baseline's config):
     # then the claim compared nothing, whatever the ratio.
     same_on_both_sides: str = ""
+    level: float = LEVEL  # of the interval: stricter than LEVEL where the claim may be looked at again
 
     @property
     def status(self) -> str:
@@ -109,7 +159,8 @@ class Claim:
         low, high = self.interval or (None, None)
         more = self.samples_to_decide
         return {"family": self.family, "claim": self.statement, "status": self.status, "ratio": self.ratio,
-                "measured": self.measured, "low": low, "high": high, "threshold": self.threshold,
+                "measured": self.measured, "low": low, "high": high,
+                "level": f"{self.level:.1%}" if self.interval else "", "threshold": self.threshold,
                 "samples to decide": "" if more is None else "never (on the threshold)" if math.isinf(more)
                 else f"{max(more, 1.0):.1f}x",
                 "paper": self.paper,
@@ -128,9 +179,10 @@ def counts(claims: list[Claim]) -> dict[str, int]:
 
 
 def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
-                   level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+                   level: float | None = None) -> tuple[float, tuple[float, float] | None]:
     """The ratio of the two samples' geometric means and its `level` confidence interval (Welch's t on
     the logarithms; a side with one value counts as exact). No interval where neither side repeats."""
+    level = current_level() if level is None else level
     la, lb = _logs(numerator, denominator)
     ratio, low, high = log_ratio_intervals(*(np.array([v]) for v in (
         la.mean(), la.var(ddof=1) if len(la) > 1 else 0.0, len(la), lb.mean(),
@@ -140,10 +192,11 @@ def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
 
 def log_ratio_intervals(mean_a: np.ndarray, var_a: np.ndarray, n_a: np.ndarray, mean_b: np.ndarray,
                         var_b: np.ndarray, n_b: np.ndarray,
-                        level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        level: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`ratio_interval` of many pairs of samples at once, from each side's count and the mean and
     variance of its logarithms (what the run catalog keeps): ratios a / b with the interval's ends,
     NaN where neither side repeats."""
+    level = current_level() if level is None else level
     parts = [np.where(n > 1, v / np.maximum(n, 1), 0.0) for v, n in ((var_a, n_a), (var_b, n_b))]
     se2 = parts[0] + parts[1]
     denominators = sum(np.where(p > 0, p ** 2 / np.maximum(n - 1, 1), 0.0) for p, n in zip(parts, (n_a, n_b),
@@ -157,10 +210,11 @@ def log_ratio_intervals(mean_a: np.ndarray, var_a: np.ndarray, n_a: np.ndarray, 
 
 
 def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
-                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+                          level: float | None = None) -> tuple[float, tuple[float, float] | None]:
     """The geometric mean over cases of each case's ratio of geometric means (numerator samples over
     denominator samples), with its `level` confidence interval: Welch's t on the mean of the cases' log
     ratios, degrees of freedom by Welch-Satterthwaite over every sample. One case: `ratio_interval`."""
+    level = current_level() if level is None else level
     if not pairs:
         raise ValueError("pooled_ratio_interval needs at least one case")
     diffs, parts = [], []
@@ -180,11 +234,12 @@ def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
 
 
 def paired_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
-                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+                          level: float | None = None) -> tuple[float, tuple[float, float] | None]:
     """Jobs run in turns, a pair at a time: the geometric mean over pairs of each pair's ratio of
     geometric means (numerator's job over denominator's), with a t interval over the pairs' log ratios
     (n - 1 degrees of freedom). Its spread is the one between jobs, a machine's speed drifting over
     minutes, which no one job's samples show. One pair: `ratio_interval` of its samples."""
+    level = current_level() if level is None else level
     if len(pairs) < 2:
         return pooled_ratio_interval(pairs, level)
     logs = [la.mean() - lb.mean() for la, lb in (_logs(n, d) for n, d in pairs)]
@@ -202,10 +257,11 @@ def _logs(numerator: Sequence[float], denominator: Sequence[float]) -> tuple[np.
 
 
 def median_ratio_interval(value: float, samples: Sequence[float],
-                          level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+                          level: float | None = None) -> tuple[float, tuple[float, float] | None]:
     """`value` over the samples' median, with the `level` interval of the median from order statistics
     (distribution-free: one slow iteration moves neither end much). Its coverage is the binomial's, at
     least `level` from 6 samples on; with fewer, the interval is the samples' range. None for one sample."""
+    level = current_level() if level is None else level
     x = np.sort(np.asarray(samples, dtype=float))
     if not len(x) or (x <= 0).any() or value <= 0:
         raise ValueError("median ratio intervals need a positive value and positive samples")
@@ -218,7 +274,7 @@ def median_ratio_interval(value: float, samples: Sequence[float],
 
 
 def replicated_ratio_interval(pairs: Sequence[tuple[float, Sequence[float]]],
-                              level: float = LEVEL) -> tuple[float, tuple[float, float] | None]:
+                              level: float | None = None) -> tuple[float, tuple[float, float] | None]:
     """The first (value, run)'s value over its run's median, with an interval spanning every pair's
     `median_ratio_interval` (runs of one configuration in separate jobs, each with the value taken beside
     it): where the jobs ran at different speeds and the values did not follow, the interval says so, and

@@ -11,14 +11,14 @@ import os
 import sys
 from collections.abc import Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
 
 from reproflow.reporting import catalog
-from reproflow.reporting.claims import LEVEL, Claim
+from reproflow.reporting.claims import LEVEL, Claim, at_level, level_for, read_looks
 from reproflow.reporting.compare import NOT_MEASURED, against_published
 from reproflow.reporting.figures import forest_plot
 from reproflow.reporting.limits import LIMITS, Published, limits
@@ -239,7 +239,9 @@ def check_claims(results: Path, out_dir: Path) -> tuple[list[Claim], list[Path]]
     frame = read_results(results).frame
     if frame.empty:
         raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
-    claims = [c for name in families() for c in _claims(load_analysis(name), _family_rows(frame, name), out_dir)]
+    looks = read_looks(results)
+    claims = [c for name in families()
+              for c in _claims(load_analysis(name), _family_rows(frame, name), out_dir, looks.get(name, 1))]
     return claims, _write_claims(claims, out_dir)
 
 
@@ -248,8 +250,13 @@ def _family_rows(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return frame[frame["family"] == name].dropna(axis=1, how="all")
 
 
-def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path) -> list[Claim]:
-    return module.claims(rows, out_dir) if module is not None and hasattr(module, "claims") else []
+def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path, looks: int) -> list[Claim]:
+    """The family's claims, each interval at the level of one of the `looks` its claims may get."""
+    if module is None or not hasattr(module, "claims"):
+        return []
+    level = level_for(looks)
+    with at_level(level):
+        return [replace(c, level=level) for c in module.claims(rows, out_dir)]
 
 
 def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
@@ -267,6 +274,7 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
     if unknown:
         raise ReproflowError(f"--family {', '.join(unknown)}: no such family. Known: {', '.join(sorted(families()))}.")
     loaded = read_results(results)
+    looks = read_looks(results)
     frame = loaded.frame
     written: list[Path] = []
     if len(loaded.gate_failed) or loaded.quarantined:
@@ -296,7 +304,7 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
         folded = tuple(getattr(module, "FOLDED", ()))
         files += sorted(p for p in (out_dir / name).glob("*")
                         if p.suffix == ".png" or (p.suffix == ".csv" and not p.name.startswith(folded)))
-        claims = _claims(module, rows, out_dir)
+        claims = _claims(module, rows, out_dir, looks.get(name, 1))
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
     for published in references:

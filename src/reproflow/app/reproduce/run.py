@@ -11,6 +11,7 @@ from reproflow.app.reproduce.plan import LOCAL, SLURM, Folders, Plan, step_argv
 from reproflow.app.reproduce.progress import Progress, say
 from reproflow.app.reproduce.resample import claim_line, resample
 from reproflow.app.reproduce.steps import StepResult, run_step, summary, tail, wait_for_jobs
+from reproflow.reporting.claims import read_looks, write_looks
 from reproflow.spec.errors import ReproflowError
 from reproflow.store.results import result_files
 
@@ -67,6 +68,14 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
             progress.say(f"   drawing `reproflow {shlex.join(argv)}` failed (exit {code}); see {log}")
     progress.close()
     progress.say(summary(done, time.monotonic() - progress.start))
+    # A claim that may get more samples is looked at twice: each look at a level that keeps the chance
+    # of a wrong verdict over both at most LEVEL's (reporting.claims.level_for), recorded beside the rows
+    # so that a report built from them later judges alike.
+    looks = read_looks(folders.results)
+    looks.update({t.family: 1 for t in targets})
+    if executor == LOCAL and plan.more_minutes:
+        looks.update({t.family: 2 for t in targets if any(plan.steps[s].more for s in t.steps)})
+    write_looks(folders.results, looks)
     try:
         build_reports(folders.results, folders.reports)
     except ReproflowError as exc:

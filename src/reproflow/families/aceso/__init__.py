@@ -5,9 +5,9 @@ runs every op on the job's ranks and records Aceso's database columns as rows, a
 (kind train: training.py, on layout.py's ranks and resharding and stage.py's 1F1B stage), which
 trains a config JSON; both run the ops of transformer_ops.py and resnet_ops.py. Beside them: the
 model zoo (models.py), the database format (database.py), the performance model (costmodel.py),
-config JSON and Megatron-LM uniform plans (plans.py), the search (search.py), a search's outputs
-(manifest.py), the artifact's settings (settings.py), the profile -> search -> train pipeline
-(pipeline.py) and `reproflow aceso`, which parses into it (cli.py).
+config JSON and Megatron-LM plans (plans.py), the search (search.py), the Megatron-LM baseline measured
+(baseline.py), a search's outputs (manifest.py), the artifact's settings (settings.py), the profile ->
+search -> train pipeline (pipeline.py) and `reproflow aceso`, which parses into it (cli.py).
 """
 
 from __future__ import annotations
@@ -78,9 +78,14 @@ FAMILY = Family(
         Param("config", "str", "", "train: a config JSON (Aceso's format), or a search's --config-save-path"),
         Param("plan", "str", "aceso", "train: the runtime column (aceso: a searched config; megatron: a uniform "
               "plan) and, for a search folder, which of its configs", choices=("aceso", "megatron")),
+        Param("grid_plan", "str", "", "train: with a search folder and plan megatron, this plan of its Megatron-LM "
+              "grid (e.g. megatron_pp2_tp1_dp1_mbs4_layers3-1_norecompute.json); empty: the fastest measured, or "
+              "the predicted fastest where none was measured"),
         Param("train_iters", "int", 5, "train: iterations (then one more with per-op timers)", minimum=1),
         Param("train_seconds", "float", 0.0, "train: more iterations than train_iters until the timed ones take "
               "this many seconds (0: train_iters exactly)", minimum=0.0),
+        Param("op_timers", "bool", True, "train: one more iteration, untimed, with per-op timers (the CSV's op "
+              "columns; zero without it)"),
         Param("warmup_iters", "int", 2, "train: first iterations left out of the iteration time", minimum=0),
         Param("lr", "float", 1e-3, "train: Adam's learning rate", minimum=0.0),
         Param("dropout", "float", 0.1, "train: dropout probability (0 to compare partitions exactly)",
@@ -92,6 +97,11 @@ FAMILY = Family(
               choices=("auto", "float32", "bfloat16")),
         Param("log_path", "str", "aceso-logs", "train: root of the reference's per-stage CSVs "
               "({plan}/runtime/{model}/{size}/csv/)"),
+        Param("case", "str", "", "train: a case of its own beside the model's size (e.g. memory: a lower memory "
+              "limit), its CSVs under {size}-{case}"),
+        Param("round", "int", 0, "train: the round of trainings in turns this one belongs to (0: none)", minimum=0),
+        Param("turn", "int", 0, "train: its place in its job's order of trainings (0: alone), so that an order "
+              "effect shows in the rows", minimum=0),
     ),
     run=run,
     table=table,

@@ -19,20 +19,30 @@ from pathlib import Path
 from reproflow import api
 from reproflow.api import Placement
 from reproflow.families.aceso import mcore
+from reproflow.families.aceso.baseline import (
+    SCREEN,
+    confirm_trainings,
+    order_seed,
+    say,
+    screen_trainings,
+    select,
+    select_job,
+    turns_suite,
+)
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
-from reproflow.families.aceso.manifest import resolve_config
+from reproflow.families.aceso.manifest import newest_manifest, resolve_config
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.pipeline import (
+    SEARCH_KEYS,
     ProfileRequest,
     SearchRequest,
     Setup,
-    TrainRequest,
+    grid_names,
     profile,
     profile_suite,
     search,
     stage_info,
-    train,
 )
 from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
 from reproflow.families.aceso.settings import SETTINGS, Setting
@@ -46,7 +56,7 @@ class ReproduceRequest:
 
     setting: str
     sizes: str = "tiny"
-    models: tuple[str, ...] = ("gpt", "t5", "resnet")
+    models: tuple[str, ...] = ("gpt", "t5", "resnet", "gpt-memory")
     model_sizes: tuple[str, ...] = ()
     profiled_time_path: Path | None = None
     artifact_configs: Path | None = None
@@ -82,7 +92,7 @@ def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node
         megatron_memory_limit=req.memory_limit if req.memory_limit is not None else s.megatron_memory_limit,
         megatron_micro_batch_size=s.megatron_mbs, op_group_size=o.op_group_size,
         peak_mem_in_backward=o.peak_mem_in_backward, finetune_after_trial=o.finetune_after_trial,
-        sort_metric=o.sort_metric)
+        sort_metric=o.sort_metric, megatron_grid=s.measured_baseline, memory_pressure=s.case == "memory")
 
 
 def reproduce(req: ReproduceRequest, where: Placement) -> None:
@@ -103,14 +113,14 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         raise ReproflowError(f"--log-path {root} is inside --results {where.results}: the profiles and runtime CSVs "
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     tiny = req.sizes == "tiny"
-    targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.model in req.models]
-    # tiny: the two configs in turns, four trainings each, so the ratio's interval spans the machine's
-    # drift between jobs (docs/aceso.md); each of its trainings 10 iterations, or on until 2.5 s
+    targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.selector in req.models]
+    # tiny: the two configs in four rounds, ABBA, so the ratio's interval spans the machine's drift
+    # between trainings (docs/aceso.md); each training 7 iterations, the first 2 untimed
     rounds = req.train_rounds if req.train_rounds is not None else (4 if tiny else 1)
     if rounds < 1:
         raise ReproflowError(f"--train-rounds {rounds}: each config trains at least once; give 1 or more.")
-    train_iters = req.train_iters if req.train_iters is not None else (10 if tiny else 5)
-    train_seconds = req.train_seconds if req.train_seconds is not None else (2.5 if tiny else 0.0)
+    train_iters = req.train_iters if req.train_iters is not None else (7 if tiny else 5)
+    train_seconds = req.train_seconds if req.train_seconds is not None else 0.0
     here = replace(where, after=(), force=False)
     mcore_impl: tuple[str, ...] = () if req.no_megatron_core else ("megatron-core",)
     if mcore_impl:
@@ -120,12 +130,12 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
             print(f"the Megatron-LM plan runs on reproflow's layers only: {exc}")
             mcore_impl = ()
     for t in targets:
-        folder = root / "aceso" / "search" / t.model / t.size
+        folder = root / "aceso" / "search" / t.model / t.label
         nodes, gpn = req.num_nodes or t.nodes, req.num_gpus_per_node or t.gpus_per_node
         tps = tuple(x for x in (1, 2, 4, 8) if x <= gpn)
         # Slurm's nodes have their own network; here nodes are emulated hosts with a shaped link.
         network = "" if where.submit or nodes == 1 else (t.network if req.network is None else req.network)
-        print(f"==== {t.model} {t.size}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
+        print(f"==== {t.model} {t.label}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
               f"{'GPUs' if where.submit else 'local ranks'}{f', {network} between hosts' if network else ''} ====",
               flush=True)
         prof = ProfileRequest(prof_model_name=t.model, prof_model_size=t.size, prof_tp_size=tps,
@@ -147,21 +157,23 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         if req.until == "search":
             continue
         after: tuple[str, ...] = (searched.job_id,) if where.submit else ()
-        trained = f"{rounds}x{train_iters}" if rounds > 1 else str(train_iters)
-        for r in range(1, rounds + 1):
-            # The plan on megatron-core's layers once; on reproflow's last: its training is the one the
-            # profile after it pairs with.
-            for plan, impls in (("aceso", ("reproflow",)),
-                                ("megatron", (*(mcore_impl if r == 1 else ()), "reproflow"))):
-                # Submitted, each training waits for the one before: in turns on the cluster too.
-                after = tuple(train(TrainRequest(config=(folder,), plan=(plan,), num_nodes=nodes,
-                                                 num_gpus_per_node=gpn, train_iters=train_iters,
-                                                 train_seconds=train_seconds, seq_len=t.seq_len, dropout=0.1,
-                                                 log_path=root, tp_impl=impls, network=network,
-                                                 round=r if rounds > 1 else 0),
-                                    replace(here, after=after))) or after
-                if r == rounds and not where.submit:
-                    profile_after_training(prof, search_req, trained, plan, here)
+        label = f"{t.model}-{t.label}"
+        params = {"seq_len": t.seq_len, "dropout": 0.1, "log_path": str(root.resolve()), "case": t.case}
+        launch = {"nodes": nodes, "gpus_per_node": gpn, "network": network}
+        if t.measured_baseline:
+            after = _measure_baseline(search_req, label, params, launch, replace(here, after=after))
+        # Aceso's config and the Megatron-LM plan in turns, in one job (the plan once more on
+        # megatron-core's layers first, where installed); run here, each by its JSON, so that the points
+        # of another search's configs are never taken for these.
+        name = f"aceso-train-{label}"
+        configs = None if where.submit else {p: resolve_config(folder, p) for p in ("aceso", "megatron")}
+        text = turns_suite(name, f"Aceso's config and the Megatron-LM plan of {label} in {rounds} round(s), ABBA",
+                           folder, confirm_trainings(rounds, bool(mcore_impl), configs), nodes, gpn,
+                           {**params, "train_iters": train_iters, "train_seconds": train_seconds}, network)
+        api.run_generated_suite(text, name, replace(here, after=after))
+        if not where.submit:
+            for plan in ("aceso", "megatron"):
+                profile_after_training(prof, search_req, f"{rounds}x{train_iters}", plan, label, here)
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
@@ -169,7 +181,40 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         results(name, "small", root, req.out or root / "results", req.published)
 
 
-def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trained: str, plan: str,
+def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object], launch: dict[str, object],
+                      where: Placement) -> tuple[str, ...]:
+    """The screen of every Megatron-LM plan worth training and Aceso's config, then the selection of
+    the fastest measured (baseline.py); submitted, the selection is a job after the screen's, and the
+    screen names the grid's every plan (those its search does not write are not applicable). Returns
+    the job ids the next step waits for."""
+    folder = req.config_save_path
+    if where.submit:
+        grid = grid_names(req)
+    else:
+        manifest = newest_manifest(folder)
+        assert manifest is not None
+        grid = [g["name"] for g in json.loads(manifest.read_text()).get("megatron_grid") or ()]
+        aceso = resolve_config(folder, "aceso")
+    options = {k: getattr(req, k) for k in SEARCH_KEYS}
+    name = f"aceso-screen-{label}"
+    text = turns_suite(name, f"every Megatron-LM plan of {label} and Aceso's config, once each, shuffled", folder,
+                       screen_trainings(grid, order_seed(options), None if where.submit else aceso),
+                       int(launch["nodes"]),  # type: ignore[call-overload]
+                       int(launch["gpus_per_node"]), {**params, **SCREEN}, str(launch["network"]))  # type: ignore[call-overload]
+    ids = api.run_generated_suite(text, name, where)
+    if where.submit:
+        job = api.submit_call("aceso-baseline", select_job, where.results.resolve(), folder.resolve(), name,
+                              folder=folder.resolve() / "submitit", minutes=10, where=replace(where, after=tuple(ids)))
+        print(f"submitted the choice of the Megatron-LM baseline as Slurm job {job}, after the screen")
+        print(f"job ids: {job}")
+        return (job,)
+    from reproflow.reporting.report import load_results
+
+    print(say(select(load_results(where.results), folder, name)), flush=True)
+    return ()
+
+
+def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trained: str, plan: str, label: str,
                            where: Placement) -> Path:
     """Profile the ops of the config of `plan` just trained again, at once, and predict it from that
     profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks
@@ -195,9 +240,9 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trai
                          # groups across nodes are priced from the P2P link, not a collectives table
                          groups=sorted({n for t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
                          p2p=len(config.stages) > 1, nodes=prof.prof_num_nodes, network=prof.network)
-    name = f"aceso-profile-{setup.model.file_stem}{AFTER_TRAINING}-{'' if plan == 'aceso' else plan + '-'}{trained}"
+    name = f"aceso-profile-{label}{AFTER_TRAINING}-{plan}-{trained}"
     api.run_generated_suite(text, name, where)
-    after = Path(f"{prof.prof_path}{AFTER_TRAINING}")
+    after = Path(f"{prof.prof_path}{AFTER_TRAINING}-{label}-{plan}")
     shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
     rows = load_results(where.results)
     write_from_rows(rows[rows["suite"].astype(str) == name], after, after_training=True)

@@ -230,7 +230,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("setting", choices=("small", "large", "scale"), help="the artifact's setting")
     p.add_argument("--sizes", choices=("tiny", "reference"), default="tiny",
                    help="small: tiny (the three models shrunk for CPUs) or reference (GPT-1.3B, T5-770M, WRN-1B: GPUs)")
-    p.add_argument("--models", nargs="+", choices=("gpt", "t5", "resnet"), default=["gpt", "t5", "resnet"])
+    p.add_argument("--models", nargs="+", choices=("gpt", "t5", "resnet", "gpt-memory"),
+                   default=["gpt", "t5", "resnet", "gpt-memory"],
+                   help="small, tiny sizes: gpt-memory is GPT under a memory limit where recomputation pays")
     p.add_argument("--model-sizes", nargs="+", default=[], metavar="SIZE",
                    help="large and scale: only these sizes (e.g. 1_3B 13B, or 8layers 1024layers)")
     p.add_argument("--profiled-time-path", type=Path, default=None,
@@ -255,15 +257,15 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=int, default=None,
-                   help="iterations per training, the first 2 untimed (default: 10 for tiny models, 5 for the "
+                   help="iterations per training, the first 2 untimed (default: 7 for tiny models, 5 for the "
                    "reference sizes)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help="more iterations than --train-iters until the timed ones take this many seconds (default: "
-                   "2.5 for tiny models, 0 for the reference sizes)")
+                   "0)")
     p.add_argument("--train-rounds", type=int, default=None,
-                   help="trainings of each config, Aceso's and the Megatron-LM plan's in turns; the speed-up's "
-                   "interval is over the pairs, so it spans the machine's drift between jobs (default: 4 for "
-                   "tiny models, 1 for the reference sizes)")
+                   help="rounds in which Aceso's config and the Megatron-LM plan train in turns (ABBA, one job); "
+                   "the speed-up's interval is over the rounds, so it spans the machine's drift between them "
+                   "(default: 4 for tiny models, 1 for the reference sizes)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

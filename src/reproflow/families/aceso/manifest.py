@@ -1,11 +1,12 @@
-"""A search's outputs on disk: its newest manifest (search-*.json), and the config a train point runs."""
+"""A search's outputs on disk: its newest manifest (search-*.json), the Megatron-LM plans measured
+(baseline.json), and the config a train point runs."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.errors import NotApplicable, ParamError, ReproflowError
 from reproflow.spec.paths import project_root
 
 
@@ -20,9 +21,14 @@ def newest_manifest(folder: Path) -> Path | None:
     return newest_file(folder, "search-*.json")
 
 
-def resolve_config(path: Path, plan: str) -> Path:
+BASELINE = "baseline.json"  # the Megatron-LM plans measured, and the fastest (baseline.py)
+
+
+def resolve_config(path: Path, plan: str, grid_plan: str = "") -> Path:
     """`path` itself (a .json file), or for a search folder (--config-save-path) the config its newest
-    search ranked first (`plan` aceso) or that search's Megatron-LM uniform plan (`plan` megatron).
+    search ranked first (`plan` aceso) or its Megatron-LM plan (`plan` megatron): `grid_plan` of its
+    grid where one is named, else the fastest measured where the baseline was measured for that search
+    (baseline.json), else the search's predicted fastest.
     A relative path that is not under the working directory is looked up in the checkout, as suites
     are (the committed configs of workflows/configs/ from any working directory, or in an image)."""
     if not path.is_absolute() and not path.exists():
@@ -38,7 +44,18 @@ def resolve_config(path: Path, plan: str) -> Path:
         raise ParamError(f"'config' = {str(path)!r} is a folder without a search manifest (search-*.json).",
                          "a config JSON, or the --config-save-path of a finished `reproflow aceso search`")
     done = json.loads(manifest.read_text())
+    if plan == "megatron" and grid_plan:
+        if grid_plan not in {g["name"] for g in done.get("megatron_grid") or ()}:
+            raise NotApplicable(f"{grid_plan} is not among the plans the search in {manifest} wrote to train "
+                                "(predicted not to fit its memory limit, or full recomputation where the plan fits "
+                                "without it)")
+        return path / grid_plan
     name = done.get("megatron") if plan == "megatron" else (done.get("configs") or [None])[0]
+    measured = path / BASELINE
+    if plan == "megatron" and measured.is_file():
+        chosen = json.loads(measured.read_text())
+        if chosen.get("search") == manifest.name and chosen.get("measured_best"):
+            name = chosen["measured_best"]
     if not name:
         raise ParamError(f"the search in {manifest} found no {plan} config.", "a search that found one")
     return path / name

@@ -21,7 +21,18 @@ from reproflow.api import Placement
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction
 from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import Model, model
-from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_config, read_json, write_json
+from reproflow.families.aceso.plans import (
+    Plan,
+    best_feasible,
+    megatron_plans,
+    plan_name,
+    pressure_limit,
+    read_config,
+    read_json,
+    shapes,
+    to_train,
+    write_json,
+)
 from reproflow.families.aceso.search import Options
 from reproflow.families.aceso.search import search as search_depths
 from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS
@@ -62,6 +73,11 @@ class SearchRequest:
     from_results: Path | None = None
     megatron_memory_limit: float | None = None
     megatron_micro_batch_size: tuple[int, ...] | None = None
+    # Write every Megatron-LM plan worth training (plans.to_train, first and last stages of their own
+    # depth included) beside the configs, for the baseline measured (baseline.py).
+    megatron_grid: bool = False
+    # Both memory limits become plans.pressure_limit's, computed from the database: where recomputation pays.
+    memory_pressure: bool = False
     force: bool = False
 
 
@@ -69,7 +85,8 @@ class SearchRequest:
 SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",
                "num_gpus_per_node", "memory_limit", "max_tp", "start_num_stages", "end_num_stages", "max_num_hops",
                "time_budget_total", "cost_model", "megatron_memory_limit", "megatron_micro_batch_size",
-               "op_group_size", "peak_mem_in_backward", "finetune_after_trial", "sort_metric")
+               "op_group_size", "peak_mem_in_backward", "finetune_after_trial", "sort_metric", "megatron_grid",
+               "memory_pressure")
 
 
 @dataclass(frozen=True)
@@ -116,7 +133,6 @@ class TrainRequest:
     log_path: Path = Path("aceso-logs")
     tp_impl: tuple[str, ...] = ("reproflow",)
     network: str = ""  # run here: each emulated host's link (launch.network)
-    round: int = 0  # the N-th of trainings in turns (suites named -round<N>); 0: a training on its own
 
 
 class Setup:
@@ -153,17 +169,24 @@ class Setup:
         limit = r.memory_limit if r.megatron_memory_limit is None else r.megatron_memory_limit
         return self.cost_model(list(r.megatron_micro_batch_size or self.mbs), limit), limit
 
-    def megatron_plan(self) -> tuple[str, Config | None, float]:
-        """The fastest feasible uniform plan: its line, config and predicted iteration (ms)."""
+    def megatron_grid(self) -> tuple[list[Plan], float]:
+        """Every Megatron-LM plan for these GPUs, predicted (first and last stages of their own depth too
+        with `megatron_grid`), and the memory limit they must fit."""
         cost, limit = self.megatron_cost()
-        gbs = self.req.global_batch_size
-        best = best_feasible(megatron_plans(cost, self.ops, gbs, self.gpus, self.max_tp, self.depths), limit)
+        return megatron_plans(cost, self.ops, self.req.global_batch_size, self.gpus, self.max_tp, self.depths,
+                              uneven=self.req.megatron_grid), limit
+
+    def megatron_plan(self) -> tuple[str, Plan | None]:
+        """The predicted-fastest feasible plan, and a line saying it."""
+        plans, limit = self.megatron_grid()
+        best = best_feasible(plans, limit)
+        kind = "plans" if self.req.megatron_grid else "uniform plans"
         if best is None:
-            return f"Megatron-LM uniform plans: none fits {limit:.0f} MB", None, 0.0
-        return (f"Megatron-LM uniform plan: pp {best.pp} tp {best.tp} dp {best.dp} micro-batch {best.micro_bs} "
-                f"recompute {'all' if best.recompute else 'none'}: {best.prediction.iteration_ms / 1000:.2f} s, "
-                f"{best.prediction.throughput(gbs):.2f} samples/s, {best.prediction.max_memory:.0f} MB",
-                best.config, best.prediction.iteration_ms)
+            return f"Megatron-LM {kind}: none fits {limit:.0f} MB", None
+        gbs = self.req.global_batch_size
+        return (f"Megatron-LM {kind}, the predicted fastest: {best.describe()}: "
+                f"{best.prediction.iteration_ms / 1000:.2f} s, {best.prediction.throughput(gbs):.2f} samples/s, "
+                f"{best.prediction.max_memory:.0f} MB", best)
 
     def write_megatron(self, config: Config, ms: float) -> Path:
         path = self.req.config_save_path / f"{self.name}_{self.model.num_layers}layers_megatron_est_{int(ms)}.json"
@@ -174,11 +197,11 @@ class Setup:
 def megatron(req: SearchRequest) -> Path | None:
     """The fastest feasible uniform (pp, tp, dp, micro-batch, recompute) plan as Aceso's JSON, or None."""
     setup = Setup(req)
-    line, config, ms = setup.megatron_plan()
+    line, best = setup.megatron_plan()
     print(line)
-    if config is None:
+    if best is None:
         return None
-    path = setup.write_megatron(config, ms)
+    path = setup.write_megatron(best.config, best.prediction.iteration_ms)
     print(f"config: {path}")
     return path
 
@@ -204,9 +227,14 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
 
         written = write_from_rows(load_results(req.from_results), req.profiled_time_path)
         print(f"database: {len(written)} files from the profiler rows in {req.from_results}")
+    options = {k: getattr(req, k) for k in SEARCH_KEYS}
+    if req.memory_pressure:
+        limit = memory_pressure_limit(req)
+        print(f"memory pressure: {limit:.1f} MB per rank, the most at which Megatron-LM's predicted-fastest plan "
+              "that fits recomputes")
+        req = replace(req, memory_limit=limit, megatron_memory_limit=limit)
     setup = Setup(req)
     db_hash = database_sha256(req.profiled_time_path)
-    options = {k: getattr(req, k) for k in SEARCH_KEYS}
     key = hashlib.sha256(json.dumps([db_hash, options], sort_keys=True, default=str).encode()).hexdigest()[:12]
     manifest = req.config_save_path / f"search-{key}.json"
     if manifest.exists() and not req.force:
@@ -248,11 +276,17 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     log.mkdir(parents=True, exist_ok=True)
     atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
     print(f"\noverall search time: {wall:.2f} s")
-    line, mega_config, mega_ms = setup.megatron_plan()
+    line, plan = setup.megatron_plan()
     print(line)
-    mega = setup.write_megatron(mega_config, mega_ms).name if mega_config is not None else None
-    if mega_config is not None:  # the plan's per-stage prediction too, for its prediction error
-        stage_info(setup.megatron_cost()[0].predict(mega_config), csv_dir / f"info_{Path(mega).stem}.csv")
+    grid = _write_grid(setup, save) if req.megatron_grid else []
+    mega, mega_ms = None, 0.0
+    if plan is not None:
+        mega_ms = plan.prediction.iteration_ms
+        mega = plan.name if req.megatron_grid else setup.write_megatron(plan.config, mega_ms).name
+        if not (save / mega).exists():  # the grid's only when it is one worth training
+            write_json(plan.config, save / mega)
+        # the plan's per-stage prediction too, for its prediction error
+        stage_info(plan.prediction, csv_dir / f"info_{Path(mega).stem}.csv")
     same = bool(found and mega and read_config(save / mega) == read_config(save / names[0]))
     if same:
         print("Aceso's search returned the Megatron-LM plan itself (the same config)")
@@ -263,6 +297,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
                                        "configs": names, "megatron": mega,
                                        "best_ms": round(best.time, 2) if best else None,
                                        "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
+                                       "megatron_grid": grid, "memory_limit": req.memory_limit,
+                                       "megatron_memory_limit": setup.megatron_cost()[1],
                                        "same_as_megatron": same,
                                        "written": time.time()}, indent=2, default=str) + "\n")
     if best is not None:
@@ -270,6 +306,47 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
         print(f"Aceso search: {best.time / 1000:.2f} s, {gbs / (best.time / 1000):.2f} samples/s, "
               f"{best.memory:.0f} MB: {verdict} the uniform plan")
     return SearchOutcome(manifest, best is not None)
+
+
+def _write_grid(setup: Setup, folder: Path) -> list[dict[str, object]]:
+    """Every plan worth training (plans.to_train) as a config JSON in `folder`, with its predicted
+    per-stage info CSV: what the baseline's screen trains (baseline.py)."""
+    plans, limit = setup.megatron_grid()
+    chosen = to_train(plans, limit)
+    print(f"Megatron-LM grid: {len(plans)} plans, {len(chosen)} to train (predicted to fit {limit:.0f} MB; full "
+          "recomputation only where the plan does not fit without it)")
+    out = []
+    for p in chosen:
+        write_json(p.config, folder / p.name)
+        stage_info(p.prediction, folder / "csv" / f"info_{Path(p.name).stem}.csv")
+        out.append({"name": p.name, "plan": p.describe(), "pp": p.pp, "tp": p.tp, "dp": p.dp,
+                    "micro_bs": p.micro_bs, "recompute": p.recompute, "layers": list(p.layers),
+                    "predicted_ms": round(p.prediction.iteration_ms, 2),
+                    "predicted_mb": round(p.prediction.max_memory, 2)})
+    return out
+
+
+def grid_names(req: SearchRequest) -> list[str]:
+    """The config names of every plan of the Megatron-LM grid, before any profile (a submitted screen
+    names them before its search has run; those the search does not write are not applicable)."""
+    m = model(req.model_name, req.model_size, req.num_layers)
+    gpus = req.num_nodes * req.num_gpus_per_node
+    mbs = list(req.megatron_micro_batch_size or req.micro_batch_size or (RESNET_MBS if m.family == "resnet"
+                                                                         else GPT_MBS))
+    depths = range(req.start_num_stages, (req.end_num_stages or min(gpus, 16)) + 1)
+    return [plan_name(pp, tp, dp, b, layers, rc) for pp, tp, dp, b, rc, layers, _ in
+            shapes(m, mbs, gpus, req.max_tp or m.max_tp(req.num_gpus_per_node), depths, uneven=True)]
+
+
+def memory_pressure_limit(req: SearchRequest) -> float:
+    """plans.pressure_limit of the request's Megatron-LM grid: the per-rank memory where recomputation pays."""
+    setup = Setup(req)
+    plans, _ = setup.megatron_grid()
+    limit = pressure_limit(plans)
+    if limit is None:
+        raise ReproflowError(f"{setup.name}: no memory limit makes Megatron-LM's fastest fitting plan recompute: "
+                             "with this database a smaller micro-batch always saves as much.")
+    return limit
 
 
 def search_job(req: SearchRequest) -> str:
@@ -423,8 +500,7 @@ def train(req: TrainRequest, where: Placement) -> list[str]:
         for impl in req.tp_impl:
             params = {"train_iters": req.train_iters, "train_seconds": req.train_seconds, "seq_len": req.seq_len,
                       "dropout": req.dropout, "log_path": str(req.log_path.resolve()), "tp_impl": impl}
-            name = (f"aceso-train-{exp}" + (f"-round{req.round}" if req.round else "")
-                    + ("-mcore" if impl == "megatron-core" else ""))
+            name = f"aceso-train-{exp}" + ("-mcore" if impl == "megatron-core" else "")
             text = train_suite(name, [(exp, plan, config)], req.num_nodes, gpus // req.num_nodes, params,
                                req.network)
             ids += api.run_generated_suite(text, name, where)

@@ -1,8 +1,10 @@
-"""Configs as Aceso's JSON, and the Megatron-LM baseline: uniform plans predicted with the same model.
+"""Configs as Aceso's JSON, and the Megatron-LM baseline: its plans predicted with the same model.
 
 A uniform plan has pp stages of equal layers (GPT: 13 ops a layer, the embedding on the first
 stage and the two tail ops on the last), the same tp and dp = GPUs / (pp tp) everywhere, one
-micro-batch, and recomputation of every op or none (never the embedding and post-process).
+micro-batch, and recomputation of every op or none (never the embedding and post-process). Megatron-LM
+also gives its first and last pipeline stages depths of their own; those plans are the grid the
+baseline is trained over (`to_train`), the fastest measured of them the baseline.
 """
 
 from __future__ import annotations
@@ -104,20 +106,34 @@ def read_json(path: Path, model: Model, model_ops: list[str]) -> Config:
                               flat("data_parallel_size_of_each_op"), flat("algo_of_each_op"), flat("recompute_ops"))
 
 
-def _stage_op_counts(model: Model, pp: int) -> list[list[int]]:
-    """Op counts per stage of every equal-layer split into `pp` stages (T5: each encoder/decoder split)."""
+def layer_splits(layers: int, pp: int, uneven: bool) -> list[tuple[int, ...]]:
+    """Layers per stage of every split of `layers` into `pp` stages: equal stages, and with `uneven`
+    also Megatron-LM's first and last stages of their own depth (`--decoder-first-pipeline-num-layers`,
+    `--decoder-last-pipeline-num-layers`), the stages between them equal; every stage one layer or more."""
+    if pp == 1:
+        return [(layers,)]
+    even = [(layers // pp,) * pp] if layers % pp == 0 else []
+    if not uneven:
+        return even
+    out = []
+    for first in range(1, layers):
+        for last in range(1, layers - first + 1):
+            middle, between = layers - first - last, pp - 2
+            if between == 0 and middle == 0:
+                out.append((first, last))
+            elif between > 0 and middle >= between and middle % between == 0:
+                out.append((first, *(middle // between,) * between, last))
+    return out
+
+
+def _stage_op_counts(model: Model, pp: int, uneven: bool = False) -> list[tuple[tuple[int, ...], list[int]]]:
+    """(layers per stage, op counts per stage) of every split into `pp` stages (T5: each encoder/decoder
+    split, equal layers within each; GPT and Wide-ResNet: `layer_splits`)."""
     family, layers = model.family, model.num_layers
-    if family == "gpt":
-        if layers % pp:
-            return []
-        counts = [layers // pp * len(GPT_LAYER)] * pp
-        counts[0] += 1
-        counts[-1] += 2
-        return [counts]
     if family == "t5":
         enc, dec = T5_ENCODER_LAYER_OPS, T5_DECODER_LAYER_OPS
         if pp == 1:
-            return [[layers * (enc + dec) + 5]]
+            return [((layers * 2,), [layers * (enc + dec) + 5])]
         out = []
         for split in range(1, pp):
             if layers % split or layers % (pp - split):
@@ -128,16 +144,35 @@ def _stage_op_counts(model: Model, pp: int) -> list[list[int]]:
             counts += [layers // (pp - split) * dec] * (pp - split)
             counts[split] += 1
             counts[-1] += 2
-            out.append(counts)
+            out.append(((layers // split,) * split + (layers // (pp - split),) * (pp - split), counts))
         return out
-    counts = [layers // pp * RESNET_BLOCK_OPS] * pp
-    counts[0] += 4
-    counts[-1] += 2 + (layers - layers // pp * pp) * RESNET_BLOCK_OPS
-    return [counts]
+    if family == "gpt":
+        splits = layer_splits(layers, pp, uneven)
+        head, tail, per_layer = 1, 2, len(GPT_LAYER)
+    else:  # Wide-ResNet: uniform, the blocks an equal split leaves over on the last stage (the reference's)
+        splits = layer_splits(layers, pp, True) if uneven else [
+            (*(layers // pp,) * (pp - 1), layers - layers // pp * (pp - 1))]
+        head, tail, per_layer = 4, 2, RESNET_BLOCK_OPS
+    found = []
+    for split in splits:
+        counts = [n * per_layer for n in split]
+        counts[0] += head
+        counts[-1] += tail
+        found.append((split, counts))
+    return found
+
+
+def plan_name(pp: int, tp: int, dp: int, micro_bs: int, layers: tuple[int, ...], recompute: bool) -> str:
+    """A Megatron-LM plan as a config file's name, the same in every run (no estimate in it)."""
+    return (f"megatron_pp{pp}_tp{tp}_dp{dp}_mbs{micro_bs}_layers{'-'.join(map(str, layers))}_"
+            f"{'recompute' if recompute else 'norecompute'}.json")
 
 
 @dataclass
 class Plan:
+    """A Megatron-LM plan: pipeline, tensor and data parallel sizes, micro-batch (before the data-parallel
+    split), full recomputation or none, the layers of each stage, and its prediction."""
+
     pp: int
     tp: int
     dp: int
@@ -145,17 +180,28 @@ class Plan:
     recompute: bool
     config: Config
     prediction: Prediction
+    layers: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return plan_name(self.pp, self.tp, self.dp, self.micro_bs, self.layers, self.recompute)
+
+    def describe(self) -> str:
+        return (f"pp {self.pp} tp {self.tp} dp {self.dp} micro-batch {self.micro_bs} layers "
+                f"{'+'.join(map(str, self.layers))} recompute {'all' if self.recompute else 'none'}")
 
 
-def megatron_plans(cost: CostModel, model_ops: list[str], global_bs: int, num_gpus: int, max_tp: int,
-                   stages: range) -> list[Plan]:
-    """Every uniform plan for these GPUs, predicted; feasible or not (compare memory with the limit)."""
-    model, mbs_list = cost.model, cost.db.mbs
-    tps = [t for t in (1, 2, 4, 8) if t <= max_tp]
-    plans = []
-    n = len(model_ops)
+Shape = tuple[int, int, int, int, bool, tuple[int, ...], list[int]]  # pp, tp, dp, mbs, recompute, layers, counts
+
+
+def shapes(model: Model, mbs_list: list[int], num_gpus: int, max_tp: int, stages: range,
+           uneven: bool = False) -> list[Shape]:
+    """Every Megatron-LM plan for these GPUs, before any prediction: without `uneven` the artifact's
+    uniform plans (its gen_megatron_plan.py); with it also the first and last stages of their own depth
+    that Megatron-LM supports."""
+    out: list[Shape] = []
     for pp in stages:
-        for tp in tps:
+        for tp in (t for t in (1, 2, 4, 8) if t <= max_tp):
             if num_gpus % (pp * tp):
                 continue
             dp = num_gpus // (pp * tp)
@@ -163,14 +209,44 @@ def megatron_plans(cost: CostModel, model_ops: list[str], global_bs: int, num_gp
                 if mbs // dp not in mbs_list or mbs % dp:
                     continue
                 for recompute in (True, False):
-                    rc = [1 if recompute else 0] * n
-                    if model.family != "resnet":
-                        rc[0] = rc[-1] = 0
-                    for counts in _stage_op_counts(model, pp):
-                        config = config_from_counts(model, global_bs, mbs, model_ops, counts, [tp] * n, [dp] * n,
-                                                    [0] * n, rc)
-                        plans.append(Plan(pp, tp, dp, mbs, recompute, config, cost.predict(config)))
+                    out += [(pp, tp, dp, mbs, recompute, layers, counts)
+                            for layers, counts in _stage_op_counts(model, pp, uneven)]
+    return out
+
+
+def megatron_plans(cost: CostModel, model_ops: list[str], global_bs: int, num_gpus: int, max_tp: int,
+                   stages: range, uneven: bool = False) -> list[Plan]:
+    """`shapes` as configs, predicted; feasible or not (compare memory with the limit)."""
+    plans = []
+    n = len(model_ops)
+    for pp, tp, dp, mbs, recompute, layers, counts in shapes(cost.model, cost.db.mbs, num_gpus, max_tp, stages,
+                                                             uneven):
+        rc = [1 if recompute else 0] * n
+        if cost.model.family != "resnet":
+            rc[0] = rc[-1] = 0
+        config = config_from_counts(cost.model, global_bs, mbs, model_ops, counts, [tp] * n, [dp] * n, [0] * n, rc)
+        plans.append(Plan(pp, tp, dp, mbs, recompute, config, cost.predict(config), layers))
     return plans
+
+
+def to_train(plans: list[Plan], memory_limit: float) -> list[Plan]:
+    """The plans to train to find the fastest: every one predicted to fit `memory_limit`, less full
+    recomputation where the same plan fits without it (recomputation repeats each forward and changes
+    nothing else, so no Megatron-LM user turns it on where memory allows)."""
+    fits = [p for p in plans if p.prediction.max_memory < memory_limit]
+    plain = {(p.pp, p.tp, p.dp, p.micro_bs, p.layers) for p in fits if not p.recompute}
+    return [p for p in fits if not (p.recompute and (p.pp, p.tp, p.dp, p.micro_bs, p.layers) in plain)]
+
+
+def pressure_limit(plans: list[Plan]) -> float | None:
+    """A per-rank memory limit that makes recomputation pay: the largest at which the predicted-fastest
+    plan that fits recomputes everything (every plan without recomputation that is faster needs more).
+    None where no such limit exists (recomputation saves nothing that a smaller micro-batch does not)."""
+    for limit in sorted({p.prediction.max_memory for p in plans}, reverse=True):
+        best = best_feasible(plans, limit)
+        if best is not None and best.recompute:
+            return limit
+    return None
 
 
 def best_feasible(plans: list[Plan], memory_limit: float) -> Plan | None:

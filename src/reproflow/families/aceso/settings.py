@@ -52,11 +52,22 @@ class Setting:
     seq_len: int = 0  # 0: the size's own (tiny sets its sequence or image side)
     single_gpu: tuple[int, bool] | None = None
     network: str = ""  # run here: each emulated host's link (nodes > 1)
+    # Trained here: the Megatron-LM grid has Megatron-LM's first and last stages of their own depth too,
+    # and its fastest measured plan is the baseline (the artifact's scripts: the uniform predicted best).
+    measured_baseline: bool = False
+    # "memory": the memory limit of both systems is plans.pressure_limit's, where recomputation pays.
+    case: str = ""
+
+    @property
+    def selector(self) -> str:
+        """How `aceso reproduce --models` names it: the model, with the case."""
+        return f"{self.model}-{self.case}" if self.case else self.model
 
     @property
     def label(self) -> str:
-        """The size as the artifact's result tables name it (scale-layer: its depth)."""
-        return f"{self.num_layers}layers" if self.model == "scale-layer" else self.size
+        """The size as the artifact's result tables name it (scale-layer: its depth), with the case."""
+        size = f"{self.num_layers}layers" if self.model == "scale-layer" else self.size
+        return f"{size}-{self.case}" if self.case else size
 
 
 GPT_MBS, RESNET_MBS = (1, 2, 4, 8), (16, 32, 48, 64)
@@ -104,14 +115,13 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
     # batch of 32 to 64 makes 4 to 32 micro-batches: a pipeline whose bubble does not hide its
     # slowest stage. T5 keeps its size's sequences (128 encoder, 32 decoder tokens: the reference's
     # 4 to 1), so its encoder and decoder differ as the reference's do.
-    "tiny": (
-        Setting("gpt", "tiny", 2, 1, 32, SearchOptions(SMALL_MEMORY, GPT_MBS, budget_s=5), SMALL_MEMORY, GPT_MBS,
-                seq_len=64, network=TINY_LINK),
-        Setting("t5", "tiny", 2, 1, 32, SearchOptions(SMALL_MEMORY, GPT_MBS, budget_s=5), SMALL_MEMORY, GPT_MBS,
-                network=TINY_LINK),
-        Setting("resnet", "tiny", 2, 1, 64, SearchOptions(SMALL_MEMORY, (4, 8, 16), budget_s=5), SMALL_MEMORY,
-                (4, 8, 16), seq_len=64, network=TINY_LINK),
-    ),
+    # GPT once more under memory pressure: a limit at which Megatron-LM's fastest plan that fits
+    # recomputes (plans.pressure_limit), so that both systems' recomputation is exercised.
+    "tiny": tuple(
+        Setting(model, "tiny", 2, 1, gbs, SearchOptions(SMALL_MEMORY, mbs, budget_s=5), SMALL_MEMORY, mbs,
+                seq_len=seq, network=TINY_LINK, measured_baseline=True, case=case)
+        for model, gbs, mbs, seq, case in (("gpt", 32, GPT_MBS, 64, ""), ("t5", 32, GPT_MBS, 0, ""),
+                                           ("resnet", 64, (4, 8, 16), 64, ""), ("gpt", 32, GPT_MBS, 64, "memory"))),
 }
 
 # The artifact README's expected small-setting output (samples/s on 1 node x 4 GPUs): Aceso over

@@ -3,7 +3,7 @@ the checks of a point, the timed iterations, and the reference's CSVs.
 
 Every rank writes the reference's per-stage CSV,
 `{log_path}/{plan}/runtime/{model}/{size}/csv/{config}_stage{s}_rank{r}.csv` (plan `megatron-mcore`
-for a run on megatron-core's layers):
+for a run on megatron-core's layers; `{size}-{case}` for a case of its own):
 global batch, iteration time (ms, the median of the timed iterations), stage timers (ms), per-op
 forward timers (us per micro-batch, from one extra instrumented iteration), memory (MB). On GPUs
 memory is the CUDA allocator's; on CPU, which has no caching allocator to ask, it is accounted:
@@ -74,7 +74,8 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
         raise ParamError("'config' is empty.", "the path of a config JSON (reproflow aceso search or megatron)")
     if Path(params["config"]).suffix != ".json" and not at_run_time:
         return
-    _, stages = load_config(resolve_config(Path(params["config"]), params["plan"]), params["seq_len"])
+    _, stages = load_config(resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", "")),
+                            params["seq_len"])
     gpus = sum(s.size for s in stages)
     if gpus != world_size:
         raise ParamError(f"the config uses {gpus} GPUs (sum of num_gpus) but the job has {world_size} ranks.",
@@ -85,12 +86,12 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
 
 
 def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, iterations: int, seconds: float,
-             warmup: int, loss_scale: float, report_loss: bool, global_bs: int
+             warmup: int, loss_scale: float, report_loss: bool, global_bs: int, op_timers: bool = True
              ) -> tuple[list[float], list[float], list[float], dict[str, float]]:
     """The training loop: (this rank's iteration seconds, the slowest rank's, losses, the last timed
     iteration's stage timers). At least `iterations` timed iterations, and more until the slowest rank's
-    add up to `seconds` (every rank sees the same sums, so all stop together); then one with op timers,
-    not timed."""
+    add up to `seconds` (every rank sees the same sums, so all stop together); then, with `op_timers`, one
+    with op timers, not timed."""
     times: list[float] = []
     steps: list[float] = []
     losses: list[float] = []
@@ -99,6 +100,8 @@ def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, it
     while not instrumented:
         stage.iteration = it
         instrumented = len(steps) >= iterations and sum(steps) >= seconds
+        if instrumented and not op_timers:
+            break
         stage.op_us = {} if instrumented else None
         stage.timers = Timers()
         optimizer.zero_grad(set_to_none=False)
@@ -135,7 +138,7 @@ def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, it
 def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Train the config for `train_iters` iterations or more (`train_seconds`), then one instrumented;
     measurements of rank 0."""
-    path = resolve_config(Path(params["config"]), params["plan"])
+    path = resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", ""))
     config, stages = load_config(path, params["seq_len"])
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         params["dtype"] if params["dtype"] != "auto" else ("bfloat16" if ctx.device.type == "cuda" else "float32")]
@@ -158,7 +161,7 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     gc.disable()
     try:
         times, steps, losses, timers = _iterate(ctx, stage, optimizer, iterations, seconds, warmup, loss_scale,
-                                                report_loss, config.global_bs)
+                                                report_loss, config.global_bs, params.get("op_timers", True))
     finally:
         gc.enable()
     # The median, where the reference takes the mean of its 3 GPU iterations: on a shared CPU one
@@ -172,7 +175,8 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
            **{f"{p.op.name}#{p.index}": round(op_us.get(p.index, 0.0) / stage.num_micro, 2) for p in stage.plan.ops},
            **{k: round(v, 2) for k, v in memory.items()}}
     column = params["plan"] + ("-mcore" if params["tp_impl"] == "megatron-core" else "")
-    logs = Path(params["log_path"]) / column / "runtime" / config.model.name / config.model.size
+    size = config.model.size + (f"-{params['case']}" if params["case"] else "")
+    logs = Path(params["log_path"]) / column / "runtime" / config.model.name / size
     _write_csv(logs, path.stem, s, ctx.rank, row)
     every = ctx.gather_objects({"stage": s, "time": my_ms, **memory})
     iteration_ms = max(float(r["time"]) for r in every)  # type: ignore[index]
