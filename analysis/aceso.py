@@ -627,15 +627,16 @@ def _cases(values: dict[str, tuple[float, tuple[float, float] | None]], fmt: str
                                                 else "") + notes.get(k, "") for k, (r, i) in values.items())
 
 
-def _predictions(c: pd.Series) -> dict[str, tuple[float, float]] | None:
+def _predictions(c: pd.Series) -> dict[str, tuple[float, float, float]] | None:
     """Per plan (aceso, megatron), (the search's prediction, made before any training; the prediction
-    from its ops profiled again right after training, NaN where there is none) of one size's
-    perf_model_time column."""
+    from its ops profiled again right after training; the measured iteration; NaN where there is none)
+    of one size's perf_model_time column."""
     if not c["actual"] > 0:
         return None
     nan = float("nan")
-    return {"aceso": (c["predict"], c.get("predict_after_training", nan)),
-            "megatron": (c.get("megatron_predict", nan), c.get("predict_after_megatron_training", nan))}
+    return {"aceso": (c["predict"], c.get("predict_after_training", nan), c["actual"]),
+            "megatron": (c.get("megatron_predict", nan), c.get("predict_after_megatron_training", nan),
+                         c.get("megatron_actual", nan))}
 
 
 def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
@@ -678,16 +679,19 @@ def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
              "decides (0.9 to 1.1 holds)")
     cases, notes = {}, {}
     for key, plans in _per_size(reports, "perf_model_time", _predictions).items():
-        for plan, (predicted, again) in plans.items():
+        for plan, (predicted, again, actual) in plans.items():
             runs = steps.get(key, {}).get(plan, [])
-            if pd.isna(predicted) or not runs:
+            if pd.isna(predicted) or not (runs or actual > 0):
                 continue
             case = f"{key} {'Aceso' if plan == 'aceso' else 'Megatron-LM'}"
             # The prediction, made once before any training, over the geometric mean of the rounds' median
-            # iterations, its interval from their spread: the machine's speed drifts between rounds.
-            cases[case] = ratio_interval([predicted], [float(np.median(r)) for r in runs])
+            # iterations, its interval from their spread: the machine's speed drifts between rounds. No
+            # rounds in the rows: over the result table's iteration, without an interval.
+            cases[case] = (ratio_interval([predicted], [float(np.median(r)) for r in runs]) if runs
+                           else (predicted / actual, None))
             if not pd.isna(again):
-                notes[case] = f" (from its ops profiled again right after training: {again / np.median(runs[-1]):.3f})"
+                last = float(np.median(runs[-1])) if runs else actual
+                notes[case] = f" (from its ops profiled again right after training: {again / last:.3f})"
     if cases:
         detail = _cases(cases, "{:.3f}", notes)
         out.append(deciding([Claim("aceso", statement, ratio, r, at_least=0.9, at_most=1.1, paper=PAPER_ERROR,

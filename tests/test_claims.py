@@ -201,3 +201,27 @@ def test_the_claims_as_a_forest_plot(tmp_path) -> None:
     written = forest_plot(claims, tmp_path)
     assert [p.name for p in written] == ["claims_forest.png", "claims_forest.pdf"]
     assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_a_claim_that_may_be_looked_at_twice_is_judged_at_the_stricter_level(tmp_path) -> None:
+    """A reproduction that may rerun a step for more samples records two looks for its family; every
+    interval of that family's claims is then at level_for(2), in the report and in claims.csv alike."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from reproflow.reporting.claims import LEVEL, level_for, read_looks, write_looks
+    from reproflow.reporting.report import _claims
+
+    a, b = [1.0, 1.1, 0.9, 1.05], [0.5, 0.55, 0.45, 0.5]
+    module = SimpleNamespace(claims=lambda rows, out: [
+        Claim("f", "s", "r", *ratio_interval(a, b)[:1], at_least=1.0, interval=ratio_interval(a, b)[1])])
+    (once,) = _claims(module, pd.DataFrame(), tmp_path, 1)
+    (twice,) = _claims(module, pd.DataFrame(), tmp_path, 2)
+    assert once.level == LEVEL and twice.level == level_for(2) == 0.975
+    assert twice.measured == once.measured
+    assert twice.interval[0] < once.interval[0] and twice.interval[1] > once.interval[1]
+    assert twice.record()["level"] == "97.5%"
+    assert read_looks(tmp_path) == {}
+    write_looks(tmp_path, {"aceso": 2, "param_comms": 1})
+    assert read_looks(tmp_path) == {"aceso": 2, "param_comms": 1}

@@ -83,67 +83,55 @@ def test_aceso_claims_read_the_result_scripts_tables(tmp_path: Path) -> None:
     _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv", {"actual": [100.0], "predict": [95.0]}, ["tiny"])
     speed, error = claims(pd.DataFrame(), tmp_path)
     assert speed.status == FAILS and speed.measured == pytest.approx(0.75) and "gpt tiny 1.50x" in speed.detail
-    assert error.status == HOLDS and error.measured == pytest.approx(0.95)
+    # no rounds in the rows: the search's prediction over the table's iteration, without an interval
+    assert error.status == HOLDS and error.measured == pytest.approx(0.95) and error.interval is None
     _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "aceso": [5.0]}, ["tiny"])
     assert claims(pd.DataFrame(), tmp_path)[0].status == HOLDS
-    # The search returned the Megatron-LM plan itself: one config measured twice counts as 1, not as noise,
+    # Aceso's config is the Megatron-LM baseline itself: one config measured twice counts as 1, not as noise,
     # and the claim is not compared (the other model holds; t5 compared a config with itself).
     _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "aceso": [3.8]}, ["tiny"])
     _wide(tmp_path / "aceso" / "e2e_same_config_small_t5.csv", {"same_config": [1.0]}, ["tiny"])
     speed = claims(pd.DataFrame(), tmp_path)[0]
     assert speed.status == NOT_COMPARED and speed.measured == 1.0 and "t5 tiny 1.00x (the same config)" in speed.detail
-    assert "t5 tiny: Aceso's search returned the Megatron-LM plan itself" in speed.record()["where"]
-    # With the runtime's per-iteration times in the rows, each ratio has its interval.
-    def steps(plan: str, model: str, ms: list[float]) -> pd.DataFrame:
-        return pd.DataFrame({"suite": f"aceso-train-{plan}-{model}-tiny", "experiment": f"{plan}-{model}",
-                             "point": "default", "world_size": 2, "backend": "gloo", "device": "cpu",
-                             "timestamp": "2026-11-24T00:00:00", "metric": "step_ms", "plan": plan,
-                             "model_name": model, "model_size": "tiny", "tp_impl": "reproflow", "value": ms,
-                             "iteration": range(3, 3 + len(ms))})
-    rows = pd.concat([steps("aceso", "gpt", [66.0, 70.0, 64.0]), steps("megatron", "gpt", [100.0, 96.0, 104.0]),
-                      steps("aceso", "t5", [100.0, 140.0, 90.0])])
+    assert "t5 tiny: Aceso's config is the Megatron-LM baseline itself" in speed.record()["where"]
+    (tmp_path / "aceso" / "e2e_same_config_small_t5.csv").unlink()
+
+    # Trained in ABBA rounds in one job: each round's pair gives a ratio (1.5 and 1.25), and the interval is
+    # over the rounds, so the drift between them widens it past 1 on both sides of the mean.
+    def rounds(plan: str, name: str, by_round: dict[int, list[float]], case: str = "") -> pd.DataFrame:
+        return pd.concat([pd.DataFrame({
+            "suite": "aceso-train-gpt-tiny", "experiment": "trainings", "point": f"{plan}-{r}", "world_size": 2,
+            "backend": "gloo", "device": "cpu", "timestamp": "2026-11-24T00:00:00", "metric": "step_ms", "plan": plan,
+            "model_name": "gpt", "model_size": "tiny", "case": case, "tp_impl": "reproflow", "round": r,
+            "config_name": name, "value": ms, "iteration": range(3, 3 + len(ms))}) for r, ms in by_round.items()])
+    rows = pd.concat([rounds("aceso", "a", {1: [66.0, 66.0], 2: [80.0, 80.0]}),
+                      rounds("megatron", "m", {1: [99.0, 99.0], 2: [100.0, 100.0]})])
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_t5.csv", {"megatron": [4.0], "aceso": [5.0]}, ["tiny"])
     speed, error = claims(rows, tmp_path)
-    assert speed.status == NOT_COMPARED and speed.interval == (1.0, pytest.approx(1.0))
-    assert "gpt tiny 1.50x [" in speed.detail
-    # The prediction over the median iteration (66 ms); three iterations: the interval is their range.
-    assert error.status == FAILS and error.interval == (pytest.approx(95 / 70), pytest.approx(95 / 64))
-    assert "gpt tiny 1.439 [1.357, 1.484]" in error.detail
-    # The search returned the Megatron-LM plan itself: its training is the same config measured again, and
-    # the interval spans both trainings (95 / 66 and 95 / 100 here): no verdict either way.
-    _wide(tmp_path / "aceso" / "e2e_same_config_small_gpt.csv", {"same_config": [1.0]}, ["tiny"])
-    error = claims(rows, tmp_path)[1]
-    assert error.status == INCONCLUSIVE and error.measured == pytest.approx(95 / 66)
-    assert error.interval == (pytest.approx(95 / 104), pytest.approx(95 / 64))
-    assert "gpt tiny 1.439 [0.913, 1.484] (the same config trained again: 0.950)" in error.detail
-    # Where the config's ops were profiled again right after its training, that prediction is judged
-    # (70 ms over the median 66), and the search's is said beside it (95 over the table's 100).
-    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv",
-          {"actual": [100.0], "predict": [95.0], "predict_after_training": [70.0]}, ["tiny"])
-    error = claims(rows, tmp_path)[1]
-    assert error.measured == pytest.approx(70 / 66)
-    assert "gpt tiny 1.061 [0.673, 1.094] (from the search's profile: 0.950; the same config trained again: 0.700)" \
-        in error.detail
-    # The same config's training as the Megatron-LM plan profiled right after it too: each training is judged
-    # against the prediction beside it (70 over 66, 100 over 100), and the slower job no longer decides.
-    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv",
-          {"actual": [100.0], "predict": [95.0], "predict_after_training": [70.0],
-           "predict_after_megatron_training": [100.0]}, ["tiny"])
-    error = claims(rows, tmp_path)[1]
-    assert error.status == HOLDS and error.measured == pytest.approx(70 / 66)
-    assert error.interval == (pytest.approx(100 / 104), pytest.approx(70 / 64))
-    assert "gpt tiny 1.061 [0.962, 1.094] (from the search's profile: 0.950; the same config trained again: 1.000)" \
-        in error.detail
-    # Trained in turns, two rounds: each round's pair gives a ratio (1.5 and 1.25), and the interval is
-    # over the pairs, so the drift between the rounds widens it past 1 on both sides of the mean.
-    (tmp_path / "aceso" / "e2e_same_config_small_gpt.csv").unlink()
-    def round_(plan: str, r: int, ms: list[float]) -> pd.DataFrame:
-        return steps(plan, "gpt", ms).assign(suite=f"aceso-train-{plan}-gpt-tiny-round{r}",
-                                              timestamp=f"2026-11-24T00:0{2 * r + (plan == 'megatron')}:00")
-    rows = pd.concat([round_("aceso", 1, [66.0, 66.0]), round_("megatron", 1, [99.0, 99.0]),
-                      round_("aceso", 2, [80.0, 80.0]), round_("megatron", 2, [100.0, 100.0])])
-    speed = claims(rows, tmp_path)[0]
     assert speed.measured == pytest.approx((1.5 * 1.25) ** 0.5)
     assert speed.interval[0] < 1.0 < 1.5 < speed.interval[1] and "gpt tiny 1.37x [" in speed.detail
+    # The prediction the search made before any training (95 ms) over the rounds' medians (66 and 80),
+    # its interval from their spread over 2 rounds: wide, so no verdict.
+    assert error.status == INCONCLUSIVE and error.measured == pytest.approx(95 / (66 * 80) ** 0.5)
+    assert "gpt tiny Aceso 1.307 [" in error.detail
+    # The baseline's prediction is judged too; the case further from the band decides.
+    _wide(tmp_path / "aceso" / "perf_model_time_small_gpt.csv",
+          {"actual": [100.0], "predict": [73.0], "predict_after_training": [70.0], "megatron_actual": [100.0],
+           "megatron_predict": [200.0]}, ["tiny"])
+    error = claims(rows, tmp_path)[1]
+    assert "gpt tiny Megatron-LM 2.010 [" in error.detail and error.measured == pytest.approx(200 / (99 * 100) ** 0.5)
+    assert "(from its ops profiled again right after training: 0.875)" in error.detail  # 70 over round 2's 80
+    # Rows of another search's configs (another name) are not these configs' rounds.
+    (tmp_path / "aceso" / "e2e_config_names_small_gpt.csv").write_text("plan,tiny\naceso,a\nmegatron,m\n")
+    stray = pd.concat([rows, rounds("aceso", "old", {1: [10.0, 10.0], 2: [10.0, 10.0]})])
+    assert claims(stray, tmp_path)[0].measured == pytest.approx(speed.measured)
+    # A case of its own (GPT under memory pressure) is judged as its own size.
+    memory = pd.concat([rows, rounds("aceso", "a2", {1: [50.0], 2: [50.0]}, "memory"),
+                        rounds("megatron", "m2", {1: [40.0], 2: [40.0]}, "memory")])
+    _wide(tmp_path / "aceso" / "e2e_thpt_small_gpt.csv", {"megatron": [2.0, 5.0], "aceso": [3.0, 4.0]},
+          ["tiny", "tiny-memory"])
+    speed = claims(memory, tmp_path)[0]
+    assert speed.status == FAILS and "gpt tiny-memory 0.80x" in speed.detail
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

@@ -6,12 +6,12 @@ Jobs run the committed sbatch scripts and `reproflow submit` (submitit) on the h
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -309,32 +309,37 @@ def test_aceso_profile_then_search_as_dependent_jobs(tmp_path, write_suite):
 
 
 def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
-    """`reproflow aceso reproduce small --submit`: profile, search and train (Aceso's config and the
-    Megatron-LM plan) as Slurm jobs chained with afterok; the training spans both nodes."""
+    """`reproflow aceso reproduce small --submit`: profile, search, the screen of every Megatron-LM plan,
+    the choice of the fastest and the ABBA rounds of Aceso's config against it as Slurm jobs chained with
+    afterok; the trainings span both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--num-nodes", "2", "--num-gpus-per-node", "1",
-                    "--time-budget-total", "1", "--train-iters", "2", "--train-seconds", "0", "--train-rounds", "2",
-                    "--log-path", str(logs), "--results", str(results), "--submit")
+                    "--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
+                    "--screen-iters", "3", "--log-path", str(logs), "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
-    # profile (the ops on both nodes, then P2P between them), search, then in two rounds: train aceso,
-    # train megatron (in round 1 also on megatron-core's layers, if installed)
-    mcore = importlib.util.find_spec("megatron") is not None
-    assert len(lines) == 7 + mcore, run.stdout
-    ops, p2p, search, *train = [line.split(":", 1)[1].strip() for line in lines]
-    states = {job: wait(job, timeout=600)[job] for job in (ops, p2p, search, *train)}
+    # profile (the ops on both nodes, then P2P between them), search, screen, the choice, the rounds
+    assert len(lines) == 6, run.stdout
+    ops, p2p, search, screen, choice, rounds = [line.split(":", 1)[1].strip() for line in lines]
+    states = {job: wait(job, timeout=900)[job] for job in (ops, p2p, search, screen, choice, rounds)}
     assert all(s["state"] == "COMPLETED" for s in states.values()), (states, run.stdout)
     assert states[search]["start"] >= max(states[ops]["end"], states[p2p]["end"])
     assert states[p2p]["nodes"] == "node[1-2]"
     assert (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
-    assert all(states[job]["start"] >= states[search]["end"] for job in train)
-    assert all(states[job]["nodes"] == "node[1-2]" for job in train)
-    # In turns: each training starts once the ones before it ended.
-    *first, aceso2, megatron2 = train
-    assert states[aceso2]["start"] >= max(states[job]["end"] for job in first)
-    assert states[megatron2]["start"] >= states[aceso2]["end"]
-    for plan in ("aceso", "megatron"):
-        csvs = sorted((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob("*.csv"))
+    for before, after in ((search, screen), (screen, choice), (choice, rounds)):
+        assert states[after]["start"] >= states[before]["end"]
+    assert states[screen]["nodes"] == states[rounds]["nodes"] == "node[1-2]"
+    folder = logs / "aceso" / "search" / "gpt" / "tiny"
+    chosen = json.loads((folder / "baseline.json").read_text())
+    # the screen named every plan of the grid; those the search did not write were not applicable
+    trained = [p for p in chosen["plans"] if p["plan"] == "megatron"]
+    assert len(trained) == len(json.loads(next(folder.glob("search-*.json")).read_text())["megatron_grid"])
+    rows = rows_of(results)
+    rounds_rows = rows[(rows["suite"] == "aceso-train-gpt-tiny") & (rows["metric"] == "iteration_ms")]
+    assert set(rounds_rows.loc[rounds_rows["plan"] == "megatron", "config_name"]) == {
+        Path(chosen["measured_best"]).stem}
+    for plan, name in (("aceso", chosen["aceso"]), ("megatron", chosen["measured_best"])):
+        csvs = sorted((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob(f"{Path(name).stem}_*.csv"))
         assert len(csvs) == 2, plan  # one per rank, on both nodes
     tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
     assert tables.returncode == 0 and "-------- [gpt] End-to-end Throughput (Samples/s) --------" in tables.stdout

@@ -252,20 +252,22 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
 
 
 def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):
-
-    from reproflow.reporting.claims import HOLDS, NOT_APPLICABLE
+    """...of the tiled configuration the suite names for the claim (speedup_claim), not the fastest one."""
+    from reproflow.reporting.claims import HOLDS, NOT_APPLICABLE, NOT_MEASURED
     from reproflow.reporting.report import load_analysis
 
-    def rows(experiment, spatial_size, slice_method, verify, seconds):
+    def rows(experiment, spatial_size, slice_method, verify, seconds, named=False):
         return [{"suite": "s", "experiment": experiment, "point": slice_method, "world_size": 5, "backend": "gloo",
                  "device": "cpu", "timestamp": "t", "family": "spatial", "rank": "all", "model": "amoebanet",
                  "spatial_size": spatial_size, "slice_method": slice_method, "halo_d2": False, "verify": verify,
-                 "epoch": 0.0, "step": float(i), "metric": "step_s", "value": v} for i, v in enumerate(seconds)]
+                 "speedup_claim": named, "epoch": 0.0, "step": float(i), "metric": "step_s", "value": v}
+                for i, v in enumerate(seconds)]
 
     steady = [{"metric": "images_per_s_steady", "step": None, "value": v} for v in (10.0, 20.0)]
     frame = pd.DataFrame(
         rows("layer", 0, "square", False, [5.0, 0.20, 0.21, 0.20, 0.19])  # a slow first step, left out
-        + rows("tiles", 1, "vertical", False, [0.30, 0.10, 0.11, 0.10, 0.10])
+        + rows("tiles", 1, "vertical", False, [0.30, 0.10, 0.11, 0.10, 0.10], named=True)
+        + rows("faster", 1, "horizontal", False, [0.30, 0.05, 0.05, 0.05, 0.05])  # not the one named
         + rows("check", 1, "vertical", True, [0.90]))  # a one-step check of another size: not a timed step
     frame = pd.concat([frame, pd.DataFrame([{**frame.iloc[0].to_dict(), **steady[0]},
                                             {**frame.iloc[5].to_dict(), **steady[1]}])], ignore_index=True)
@@ -278,3 +280,6 @@ def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_chec
     assert "5 ranks shared 2 CPU cores" in shared.record()["where"]
     assert claims(frame.assign(nodelist="vm", host_cpus=8), tmp_path)[2].status == HOLDS
     assert claims(frame.assign(nodelist="a,b,c,d,e", host_cpus=2), tmp_path)[2].status == HOLDS  # a rank per host
+    # no configuration named before the run: nothing is judged, whichever tiles were fastest
+    unnamed = claims(frame.assign(speedup_claim=False), tmp_path)[2]
+    assert unnamed.status == NOT_MEASURED and "speedup_claim" in unnamed.detail

@@ -103,6 +103,17 @@ def slowest_steps(ctx: RunContext, step: Callable[[], float], warmup: int, steps
     return interleaved_steps(ctx, {"": step}, warmup, steps)[""]
 
 
+def rotation(names: Sequence[str], r: int) -> list[str]:
+    """The order of round `r` of `interleaved_steps`: each round starts one runner later."""
+    return [*names[r % len(names):], *names[:r % len(names)]]
+
+
+def places(names: Sequence[str], count: int, per_turn: int = 2) -> dict[str, list[int]]:
+    """Each timed step's place in its round (0: first) in `interleaved_steps` of runners `names`, so that
+    rows can record the order the runners took their turns in."""
+    return {name: [rotation(names, k // per_turn).index(name) for k in range(count)] for name in names}
+
+
 def interleaved_steps(ctx: RunContext, steps: Mapping[str, Callable[[], float]], warmup: int, count: int,
                       per_turn: int = 2) -> dict[str, list[float]]:
     """`slowest_steps` of several runners (by name), `count` timed steps each, taken in turns after `warmup`
@@ -118,7 +129,7 @@ def interleaved_steps(ctx: RunContext, steps: Mapping[str, Callable[[], float]],
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(-(-count // per_turn) if names else 0):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotation(names, r):
             if len(names) > 1:
                 steps[name]()
             for _ in range(min(per_turn, count - len(times[name]))):

@@ -70,6 +70,7 @@ class ReproduceRequest:
     train_iters: int | None = None
     train_seconds: float | None = None
     train_rounds: int | None = None
+    screen_iters: int | None = None
     until: str = "train"
     log_path: Path | None = None
     published: Path | None = None
@@ -98,10 +99,12 @@ def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node
 def reproduce(req: ReproduceRequest, where: Placement) -> None:
     """One of the artifact's settings, one command, with the artifact's own settings for every model.
 
-    small: for each model, profile its ops, search configs, train the best config and the Megatron-LM
-    uniform plan with the same runtime in turns (the plan also on megatron-core's tensor-parallel layers
-    where installed), then the reference's result scripts (figures 7, 8, 9). large and scale: the search and
-    the plan on a profiled database (the artifact's), then the predicted throughput and search cost."""
+    small: for each model, profile its ops, search configs, measure the Megatron-LM baseline where the
+    setting asks (baseline.py: every plan screened, the fastest that fits taken), train Aceso's config
+    and the baseline with the same runtime in ABBA rounds in one job (the plan also on megatron-core's
+    tensor-parallel layers where installed), then the reference's result scripts (figures 7, 8, 9).
+    large and scale: the search and the plan on a profiled database (the artifact's), then the predicted
+    throughput and search cost."""
     req = replace(req, log_path=req.log_path or Path("aceso-logs" if req.setting == "small" else "aceso-logs-large"),
                   cost_model=req.cost_model or ("runtime" if req.setting == "small" else "reference"))
     if req.setting != "small" or req.profiled_time_path is not None:
@@ -161,7 +164,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         params = {"seq_len": t.seq_len, "dropout": 0.1, "log_path": str(root.resolve()), "case": t.case}
         launch = {"nodes": nodes, "gpus_per_node": gpn, "network": network}
         if t.measured_baseline:
-            after = _measure_baseline(search_req, label, params, launch, replace(here, after=after))
+            screen = {**SCREEN, **({"train_iters": req.screen_iters} if req.screen_iters else {})}
+            after = _measure_baseline(search_req, label, {**params, **screen}, launch, replace(here, after=after))
         # Aceso's config and the Megatron-LM plan in turns, in one job (the plan once more on
         # megatron-core's layers first, where installed); run here, each by its JSON, so that the points
         # of another search's configs are never taken for these.
@@ -200,7 +204,7 @@ def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object],
     text = turns_suite(name, f"every Megatron-LM plan of {label} and Aceso's config, once each, shuffled", folder,
                        screen_trainings(grid, order_seed(options), None if where.submit else aceso),
                        int(launch["nodes"]),  # type: ignore[call-overload]
-                       int(launch["gpus_per_node"]), {**params, **SCREEN}, str(launch["network"]))  # type: ignore[call-overload]
+                       int(launch["gpus_per_node"]), params, str(launch["network"]))  # type: ignore[call-overload]
     ids = api.run_generated_suite(text, name, where)
     if where.submit:
         job = api.submit_call("aceso-baseline", select_job, where.results.resolve(), folder.resolve(), name,

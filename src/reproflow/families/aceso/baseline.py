@@ -138,7 +138,8 @@ def say(chosen: dict[str, object]) -> str:
     lines = [f"the Megatron-LM plans trained ({chosen['screen']}), fastest first; memory limit "
              f"{chosen['memory_limit']:.0f} MB per rank:"]
     for p in chosen["plans"]:  # type: ignore[attr-defined]
-        pred = "" if p["predicted_ms"] is None else f", predicted {p['predicted_ms']:.1f} ms {p['predicted_mb']:.0f} MB"
+        pred = "".join(f", predicted {p[k]:.{d}f} {unit}" if k == "predicted_ms" else f" {p[k]:.{d}f} {unit}"
+                       for k, d, unit in (("predicted_ms", 1, "ms"), ("predicted_mb", 0, "MB")) if p[k] is not None)
         over = "" if p["fits"] else " (over the limit)"
         lines.append(f"  {p['measured_ms']:8.1f} ms {p['measured_mb']:6.1f} MB{over}  "
                      f"{p['describe'] or 'Aceso: ' + p['name']}{pred}")

@@ -96,11 +96,14 @@ def cmd_database(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """One of the artifact's settings, one command, with the artifact's own settings for every model.
 
-    small: for each model, profile its ops, search configs, train the best config and the Megatron-LM
-    uniform plan with the same runtime (the plan also on megatron-core's tensor-parallel layers where
-    megatron-core is installed), then print the end-to-end, search-cost and performance-model tables.
-    With --submit the three steps of each model are Slurm jobs chained with afterok dependencies; run
-    the result scripts (`reproflow aceso e2e small` ...) when they have finished.
+    small: for each model, profile its ops, search configs; for the tiny sizes, train every Megatron-LM
+    plan once (one job, shuffled) and take the fastest measured that fits memory as the baseline (GPT
+    once more under a memory limit where recomputation pays: gpt-memory); then train Aceso's config and
+    the baseline in ABBA rounds in one job with the same runtime (the plan also on megatron-core's
+    tensor-parallel layers where megatron-core is installed), and print the end-to-end, search-cost
+    and performance-model tables. With --submit the steps of each model are Slurm jobs chained with
+    afterok dependencies; run the result scripts (`reproflow aceso e2e small` ...) when they have
+    finished.
 
     small --sizes reference --profiled-time-path DB, large, scale: the search step of the artifact's
     experiments on a profiled database (the artifact
@@ -266,6 +269,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="rounds in which Aceso's config and the Megatron-LM plan train in turns (ABBA, one job); "
                    "the speed-up's interval is over the rounds, so it spans the machine's drift between them "
                    "(default: 4 for tiny models, 1 for the reference sizes)")
+    p.add_argument("--screen-iters", type=int, default=None,
+                   help="tiny sizes: iterations of each Megatron-LM plan in the screen that finds the fastest, the "
+                   "first 2 untimed (default: 5)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

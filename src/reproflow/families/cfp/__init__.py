@@ -59,7 +59,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 
 FAMILY = Family(
     name="cfp",
-    sample_coords=('step',),
+    sample_coords=('step', 'place'),
     headline="tflops",
     summary="CFP: ParallelBlock analysis, segment profiling and strategy search on GPT, MoE and LLaMA",
     params=(

@@ -33,7 +33,7 @@ from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.choices import TORCH_BASELINES
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.rank.context import RunContext
-from reproflow.rank.timing import interleaved_steps, slowest_steps
+from reproflow.rank.timing import interleaved_steps, places, slowest_steps
 from reproflow.spec import documents
 from reproflow.spec.documents import Count, Either, Index, MapOf
 from reproflow.spec.errors import ParamError, PointFailed
@@ -494,6 +494,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             rows += [Measurement("loss_error", loss_err, "abs", coords),
                      Measurement("grad_error", grad_err, "rel", coords)]
         steppers[name], lowered[name] = runner.seconds, runner
+    order = places(list(steppers), params["runs"]) if len(steppers) > 1 else {}
     for name, times in interleaved_steps(ctx, steppers, params["warmup"], params["runs"]).items():
         coords = {"plan": name}
         tflops = [flops / t / 1e12 for t in times]
@@ -509,7 +510,8 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         else:
             ctx.log(f"{name}: training cost {times}, tflops {tflops}")
         rows += [Measurement("step_time", statistics.median(times), "s", coords),
-                 Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords), *step_samples(times, coords)]
+                 Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords),
+                 *step_samples(times, coords, order.get(name))]
     ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
             f"predicted {found.predicted_s:.4f} s per step")
     return rows
@@ -530,9 +532,11 @@ def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind:
                     Measurement("grad_error", grad_err, "rel", coords)]
 
 
-def step_samples(times: list[float], coords: Mapping[str, Any]) -> list[Measurement]:
-    """Each timed step (the slowest rank's): the samples a claim's confidence interval comes from."""
-    return [Measurement("step_s", t, "s", {**coords, "step": i}) for i, t in enumerate(times)]
+def step_samples(times: list[float], coords: Mapping[str, Any], place: list[int] | None = None) -> list[Measurement]:
+    """Each timed step (the slowest rank's): the samples a claim's confidence interval comes from, with its
+    place in its round where plans took turns (timing.places)."""
+    return [Measurement("step_s", t, "s", {**coords, "step": i, **({"place": place[i]} if place else {})})
+            for i, t in enumerate(times)]
 
 
 def variations(a: Analysis) -> list[list[int]]:

@@ -88,6 +88,10 @@ FAMILY = Family(
               choices=("sgd", "adam")),
         Param("learning_rate", "float", 1e-3, "learning rate", minimum=0.0),
         Param("steps", "int", 0, "steps per epoch (0: the reference's 10 / times)", minimum=0),
+        Param("speedup_claim", "bool", False, "the tiled configuration the speed-up claim judges against layer "
+              "parallelism, named in the suite before the run (one per model)"),
+        Param("round", "int", 0, "the round of a comparison timed in turns (ABBA) this point belongs to (0: none)",
+              minimum=0),
         Param("verify", "bool", True, "before timing, compare one step's logits and gradients with the unsplit "
               "model on rank 0 (which then runs the whole model once)"),
     ),
