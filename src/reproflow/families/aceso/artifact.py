@@ -176,8 +176,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                            {**params, "train_iters": train_iters, "train_seconds": train_seconds}, network)
         api.run_generated_suite(text, name, replace(here, after=after))
         if not where.submit:
-            for plan in ("aceso", "megatron"):
-                profile_after_training(prof, search_req, f"{rounds}x{train_iters}", plan, label, here)
+            profile_after_training(prof, search_req, ("aceso", "megatron"), label, here)
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
@@ -218,44 +217,45 @@ def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object],
     return ()
 
 
-def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, trained: str, plan: str, label: str,
-                           where: Placement) -> Path:
-    """Profile the ops of the config of `plan` just trained again, at once, and predict it from that
-    profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`). Ranks
-    sharing a machine run at a speed that drifts over minutes (the same config trained at 350 and 416 ms
-    a minute apart here): the search's profile, minutes before the training, then measures the drift as
-    much as the model, and so does one profile for two trainings. Only what the config uses is profiled
-    (its ops' TP sizes, micro-batches and algos on as many ranks as before, the collectives of its TP and
-    DP groups, P2P between its stages), into a database of this profile and the search's for the rest.
-    The suite is named after the plan and how it was trained (`trained`: its iterations, or rounds x
-    iterations): a training run again with more of them (a claim asking for samples) is profiled again
-    after; a reused one is not."""
+def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, plans: tuple[str, ...], label: str,
+                           where: Placement) -> list[Path]:
+    """Profile the ops of the configs of `plans` just trained again, at once, in one job, and predict each
+    from that profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`):
+    ranks sharing a machine run at a speed that drifts over minutes, and the search's profile is minutes
+    before the training. Only what the configs use is profiled (their ops' TP sizes, micro-batches and
+    algos on as many ranks as before, the collectives of their TP and DP groups within a node), into a
+    database of this profile and the search's for the rest (its P2P link among them: a link does not
+    drift as a shared CPU does). Once per case: rounds added later (a claim asking for more) reuse it."""
     from reproflow.reporting.report import load_results
 
     setup = Setup(search_req)
-    path = resolve_config(search_req.config_save_path, plan)
-    config = read_json(path, setup.model, setup.ops)
-    ops = [(tp, dp, algo) for stage in config.stages for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo,
-                                                                              strict=True)]
-    text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({config.micro_bs // d for _, d, _ in ops}),
-                         sorted({t for t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
-                         prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for _, _, a in ops}),
+    paths = [resolve_config(search_req.config_save_path, plan) for plan in plans]
+    configs = [read_json(path, setup.model, setup.ops) for path in paths]
+    ops = [(c.micro_bs, tp, dp, algo) for c in configs for stage in c.stages
+           for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo, strict=True)]
+    text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({m // d for m, _, d, _ in ops}),
+                         sorted({t for _, t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
+                         prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for *_, a in ops}),
                          ranks=max(prof.prof_tp_size), repeat_seconds=prof.prof_repeat_seconds,
                          # groups across nodes are priced from the P2P link, not a collectives table
-                         groups=sorted({n for t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
-                         p2p=len(config.stages) > 1, nodes=prof.prof_num_nodes, network=prof.network)
-    name = f"aceso-profile-{label}{AFTER_TRAINING}-{plan}-{trained}"
+                         groups=sorted({n for _, t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
+                         p2p=False, nodes=prof.prof_num_nodes, network=prof.network)
+    name = f"aceso-profile-{label}{AFTER_TRAINING}"
     api.run_generated_suite(text, name, where)
-    after = Path(f"{prof.prof_path}{AFTER_TRAINING}-{label}-{plan}")
+    after = Path(f"{prof.prof_path}{AFTER_TRAINING}-{label}")
     shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
     rows = load_results(where.results)
     write_from_rows(rows[rows["suite"].astype(str) == name], after, after_training=True)
-    pred = Setup(replace(search_req, profiled_time_path=after)).cost.predict(config)
-    info = search_req.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
-    stage_info(pred, info)
-    print(f"{setup.name}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
-          f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
-    return info
+    again = Setup(replace(search_req, profiled_time_path=after)).cost
+    written = []
+    for path, config in zip(paths, configs, strict=True):
+        pred = again.predict(config)
+        info = search_req.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
+        stage_info(pred, info)
+        written.append(info)
+        print(f"{path.stem}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
+              f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
+    return written
 
 
 def _reproduce_search(req: ReproduceRequest, where: Placement) -> None:
