@@ -84,8 +84,6 @@ FAMILY = Family(
         Param("train_iters", "int", 5, "train: iterations (then one more with per-op timers)", minimum=1),
         Param("train_seconds", "float", 0.0, "train: more iterations than train_iters until the timed ones take "
               "this many seconds (0: train_iters exactly)", minimum=0.0),
-        Param("op_timers", "bool", True, "train: one more iteration, untimed, with per-op timers (the CSV's op "
-              "columns; zero without it)"),
         Param("warmup_iters", "int", 2, "train: first iterations left out of the iteration time", minimum=0),
         Param("lr", "float", 1e-3, "train: Adam's learning rate", minimum=0.0),
         Param("dropout", "float", 0.1, "train: dropout probability (0 to compare partitions exactly)",

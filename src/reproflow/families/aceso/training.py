@@ -86,12 +86,12 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
 
 
 def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, iterations: int, seconds: float,
-             warmup: int, loss_scale: float, report_loss: bool, global_bs: int, op_timers: bool = True
+             warmup: int, loss_scale: float, report_loss: bool, global_bs: int
              ) -> tuple[list[float], list[float], list[float], dict[str, float]]:
     """The training loop: (this rank's iteration seconds, the slowest rank's, losses, the last timed
     iteration's stage timers). At least `iterations` timed iterations, and more until the slowest rank's
-    add up to `seconds` (every rank sees the same sums, so all stop together); then, with `op_timers`, one
-    with op timers, not timed."""
+    add up to `seconds` (every rank sees the same sums, so all stop together); then one with op timers,
+    not timed."""
     times: list[float] = []
     steps: list[float] = []
     losses: list[float] = []
@@ -100,8 +100,6 @@ def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, it
     while not instrumented:
         stage.iteration = it
         instrumented = len(steps) >= iterations and sum(steps) >= seconds
-        if instrumented and not op_timers:
-            break
         stage.op_us = {} if instrumented else None
         stage.timers = Timers()
         optimizer.zero_grad(set_to_none=False)
@@ -161,7 +159,7 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     gc.disable()
     try:
         times, steps, losses, timers = _iterate(ctx, stage, optimizer, iterations, seconds, warmup, loss_scale,
-                                                report_loss, config.global_bs, params.get("op_timers", True))
+                                                report_loss, config.global_bs)
     finally:
         gc.enable()
     # The median, where the reference takes the mean of its 3 GPU iterations: on a shared CPU one
