@@ -64,13 +64,14 @@ def test_recomputation_is_trained_only_where_the_plan_needs_it() -> None:
     assert to_train(plans, 85) == [plans[1], plans[2]]
 
 
-def test_the_memory_pressure_limit_makes_the_predicted_fastest_recompute() -> None:
+def test_under_the_memory_pressure_limit_every_plan_recomputes() -> None:
     plans = [_plan(100, 90, False), _plan(120, 60, True), _plan(130, 80, False, mbs=2), _plan(150, 50, True, mbs=2)]
     limit = pressure_limit(plans)
-    # under 90 MB the micro-batch-4 plan fits only recomputing, and so beats micro-batch 2 without it
-    assert limit == 90
-    fits = [p for p in plans if p.prediction.max_memory < limit]
-    assert min(fits, key=lambda p: p.prediction.iteration_ms).recompute
+    # the least any plan needs without recomputation: none fits without it, both recomputing plans fit
+    assert limit == 80
+    assert [p for p in plans if p.prediction.max_memory < limit] == [plans[1], plans[3]]
+    # the same limit whatever the plans' times: it depends on memory alone
+    assert pressure_limit([_plan(999, 90, False), _plan(1, 60, True), _plan(5, 80, False), _plan(7, 50, True)]) == 80
     assert pressure_limit([_plan(100, 90, False), _plan(120, 95, True)]) is None
 
 

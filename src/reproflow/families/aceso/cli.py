@@ -235,7 +235,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="small: tiny (the three models shrunk for CPUs) or reference (GPT-1.3B, T5-770M, WRN-1B: GPUs)")
     p.add_argument("--models", nargs="+", choices=("gpt", "t5", "resnet", "gpt-memory"),
                    default=["gpt", "t5", "resnet", "gpt-memory"],
-                   help="small, tiny sizes: gpt-memory is GPT under a memory limit where recomputation pays")
+                   help="small, tiny sizes: gpt-memory is GPT under a memory limit where recomputation is needed")
     p.add_argument("--model-sizes", nargs="+", default=[], metavar="SIZE",
                    help="large and scale: only these sizes (e.g. 1_3B 13B, or 8layers 1024layers)")
     p.add_argument("--profiled-time-path", type=Path, default=None,

@@ -76,7 +76,7 @@ class SearchRequest:
     # Write every Megatron-LM plan worth training (plans.to_train, first and last stages of their own
     # depth included) beside the configs, for the baseline measured (baseline.py).
     megatron_grid: bool = False
-    # Both memory limits become plans.pressure_limit's, computed from the database: where recomputation pays.
+    # Both memory limits become plans.pressure_limit's, computed from the database: where recomputation is needed.
     memory_pressure: bool = False
     force: bool = False
 
@@ -230,8 +230,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     options = {k: getattr(req, k) for k in SEARCH_KEYS}
     if req.memory_pressure:
         limit = memory_pressure_limit(req)
-        print(f"memory pressure: {limit:.1f} MB per rank, the most at which Megatron-LM's predicted-fastest plan "
-              "that fits recomputes")
+        print(f"memory pressure: {limit:.1f} MB per rank, the least any Megatron-LM plan needs without "
+              "recomputation")
         req = replace(req, memory_limit=limit, megatron_memory_limit=limit)
     setup = Setup(req)
     db_hash = database_sha256(req.profiled_time_path)
@@ -339,13 +339,14 @@ def grid_names(req: SearchRequest) -> list[str]:
 
 
 def memory_pressure_limit(req: SearchRequest) -> float:
-    """plans.pressure_limit of the request's Megatron-LM grid: the per-rank memory where recomputation pays."""
+    """plans.pressure_limit of the request's Megatron-LM grid: the per-rank memory where recomputation is
+    needed."""
     setup = Setup(req)
     plans, _ = setup.megatron_grid()
     limit = pressure_limit(plans)
     if limit is None:
-        raise ReproflowError(f"{setup.name}: no memory limit makes Megatron-LM's fastest fitting plan recompute: "
-                             "with this database a smaller micro-batch always saves as much.")
+        raise ReproflowError(f"{setup.name}: no Megatron-LM plan with recomputation needs less memory than every "
+                             "plan without it: recomputation saves nothing here.")
     return limit
 
 

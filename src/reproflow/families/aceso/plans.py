@@ -239,14 +239,15 @@ def to_train(plans: list[Plan], memory_limit: float) -> list[Plan]:
 
 
 def pressure_limit(plans: list[Plan]) -> float | None:
-    """A per-rank memory limit that makes recomputation pay: the largest at which the predicted-fastest
-    plan that fits recomputes everything (every plan without recomputation that is faster needs more).
-    None where no such limit exists (recomputation saves nothing that a smaller micro-batch does not)."""
-    for limit in sorted({p.prediction.max_memory for p in plans}, reverse=True):
-        best = best_feasible(plans, limit)
-        if best is not None and best.recompute:
-            return limit
-    return None
+    """A per-rank memory limit where recomputation is needed: the least memory any plan needs without
+    recomputation (a plan fits below its limit, so none fits without it). It depends on the predicted
+    memory alone, which the profile's sizes fix, not on its timings: every run of a database gets the
+    same limit. None where no plan with recomputation fits under it."""
+    plain = [p.prediction.max_memory for p in plans if not p.recompute]
+    limit = min(plain, default=None)
+    if limit is None or not any(p.recompute and p.prediction.max_memory < limit for p in plans):
+        return None
+    return limit
 
 
 def best_feasible(plans: list[Plan], memory_limit: float) -> Plan | None:

@@ -55,7 +55,7 @@ class Setting:
     # Trained here: the Megatron-LM grid has Megatron-LM's first and last stages of their own depth too,
     # and its fastest measured plan is the baseline (the artifact's scripts: the uniform predicted best).
     measured_baseline: bool = False
-    # "memory": the memory limit of both systems is plans.pressure_limit's, where recomputation pays.
+    # "memory": the memory limit of both systems is plans.pressure_limit's, where recomputation is needed.
     case: str = ""
 
     @property
@@ -115,8 +115,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
     # batch of 32 to 64 makes 4 to 32 micro-batches: a pipeline whose bubble does not hide its
     # slowest stage. T5 keeps its size's sequences (128 encoder, 32 decoder tokens: the reference's
     # 4 to 1), so its encoder and decoder differ as the reference's do.
-    # GPT once more under memory pressure: a limit at which Megatron-LM's fastest plan that fits
-    # recomputes (plans.pressure_limit), so that both systems' recomputation is exercised.
+    # GPT once more under memory pressure: a limit under which no Megatron-LM plan fits without
+    # recomputation (plans.pressure_limit), so that both systems' recomputation is exercised.
     "tiny": tuple(
         Setting(model, "tiny", 2, 1, gbs, SearchOptions(SMALL_MEMORY, mbs, budget_s=5), SMALL_MEMORY, mbs,
                 seq_len=seq, network=TINY_LINK, measured_baseline=True, case=case)
