@@ -313,7 +313,7 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     the choice of the fastest and the ABBA rounds of Aceso's config against it as Slurm jobs chained with
     afterok; the trainings span both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
-    run = reproflow("aceso", "reproduce", "small", "--models", "gpt", "--num-nodes", "2", "--num-gpus-per-node", "1",
+    run = reproflow("aceso", "reproduce", "small", "--models", "t5", "--num-nodes", "2", "--num-gpus-per-node", "1",
                     "--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
                     "--screen-iters", "3", "--log-path", str(logs), "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -329,20 +329,20 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     for before, after in ((search, screen), (screen, choice), (choice, rounds)):
         assert states[after]["start"] >= states[before]["end"]
     assert states[screen]["nodes"] == states[rounds]["nodes"] == "node[1-2]"
-    folder = logs / "aceso" / "search" / "gpt" / "tiny"
+    folder = logs / "aceso" / "search" / "t5" / "tiny"
     chosen = json.loads((folder / "baseline.json").read_text())
     # the screen named every plan of the grid; those the search did not write were not applicable
     trained = [p for p in chosen["plans"] if p["plan"] == "megatron"]
     assert len(trained) == len(json.loads(next(folder.glob("search-*.json")).read_text())["megatron_grid"])
     rows = rows_of(results)
-    rounds_rows = rows[(rows["suite"] == "aceso-train-gpt-tiny") & (rows["metric"] == "iteration_ms")]
+    rounds_rows = rows[(rows["suite"] == "aceso-train-t5-tiny") & (rows["metric"] == "iteration_ms")]
     assert set(rounds_rows.loc[rounds_rows["plan"] == "megatron", "config_name"]) == {
         Path(chosen["measured_best"]).stem}
     for plan, name in (("aceso", chosen["aceso"]), ("megatron", chosen["measured_best"])):
-        csvs = sorted((logs / plan / "runtime" / "gpt" / "tiny" / "csv").glob(f"{Path(name).stem}_*.csv"))
+        csvs = sorted((logs / plan / "runtime" / "t5" / "tiny" / "csv").glob(f"{Path(name).stem}_*.csv"))
         assert len(csvs) == 2, plan  # one per rank, on both nodes
     tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
-    assert tables.returncode == 0 and "-------- [gpt] End-to-end Throughput (Samples/s) --------" in tables.stdout
+    assert tables.returncode == 0 and "-------- [t5] End-to-end Throughput (Samples/s) --------" in tables.stdout
 
 
 SPATIAL = """
