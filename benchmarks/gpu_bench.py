@@ -1,9 +1,11 @@
-"""`make bench-gpu`: param compute's GEMM on one GPU against a bare torch.mm loop and the GPU's peak.
+"""`make bench-gpu`: param compute's GEMM on one GPU against a bare torch.mm loop and the GPU's limits.
 
-Dataset A's GEMM shapes in fp32, tf32 and bf16: reproflow's TFLOP/s (the param_compute family, param's
-timing) beside a bare torch.mm loop of the same shape and precision (goal >= 0.95), and beside the
-bf16 rate of an 8192^3 matmul on the same GPU (its dense peak in practice). Rows carry the machine,
-driver, torch, CUDA and NCCL versions. Writes <out>/gemm.csv and prints the table.
+Dataset A's GEMM shapes in fp32, tf32 and bf16 (bf16 also at 8192^3 and at the shape of the fastest
+published H100 matmul): reproflow's TFLOP/s (the param_compute family, param's timing) beside a bare
+torch.mm loop of the same shape and precision (goal >= 0.95), each as a fraction of the GPU's dense
+peak for its dtype (workflows/reference/limits.toml) and, in bf16, of the fastest matmul published for
+it (the table's `h100-mamf`). Rows carry the machine, driver, torch, CUDA and NCCL versions. Writes
+<out>/gemm.csv and prints the table.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import datetime as _dt
 import os
 import socket
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +24,14 @@ from rank_ratio import _value, alternate, bare_gemm_tflops
 
 from reproflow.families.param_compute.datasets import DATASETS
 from reproflow.rank.context import RunContext
+from reproflow.reporting.limits import limits
 from reproflow.reporting.report import to_markdown
 from reproflow.spec.family import get_family
 from reproflow.spec.params import resolve
 
 GOAL = 0.95
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16}
+BEST_PUBLISHED = "h100-mamf"  # the fastest bf16 matmul published for an H100 (the H200's tensor cores are the same)
 
 
 def machine() -> dict[str, str]:
@@ -43,10 +46,11 @@ def machine() -> dict[str, str]:
             "host": socket.gethostname()}
 
 
-def peak_bf16(steps: int, trials: int) -> float:
-    """The median bf16 TFLOP/s of an 8192^3 matmul: what this GPU's tensor cores give in practice."""
-    bare_gemm_tflops(8192, 8192, 8192, 200, "cuda", torch.bfloat16)  # about a second: clocks up to speed
-    return statistics.median(bare_gemm_tflops(8192, 8192, 8192, steps, "cuda", torch.bfloat16) for _ in range(trials))
+def shapes(dtype: str) -> list[tuple[int, int, int]]:
+    """Dataset A's shapes; in bf16 also 8192^3 and the published best matmul's shape."""
+    extra = [(8192, 8192, 8192)] + [(int(p["m"]), int(p["n"]), int(p["k"]))
+                                    for p, _ in limits().published[BEST_PUBLISHED].values]
+    return [tuple(s) for s in DATASETS["gemm"]["A"]] + (extra if dtype == "bfloat16" else [])
 
 
 def main() -> int:
@@ -54,6 +58,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/gpu", help="folder for gemm.csv")
     parser.add_argument("--trials", type=int, default=3, help="alternating trials per case (median taken)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps per measurement")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES), help="precisions")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench-gpu: this torch sees no GPU; run it on a GPU node", file=sys.stderr)
@@ -62,12 +67,12 @@ def main() -> int:
         os.environ.setdefault(var, value)
     ctx = RunContext.from_env("cuda", "nccl", 600)
     fam = get_family("param_compute")
-    peak = peak_bf16(args.steps, args.trials)
-    print(f"bench-gpu: 8192^3 bf16 matmul: {peak:.1f} TFLOP/s", flush=True)
+    bare_gemm_tflops(8192, 8192, 8192, 200, "cuda", torch.bfloat16)  # about a second: clocks up to speed
     records = []
-    for dtype, torch_dtype in DTYPES.items():
+    for dtype in args.dtypes:
+        torch_dtype = DTYPES[dtype]
         torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
-        for m, n, k in DATASETS["gemm"]["A"]:
+        for m, n, k in shapes(dtype):
             params = resolve(fam.params, {"kernel": "gemm", "shapes": [[m, n, k]], "dtype": dtype,
                                           "steps": args.steps, "warmups": 10})
             ours, bare = alternate(args.trials, lambda: _value(fam.run(ctx, params), "tflops"),  # noqa: B023
@@ -78,20 +83,25 @@ def main() -> int:
     frame = pd.DataFrame(records)
     frame["ratio"] = frame["reproflow_tflops"] / frame["bare_tflops"]
     frame["meets_goal"] = frame["ratio"] >= GOAL
-    frame["peak_bf16_8192_tflops"] = peak
-    frame["fraction_of_peak"] = frame["reproflow_tflops"] / peak
+    gpu = limits().gpu(torch.cuda.get_device_name())
+    dense = gpu.limits.get("dense_tflops", {}) if gpu else {}
+    frame["dense_peak_tflops"] = frame["dtype"].map(lambda d: dense.get(d, float("nan")))
+    frame["of_dense_peak"] = frame["reproflow_tflops"] / frame["dense_peak_tflops"]
+    best = limits().published[BEST_PUBLISHED].values[0][1]
+    frame["published_best_tflops"] = frame["dtype"].map(lambda d: best if d == "bfloat16" else float("nan"))
+    frame["of_published_best"] = frame["reproflow_tflops"] / frame["published_best_tflops"]
     for key, value in machine().items():
         frame[key] = value
     frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "gemm.csv", index=False)
-    print(to_markdown(frame[["dtype", "m", "n", "k", "reproflow_tflops", "bare_tflops", "ratio", "fraction_of_peak"]],
-                      floatfmt=".3f"))
+    print(to_markdown(frame[["dtype", "m", "n", "k", "reproflow_tflops", "bare_tflops", "ratio", "of_dense_peak",
+                             "of_published_best"]], floatfmt=".3f"))
     for dtype, group in frame.groupby("dtype", sort=False):
         print(f"{dtype}: median ratio {group['ratio'].median():.3f} ({int(group['meets_goal'].sum())}/{len(group)} "
               f">= {GOAL}), best {group['reproflow_tflops'].max():.1f} TFLOP/s = "
-              f"{group['fraction_of_peak'].max():.3f} of the 8192^3 bf16 rate")
+              f"{group['of_dense_peak'].max():.3f} of the dense peak")
     print(f"bench-gpu: wrote {out / 'gemm.csv'}")
     return 0
 
