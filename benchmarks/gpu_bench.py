@@ -83,9 +83,10 @@ def main() -> int:
     frame = pd.DataFrame(records)
     frame["ratio"] = frame["reproflow_tflops"] / frame["bare_tflops"]
     frame["meets_goal"] = frame["ratio"] >= GOAL
-    gpu = limits().gpu(torch.cuda.get_device_name())
-    dense = gpu.limits.get("dense_tflops", {}) if gpu else {}
-    frame["dense_peak_tflops"] = frame["dtype"].map(lambda d: dense.get(d, float("nan")))
+    device = torch.cuda.get_device_name()
+    # The limit `reproflow report` sets param_compute's TFLOP/s against: the GPU's dense peak for the dtype.
+    peak = {d: limits().limit("param_compute", "tflops", {"dtype": d}, device, 1, 1) for d in args.dtypes}
+    frame["dense_peak_tflops"] = frame["dtype"].map(lambda d: peak[d][0] if peak[d] else float("nan"))
     frame["of_dense_peak"] = frame["reproflow_tflops"] / frame["dense_peak_tflops"]
     best = limits().published[BEST_PUBLISHED].values[0][1]
     frame["published_best_tflops"] = frame["dtype"].map(lambda d: best if d == "bfloat16" else float("nan"))
