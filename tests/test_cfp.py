@@ -265,6 +265,30 @@ def test_claims_against_alpa_pytorch_and_deepspeed_each_decided_by_its_worst_cas
     assert none.status == NOT_MEASURED and "zero1, zero2, zero3" in none.detail
 
 
+def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_only_what_was_timed_on(
+        tmp_path: Path) -> None:
+    """Screened step times: CFP's plan stays, of each kind of baseline the lowest median does (ties go
+    to the first); a claim's cases are the plans timed on, and it names those the screen left out."""
+    from reproflow.reporting.report import load_analysis
+
+    screened = {"cfp": [3.0, 3.0], "alpa": [9.0, 1.0], "data-parallel": [2.0, 2.0], "tensor-parallel": [2.0, 1.0],
+                "ddp": [5.0, 5.0], "fsdp2": [4.0, 5.5], "zero1": [7.0, 7.0], "zero3": [6.0, 6.0]}
+    assert passes.fastest_of_kinds(screened) == ["cfp", "alpa", "tensor-parallel", "fsdp2", "zero3"]
+    assert passes.fastest_of_kinds({"cfp": [1.0]}) == ["cfp"]
+    base = {"mode": "search", "model": "gpt", "size": "tiny", "num_layer": 0, "batch_size": 8, "world_size": 2,
+            "mesh": "", "backend": "gloo", "device": "cpu", "rank": "all", "suite": "s", "experiment": "gpt-search",
+            "point": "default", "timestamp": 1}
+    rows = [{**base, "metric": "step_s", "plan": plan, "value": t + 0.01 * i}
+            for plan, t in (("cfp", 1.0), ("ddp", 1.2)) for i in range(5)]
+    rows += [{**base, "metric": "step_time", "plan": plan, "value": t} for plan, t in (("cfp", 1.0), ("ddp", 1.2),
+                                                                                      ("fsdp2", 0.9))]
+    rows += [{**base, "metric": "screen_time", "plan": plan, "value": t} for plan, t in (("cfp", 1.0), ("ddp", 1.2),
+                                                                                        ("fsdp2", 3.0))]
+    torch_ = load_analysis("cfp").claims(pd.DataFrame(rows), tmp_path)[1]
+    assert torch_.measured == pytest.approx(1.2, rel=0.02) and "gpt ddp 1.2" in torch_.detail
+    assert "fsdp2 0.9" not in torch_.detail and "left out by the screen: gpt fsdp2" in torch_.detail
+
+
 def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:
     """1xN and Nx1 are the 1-D mesh; on 2x2 a 3-strategy block takes each strategy over all devices or
     data parallelism on axis 0 beside another strategy on axis 1, printed as the seed prints them."""

@@ -158,6 +158,12 @@ def test_every_slicing_matches_the_unsplit_model_over_mpi(tmp_path, write_suite)
     for model in ("resnet", "amoebanet"):
         for sl in ("square", "vertical", "horizontal"):
             assert 0 < ex[(model, sl, True)] < ex[(model, sl, False)]
+    # The halo-D2 claim reads these one-step checks, paired within each setting: 6 pairs, below 1.
+    from reproflow.reporting.report import load_analysis
+
+    exact, fewer, _ = load_analysis("spatial").claims(rows, tmp_path)
+    assert exact.status == "holds" and fewer.status == "holds" and fewer.target == "spatial-check", fewer
+    assert fewer.detail.startswith("6 pair(s)") and 0 < fewer.measured < 1, fewer
     # Each tile keeps a quarter of what the unsplit first stage keeps for backward, plus its halos;
     # halo-D2 keeps more (it computes the overlaps of a group twice).
     act = rows[(rows["metric"] == "activation_bytes") & (rows["stage"].astype(float) == 0)]

@@ -77,6 +77,9 @@ FAMILY = Family(
         Param("lower_top", "int", 4, "profile: the fastest combinations of each segment and input partition timed "
               "again lowered, as the search runs plans (0: none)", minimum=0),
         Param("runs", "int", 3, "search: timed steps of each plan", minimum=1),
+        Param("screen", "int", 0, "search: timed steps of every plan first, in turns; then only CFP's plan and "
+              "the fastest of each kind of baseline (Alpa's; data- or tensor-parallel; DDP or FSDP2; a ZeRO "
+              "stage) take the `runs` steps (0: every plan takes them)", minimum=0),
         Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
         Param("baselines", "str", ",".join(BASELINES),
               "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; ddp, "

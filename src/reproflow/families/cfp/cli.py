@@ -28,7 +28,7 @@ PASSES = ("analysis", "profile", "search")
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
     """A suite with one experiment per (model, mesh, pass), in pass order for each model and mesh."""
     common = {"size": args.size, "num_layer": args.num_layer, "batch_size": args.batch_size, "warmup": args.warmup,
-              "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs,
+              "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs, "screen": args.screen,
               "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
               "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
@@ -83,6 +83,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--lower_top", type=int, default=4,
                    help="profile: the fastest combinations per segment and input partition timed again lowered")
     p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
+    p.add_argument("--screen", type=int, default=0,
+                   help="search: timed steps of every plan first; then only CFP's plan and the fastest of each "
+                        "kind of baseline take the --runs steps (0: every plan takes them)")
     p.add_argument("--memory_limit_gb", type=float, default=0.0, help="search: memory limit per device (0: none)")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; "

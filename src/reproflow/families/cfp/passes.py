@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
-from reproflow.families.cfp.choices import TORCH_BASELINES
+from reproflow.families.cfp.choices import KINDS, TORCH_BASELINES
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.rank.context import RunContext
 from reproflow.rank.timing import interleaved_steps, places, slowest_steps
@@ -494,10 +494,21 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             rows += [Measurement("loss_error", loss_err, "abs", coords),
                      Measurement("grad_error", grad_err, "rel", coords)]
         steppers[name], lowered[name] = runner.seconds, runner
-    order = places(list(steppers), params["runs"]) if len(steppers) > 1 else {}
-    for name, times in interleaved_steps(ctx, steppers, params["warmup"], params["runs"]).items():
+    screened = interleaved_steps(ctx, steppers, params["warmup"], params["screen"]) if params["screen"] else {}
+    kept = fastest_of_kinds(screened) if screened else list(steppers)
+    if screened:
+        rows += [Measurement("screen_time", statistics.median(t), "s", {"plan": name}) for name, t in screened.items()]
+        ctx.log(f"screen ({params['screen']} steps each, in turns): " + ", ".join(
+            f"{name} {statistics.median(t):.4g} s" for name, t in screened.items()) + f"; timed on: {', '.join(kept)}")
+    order = places(kept, params["runs"]) if len(kept) > 1 else {}
+    timed = interleaved_steps(ctx, {name: steppers[name] for name in kept}, params["warmup"], params["runs"])
+    for name in steppers:
+        # A plan the screen left out keeps its screen steps as its step time, and no samples for a claim.
+        times = timed.get(name) or screened[name]
         coords = {"plan": name}
         tflops = [flops / t / 1e12 for t in times]
+        if name not in timed:
+            ctx.log(f"{name}: left out by the screen")
         if name in lowered:
             mem = max(ctx.gather_floats(float(lowered[name].last.peak_bytes)))
             rows.append(Measurement("memory", mem / 2**30, "GB", coords))
@@ -511,7 +522,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             ctx.log(f"{name}: training cost {times}, tflops {tflops}")
         rows += [Measurement("step_time", statistics.median(times), "s", coords),
                  Measurement("tflops", statistics.median(tflops), "TFLOP/s", coords),
-                 *step_samples(times, coords, order.get(name))]
+                 *(step_samples(times, coords, order.get(name)) if name in timed else [])]
     ctx.log(f"profile {profile_s:.1f} s + analysis {a.seconds:.3f} s + dynamic program {found.search_s:.3f} s; "
             f"predicted {found.predicted_s:.4f} s per step")
     return rows
@@ -530,6 +541,15 @@ def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind:
             f"{grad_err:.3g} (relative)")
     return runner, [Measurement("loss_error", loss_err, "abs", coords),
                     Measurement("grad_error", grad_err, "rel", coords)]
+
+
+def fastest_of_kinds(screened: Mapping[str, list[float]]) -> list[str]:
+    """The plans a screen keeps, in their order: every plan of no kind (CFP's), and of each kind of
+    baseline (choices.KINDS) the one whose screen steps have the lowest median."""
+    kind = {name: k for k in KINDS for name in k}
+    best = {k: min((n for n in screened if kind.get(n) == k), key=lambda n: statistics.median(screened[n]))
+            for k in {kind[n] for n in screened if n in kind}}
+    return [n for n in screened if n not in kind or best[kind[n]] == n]
 
 
 def step_samples(times: list[float], coords: Mapping[str, Any], place: list[int] | None = None) -> list[Measurement]:
