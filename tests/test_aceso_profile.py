@@ -177,3 +177,13 @@ def test_backward_starts_from_what_an_op_computes() -> None:
     starts = computed((y, residual, ids), [x, residual])
     assert len(starts) == 1 and starts[0] is y
     assert computed((residual,), [x]) == [residual]  # an input of another op is not handed on by this one
+
+
+def test_the_small_setting_measures_its_one_link_once(tmp_path: Path) -> None:
+    """Every model of the small setting runs on the same two emulated hosts: their link's P2P is profiled
+    with the first model only, and the shared database keeps it for the others."""
+    proc = reproflow("aceso", "reproduce", "small", "--dry-run", "--results", str(tmp_path / "r"),
+                     "--log-path", str(tmp_path / "l"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("==== ") == 4 and proc.stdout.count("--experiment p2p-inter-node") == 1, proc.stdout
+    assert proc.stdout.index("--experiment p2p-inter-node") < proc.stdout.index("==== t5 tiny")

@@ -36,6 +36,9 @@ class Step:
     max_samples: int = 0
     more_minutes: float = 0.0
     sample_minutes: float = 0.0
+    # Run here only on a host with this many CPU cores: its claim takes a core per rank, and on fewer the
+    # ranks take turns, so what it times is the scheduler (on Slurm it always runs, on a GPU per rank).
+    min_cpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def load_plan(path: Path) -> Plan:
         except TypeError as exc:
             raise ReproflowError(f"{path}: step {i + 1} ({raw.get('name', '?')}): {exc}; fields are name, command, "
                                  "minutes, points, reference, covered_by, more, samples, max_samples, more_minutes, "
-                                 "sample_minutes.") from None
+                                 "sample_minutes, min_cpus.") from None
         if step.more and not (step.samples and step.max_samples >= step.samples and "{samples}" in step.more):
             raise ReproflowError(f"{path}: step {step.name}: `more` (arguments added to its command) needs "
                                  "{samples}, and samples <= max_samples (the sample count now and the most a run "

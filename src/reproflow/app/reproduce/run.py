@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,15 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         raise ReproflowError(f"target {', '.join(needy)} reads the artifact's data from the reference folder: give "
                              "--reference (make REFERENCE=...) a folder holding aceso/profiled-time-eurosys and "
                              "aceso/reference-results (the artifact's profiler/profiled-time-eurosys and results/ref).")
+    if executor == LOCAL and not only:
+        # Named with --only, such a step runs anyway, for its figures.
+        cores = len(os.sched_getaffinity(0))
+        for step in (s for s in steps if s.min_cpus > cores):
+            named = ", ".join(t.name for t in targets if step.name in t.steps)
+            out(f"reproflow reproduce: step {step.name} does not run here: its claim takes a CPU core per rank "
+                f"({step.min_cpus}) and this machine has {cores}, so its claim is not applicable here (make {named} "
+                "runs it anyway)")
+        steps = [s for s in steps if s.min_cpus <= cores]
     rows = estimate(steps, folders, executor)
     progress = Progress(rows, out)
     more = f", then up to {plan.more_minutes:g} min of more samples for inconclusive claims" if (

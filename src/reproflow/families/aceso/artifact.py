@@ -132,6 +132,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         except ParamError as exc:
             print(f"the Megatron-LM plan runs on reproflow's layers only: {exc}")
             mcore_impl = ()
+    links: set[tuple[int, str]] = set()  # (hosts, network) whose P2P this run has measured
     for t in targets:
         folder = root / "aceso" / "search" / t.model / t.label
         nodes, gpn = req.num_nodes or t.nodes, req.num_gpus_per_node or t.gpus_per_node
@@ -148,7 +149,11 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                               prof_repeat_seconds=2.0 if tiny else 0.0,
                               # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
                               prof_comm_sizes="0-4,8,16,32" if tiny else "0-64",
-                              prof_path=root / "profiled-time", prof_num_nodes=nodes, network=network)
+                              prof_path=root / "profiled-time", prof_num_nodes=nodes, network=network,
+                              # One link, measured once a run here: the models share the database's P2P
+                              # tables (submitted, each model's jobs measure it, as they may run at once).
+                              prof_p2p=bool(where.submit) or (nodes, network) not in links)
+        links.add((nodes, network))
         profiled = profile(prof, here)
         if where.dry_run:
             print(f"then: reproflow aceso search ... --config-save-path {folder}; reproflow aceso train --config "

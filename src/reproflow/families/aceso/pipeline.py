@@ -116,6 +116,8 @@ class ProfileRequest:
     # run here, `network` shapes each emulated host's link (launch.network).
     prof_num_nodes: int = 1
     network: str = ""
+    # P2P across the link too (False: the database keeps the newest P2P rows the results hold).
+    prof_p2p: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -515,7 +517,8 @@ def profile(req: ProfileRequest, where: Placement) -> list[str]:
     stem = model(req.prof_model_name, req.prof_model_size).file_stem
     text = profile_suite(req.prof_model_name, req.prof_model_size, list(req.prof_mbs_list), list(req.prof_tp_size),
                          req.prof_seq_len, req.prof_warmup_times, req.prof_repeat_times, req.prof_comm_sizes,
-                         repeat_seconds=req.prof_repeat_seconds, nodes=req.prof_num_nodes, network=req.network)
+                         p2p=None if req.prof_p2p else False, repeat_seconds=req.prof_repeat_seconds,
+                         nodes=req.prof_num_nodes, network=req.network)
     ids = api.run_generated_suite(text, f"aceso-profile-{stem}", where)
     if not (where.dry_run or where.submit):
         database(where.results, req.prof_path)
