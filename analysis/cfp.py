@@ -154,7 +154,8 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
                             paper=paper, target="cfp-search")
     left = search[(search["metric"] == "screen_time") & search["plan"].isin(ran)]
     left = left[~left.set_index([*keys, "plan"]).index.isin(samples.set_index([*keys, "plan"]).index)]
-    out = "".join(f"; left out by the screen: {r.model} {r.plan}" for r in left.itertuples())
+    names = ", ".join(f"{r.model} {r.plan}" for r in left.itertuples())
+    out = f"; left out by the screen: {names}" if names else ""
     where = f"{int(steps['world_size'].iloc[0])} ranks {steps['backend'].iloc[0]}/{steps['device'].iloc[0]}"
     if "network" in steps.columns and str(steps["network"].iloc[0]).startswith("emulated"):
         where += f", {steps['network'].iloc[0]}"
