@@ -291,6 +291,7 @@ def time_shared(rows: pd.DataFrame) -> str:
     if not {"device", "world_size", "nodelist", "host_cpus"} <= set(rows.columns):
         return ""
     cpu = rows[(rows["device"].astype(str) == "cpu") & (pd.to_numeric(rows["host_cpus"], errors="coerce") > 0)]
+    cpu = cpu.reset_index(drop=True)  # rows concatenated from several files repeat index labels
     if cpu.empty:
         return ""
     per_host = pd.to_numeric(cpu["world_size"]) / cpu["nodelist"].astype(str).str.count(",").add(1)
