@@ -18,7 +18,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE))
 # One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
-	spatial-throughput spatial-chart aceso-large
+	spatial-throughput spatial-chart cfp-crossover aceso-large
 
 .PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room lint figures sbatch bench bench-gpu containers gpu-image-here clean $(FIGURES)
 

@@ -203,6 +203,30 @@ def test_the_claims_as_a_forest_plot(tmp_path) -> None:
     assert all(p.stat().st_size > 0 for p in written)
 
 
+def test_the_claims_picture_shows_ratios_on_a_linear_axis_and_tolerances_apart() -> None:
+    """An error bound of 1e-9 and a growth of x548 beside ratios near 1 get a log panel of their own, so
+    every ratio's interval and threshold lies inside a linear axis that can resolve them."""
+    import matplotlib.pyplot as plt
+
+    from reproflow.reporting.figures import claims_figure
+
+    ratios = [Claim("x", "a", "r", 1.15, at_least=1.0, interval=(0.97, 1.36)),
+              Claim("x", "b", "r", 2.2, at_least=1.0, interval=(1.9, 2.5)),
+              Claim("x", "c", "r", 0.53, at_most=0.99)]
+    error = Claim("x", "exact", "r", 2e-16, at_most=1e-9)
+    growth = Claim("x", "grows", "r", 548.0, at_least=1.0)
+    fig = claims_figure([ratios[0], error, *ratios[1:], growth])
+    try:
+        ratio_ax, error_ax = fig.axes
+        assert ratio_ax.get_xscale() == "linear" and error_ax.get_xscale() == "log"
+        low, high = ratio_ax.get_xlim()
+        assert low <= 0.53 and 2.5 <= high < 4  # every interval inside, 1.0 not squeezed to a dot
+        assert [t.get_text() for t in ratio_ax.get_yticklabels()] == ["x: c", "x: b", "x: a"]
+        assert error_ax.get_xlim()[0] < 2e-16 < 1e-9 < 548 < error_ax.get_xlim()[1]
+    finally:
+        plt.close(fig)
+
+
 def test_a_claim_that_may_be_looked_at_twice_is_judged_at_the_stricter_level(tmp_path) -> None:
     """A reproduction that may rerun a step for more samples records two looks for its family; every
     interval of that family's claims is then at level_for(2), in the report and in claims.csv alike."""

@@ -83,10 +83,25 @@ def _html_claims(claims: list[Claim]) -> str:
         return "<p>No claims.</p>"
     records = [c.record() for c in claims]
     head = "".join(f"<th>{html.escape(k)}</th>" for k in records[0])
+
+    def cell(key: str, v: object) -> str:
+        text = html.escape(f"{v:.4g}" if isinstance(v, float) else str(v or ""))
+        return "<br>".join(case_lines(text)) if key == "where" else text
+
     rows = [f'<tr class="{STATUS_CLASS[str(r["status"])]}">'
-            + "".join(f"<td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v or ''))}</td>"
-                      for v in r.values()) + "</tr>" for r in records]
+            + "".join(f"<td>{cell(k, v)}</td>" for k, v in r.items()) + "</tr>" for r in records]
     return f"<div class=scroll><table><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def case_lines(text: str) -> list[str]:
+    """A claim's `where` split into its cases, one a line: at every ', ' or '; ' outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([") - (ch in ")]")
+        if depth == 0 and ch in ",;" and text[i + 1:i + 2] == " ":
+            parts.append(text[start:i + 1])
+            start = i + 2
+    return [*parts, text[start:]]
 
 
 def html_table(data: pd.DataFrame) -> str:

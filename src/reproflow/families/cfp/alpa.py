@@ -5,9 +5,11 @@ strategy costs its communication (an all-reduce of the output for a split contra
 between a producing and a consuming contraction costs the resharding of the tensor between them
 (nothing when the partition propagates, a slice from replicated, an all-gather otherwise, as
 DTensor does it on this mesh), and a parameter pays for bringing its gradient to the partition it
-is stored with (all-reduce, reduce-scatter or all-gather). Compute is the same for every split, so
-like Alpa the model leaves it out. The program is solved with HiGHS (scipy.optimize.milp); the
-runner then executes the assignment like any other plan.
+is stored with (all-reduce, reduce-scatter or all-gather). A collective costs as in Alpa's model,
+alpha per ring step plus its bytes over the bandwidth, both fitted to all-gathers measured on the
+job's link (`fit_link`): without alpha, many small tensor-parallel collectives look free. Compute is the
+same for every split, so like Alpa the model leaves it out. The program is solved with HiGHS
+(scipy.optimize.milp); the runner then executes the assignment like any other plan.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, milp, nnls
 
 from reproflow.families.cfp import graph
 from reproflow.families.cfp.graph import Analysis, R, Strategy
@@ -30,6 +32,7 @@ class Solution:
     predicted_s: float
     seconds: float  # building and solving the program
     variables: int
+    terms: Terms  # the cost model it minimised, to price other assignments with
 
 
 def _bytes(node: fx.Node) -> float:
@@ -37,15 +40,37 @@ def _bytes(node: fx.Node) -> float:
     return float(val.numel() * val.element_size()) if val is not None and hasattr(val, "numel") else 0.0
 
 
-def reshard_s(src: int | None, dst: int, nbytes: float, n: int, bandwidth: float) -> float:
+@dataclass(frozen=True)
+class Link:
+    """Alpa's collective cost: `alpha` seconds a ring step, and bytes over `bandwidth` (bytes/s)."""
+
+    bandwidth: float
+    alpha: float = 0.0
+
+    def ring(self, phases: int, nbytes: float, n: int) -> float:
+        """Seconds of `phases` ring passes (all-gather or reduce-scatter: 1; all-reduce: 2) of nbytes on n."""
+        return phases * (n - 1) * (self.alpha + nbytes / n / self.bandwidth)
+
+
+def fit_link(samples: list[tuple[float, float]], n: int) -> Link:
+    """alpha and bandwidth fitted by non-negative least squares to (bytes, seconds) of all-gathers on n
+    devices: seconds = (n - 1) * alpha + (n - 1) / n * bytes / bandwidth."""
+    design = np.array([[n - 1, (n - 1) / n * b] for b, _ in samples])
+    (alpha, per_byte), _ = nnls(design, np.array([t for _, t in samples]))
+    if per_byte <= 0:
+        raise ValueError(f"all-gather times {samples} do not grow with their size: no bandwidth to fit")
+    return Link(1 / per_byte, float(alpha))
+
+
+def reshard_s(src: int | None, dst: int, nbytes: float, n: int, link: Link) -> float:
     """Seconds to bring a tensor from partition src (None: partial sums) to dst."""
     if n == 1:  # one device holds everything: nothing moves
         return 0.0
     if src is None:  # all-reduce to replicated, reduce-scatter to a split
-        return (2 if dst == R else 1) * (n - 1) / n * nbytes / bandwidth
+        return link.ring(2 if dst == R else 1, nbytes, n)
     if src in (dst, R):
         return 0.0
-    return (n - 1) / n * nbytes / bandwidth  # all-gather (and a local chunk for a split to another dim)
+    return link.ring(1, nbytes, n)  # all-gather (and a local chunk for a split to another dim)
 
 
 def _producers(x: fx.Node, contractions: set[fx.Node]) -> set[fx.Node]:
@@ -83,13 +108,13 @@ class Terms:
             v for c, i, d, j, v in self.edges if pick[c] == i and pick[d] == j)
 
 
-def terms(a: Analysis, bandwidth: float) -> Terms:
+def terms(a: Analysis, link: Link) -> Terms:
     """Alpa's per-strategy and resharding costs on the graph (see the module's docstring)."""
     cons = a.contractions()
     cset = set(cons)
     order = {nd: i for i, nd in enumerate(a.graph.graph.nodes)}
     strat = {c: graph.strategies(c, a.n) for c in cons}
-    t = Terms(strat, {(c, i): reshard_s(None, R, _bytes(c), a.n, bandwidth) if s.allreduce else 0.0
+    t = Terms(strat, {(c, i): reshard_s(None, R, _bytes(c), a.n, link) if s.allreduce else 0.0
                       for c in cons for i, s in enumerate(strat[c])}, [])
     for d in cons:
         for k, x in enumerate(graph.operands(d)):
@@ -101,17 +126,17 @@ def terms(a: Analysis, bandwidth: float) -> Terms:
                 for i, s in enumerate(strat[c]):
                     q = _arrives(a, c, s, x, order)
                     for j, u in enumerate(strat[d]):
-                        t.edges.append((c, i, d, j, reshard_s(q, (u.lhs, u.rhs)[k], _bytes(x), a.n, bandwidth)))
-    _gradient_edges(a, t, bandwidth)
+                        t.edges.append((c, i, d, j, reshard_s(q, (u.lhs, u.rhs)[k], _bytes(x), a.n, link)))
+    _gradient_edges(a, t, link)
     t.edges = [e for e in t.edges if e[4] > 0]
     return t
 
 
-def solve(a: Analysis, bandwidth: float) -> Solution:
+def solve(a: Analysis, link: Link) -> Solution:
     """The cheapest assignment of a strategy to every contraction, as an integer linear program:
     x_ci = 1 when c runs strategy i, e >= x_ci + x_dj - 1 for every priced pair."""
     t0 = time.perf_counter()
-    t = terms(a, bandwidth)
+    t = terms(a, link)
     var = {key: k for k, key in enumerate(t.node)}
     cost = list(t.node.values()) + [e[4] for e in t.edges]
     nvar = len(cost)
@@ -131,10 +156,10 @@ def solve(a: Analysis, bandwidth: float) -> Solution:
     if res.x is None:
         raise RuntimeError(f"the Alpa-style program has no solution: {res.message}")
     assign = {c: opts[max(range(len(opts)), key=lambda i: res.x[var[c, i]])] for c, opts in t.strat.items()}
-    return Solution(assign, float(res.fun), time.perf_counter() - t0, nvar)
+    return Solution(assign, float(res.fun), time.perf_counter() - t0, nvar, t)
 
 
-def _gradient_edges(a: Analysis, t: Terms, bandwidth: float) -> None:
+def _gradient_edges(a: Analysis, t: Terms, link: Link) -> None:
     """A parameter is stored as its first contraction uses it; its gradient, made by a backward contraction,
     is brought to that partition (the data-parallel all-reduce when the parameter is replicated)."""
     out = next(nd for nd in a.graph.graph.nodes if nd.op == "output")
@@ -164,7 +189,7 @@ def _gradient_edges(a: Analysis, t: Terms, bandwidth: float) -> None:
             for j, u in enumerate(strat[c]):
                 stored = graph.stored(y, p, (u.lhs, u.rhs)[k], a.n)
                 if stored is not None:
-                    t.edges.append((src, i, c, j, reshard_s(at, stored, _bytes(p), a.n, bandwidth)))
+                    t.edges.append((src, i, c, j, reshard_s(at, stored, _bytes(p), a.n, link)))
 
 
 _GATHERED = -9  # a partition the propagation lost: reaching any other costs an all-gather

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
 from reproflow.families.cfp.choices import KINDS, TORCH_BASELINES
@@ -248,17 +248,21 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, entries: list[dict],
                    params: Mapping[str, Any], states: tuple[Any, ...]) -> None:
     """Time the `lower_top` fastest combinations of each input partition again lowered, as the search
-    runs its plan, and keep that time (the DTensor runner's as `eager_time_s`). Profiling every
+    runs its plan, in turns, and keep that time (the DTensor runner's as `eager_time_s`). Profiling every
     combination lowered would cost a trace each (0.2-1.3 s on fake tensors against 0.3 s for a
     combination's DTensor steps); the fastest are the ones a plan picks, and lowering only removes
     per-op overhead (lowered steps measured 0.2-1.1x the DTensor runner's, above 1 only within the
     scatter), so a combination left out is not undercounted."""
     for state in states:
-        mine = sorted((e for e in entries if e["in"] == state), key=lambda e: e["time_s"])
-        for e in mine[:params["lower_top"]]:
-            seg.input_placements = [state, state]
-            low = execute.Lowered(execute.Runner(seg, mesh, execute.assignment(seg.analysis, e["combo"])))
-            times = slowest_steps(ctx, low.seconds, params["warmup"], params["repeats"])
+        mine = sorted((e for e in entries if e["in"] == state), key=lambda e: e["time_s"])[:params["lower_top"]]
+        seg.input_placements = [state, state]
+        lowered = [execute.Lowered(execute.Runner(seg, mesh, execute.assignment(seg.analysis, e["combo"])))
+                   for e in mine]
+        # In turns, so that the machine's drift does not rank the candidates the search chooses between.
+        timed = interleaved_steps(ctx, {str(k): low.seconds for k, low in enumerate(lowered)}, params["warmup"],
+                                  params["repeats"])
+        for k, (e, low) in enumerate(zip(mine, lowered, strict=True)):
+            times = timed[str(k)]
             e.update(eager_time_s=e["time_s"], time_s=statistics.median(times), times_s=times,
                      lower_s=max(ctx.gather_floats(low.trace_s)))
             ctx.log(f"lowered: {e['combo']} input {_name(state)}: {e['time_s']} s (DTensor runner {e['eager_time_s']} "
@@ -288,6 +292,24 @@ def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]
                 t.redistribute(mesh, execute.placements(dst, mesh)).to_local().sum().item()
                 times.append(time.perf_counter() - t0)
             out[f"{src},{dst}"] = statistics.median(times[1:])
+    return out
+
+
+def all_gathers(mesh: DeviceMesh, repeats: int, sizes: tuple[int, ...] = (2**14, 2**16, 2**18, 2**20, 2**22)
+                ) -> list[tuple[float, float]]:
+    """(bytes, seconds) of all-gathers of a float tensor of each size (the whole, gathered), the median of
+    `repeats` after one untimed, as the runtime moves activations (DTensor from a split to replicated)."""
+    out = []
+    for nbytes in sizes:
+        local = DTensor.from_local(torch.zeros(nbytes // 4 // mesh.size(), device=mesh.device_type), mesh, [Shard(0)],
+                                   run_check=False)
+        times = []
+        for _ in range(repeats + 1):
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            local.redistribute(mesh, [Replicate()]).to_local().sum().item()
+            times.append(time.perf_counter() - t0)
+        out.append((float(nbytes), statistics.median(times[1:])))
     return out
 
 
@@ -439,7 +461,8 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     ctx.log(f"searched ParallelBlock Strategies solution: {found.choice}")
     flops = a.flops()
     mesh = _mesh(ctx, s)
-    rows = [Measurement("predicted_time", found.predicted_s, "s", {"plan": "cfp"}),
+    rows = [Measurement("tokens", float(s.batch_size * s.config.seq_len), "count", {"plan": "cfp"}),
+            Measurement("predicted_time", found.predicted_s, "s", {"plan": "cfp"}),
             Measurement("predicted_memory", found.memory_bytes / 2**30, "GB", {"plan": "cfp"})]
     choices = {"cfp": list(found.choice)}
     plans: dict[str, tuple[dict, str, float]] = {
@@ -450,17 +473,23 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                     if b == "alpa" else "it does not depend on the mesh") + "); the 1-D mesh's search runs it")
             continue
         if b == "alpa":
-            c = s.config
-            nbytes = s.batch_size * c.seq_len * c.hidden_size * 4
-            bandwidth = (s.n - 1) / s.n * nbytes / max(boundary[f"0,{R}"], 1e-9)  # the measured all-gather
-            sol = alpa.solve(a, bandwidth)
+            link = alpa.fit_link(all_gathers(mesh, params["repeats"]), s.n)
+            sol = alpa.solve(a, link)
             # The ranks must run one assignment: rank 0's (a tie may be broken differently elsewhere).
             cons = a.contractions()
             picks = ctx.gather_objects([graph.strategies(c, a.n).index(sol.assign[c]) for c in cons])[0]
             sol.assign = {c: graph.strategies(c, a.n)[i] for c, i in zip(cons, picks, strict=True)}
-            ctx.log(f"alpa: integer program over {len(a.contractions())} contractions ({sol.variables} variables, "
-                    f"{bandwidth / 1e9:.2f} GB/s) solved in {sol.seconds:.3f} s, predicted communication "
-                    f"{sol.predicted_s:.4g} s")
+            # The uniform plans are points of the program's space: their modelled cost beside its optimum.
+            uniform = {u: sol.terms.cost(execute.assignment(a, baseline(a, u))) for u in ("data-parallel",
+                                                                                          "tensor-parallel")}
+            ctx.log(f"alpa: integer program over {len(cons)} contractions ({sol.variables} variables; link fitted "
+                    f"to all-gathers: alpha {link.alpha * 1e6:.1f} us a ring step, {link.bandwidth / 1e9:.3f} GB/s) "
+                    f"solved in {sol.seconds:.3f} s, modelled communication {sol.predicted_s:.4g} s (" + ", ".join(
+                        f"{u} {v:.4g} s" for u, v in uniform.items()) + ")")
+            rows += [Measurement("alpa_alpha", link.alpha, "s", {"plan": b}),
+                     Measurement("alpa_bandwidth", link.bandwidth / 1e9, "GB/s", {"plan": b}),
+                     *(Measurement("modelled_communication", v, "s", {"plan": u})
+                       for u, v in {b: sol.predicted_s, **uniform}.items())]
             plans[b] = (sol.assign, "per-contraction", sol.seconds + a.seconds)
         elif b in TORCH_BASELINES:
             plans[b] = ({}, "", 0.0)
@@ -594,7 +623,7 @@ def enum(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     _, cap = global_step(s)
     a = cap.analysis
     mesh = _mesh(ctx, s)
-    volume = alpa.terms(a, 1.0)  # bandwidth 1: costs in bytes
+    volume = alpa.terms(a, alpa.Link(1.0))  # bandwidth 1, no latency: costs in bytes
     ctx.log(f"generated_search_space: {[len(b.strategies) for b in a.blocks]}")
     rows = []
     for plan in variations(a):
