@@ -76,6 +76,8 @@ FAMILY = Family(
         Param("repeats", "int", 2, "profile: timed steps per strategy combination", minimum=1),
         Param("lower_top", "int", 4, "profile: the fastest combinations of each segment and input partition timed "
               "again lowered, as the search runs plans (0: none)", minimum=0),
+        Param("lower_repeats", "int", 5, "profile: timed steps of each combination timed again lowered, in turns "
+              "(their median is what the search reads: 5 outvote 2 spikes)", minimum=1),
         Param("runs", "int", 3, "search: timed steps of each plan", minimum=1),
         Param("screen", "int", 0, "search: timed steps of every plan first, in turns; then only CFP's plan and "
               "the fastest of each kind of baseline (Alpa's; data- or tensor-parallel; DDP or FSDP2; a ZeRO "

@@ -28,7 +28,8 @@ PASSES = ("analysis", "profile", "search")
 def suite_text(models: list[str], passes: list[str], args: argparse.Namespace) -> str:
     """A suite with one experiment per (model, mesh, pass), in pass order for each model and mesh."""
     common = {"size": args.size, "num_layer": args.num_layer, "batch_size": args.batch_size, "warmup": args.warmup,
-              "repeats": args.repeats, "lower_top": args.lower_top, "runs": args.runs, "screen": args.screen,
+              "repeats": args.repeats, "lower_top": args.lower_top,
+              "lower_repeats": args.lower_repeats, "runs": args.runs, "screen": args.screen,
               "memory_limit_gb": args.memory_limit_gb, "work_dir": args.work_dir, "force": args.force,
               "verbose": args.verbose, "verify": not args.no_verify, "baselines": args.baselines}
     return suite_toml({"description": f"CFP {', '.join(passes)} of {', '.join(models)} on {args.nproc} ranks"},
@@ -82,6 +83,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
     p.add_argument("--lower_top", type=int, default=4,
                    help="profile: the fastest combinations per segment and input partition timed again lowered")
+    p.add_argument("--lower_repeats", type=int, default=5,
+                   help="profile: timed steps of each combination timed again lowered (in turns; the median is read)")
     p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
     p.add_argument("--screen", type=int, default=0,
                    help="search: timed steps of every plan first; then only CFP's plan and the fastest of each "

@@ -204,7 +204,7 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         key = a.blocks[lo].layer
         path = prof / f"segment_{k}.json"
         sig = signature(a, lo, hi)
-        if not params["force"] and _profiled(path, sig, params["lower_top"]):
+        if not params["force"] and _profiled(path, sig, params["lower_top"], params["lower_repeats"]):
             ctx.log(f"segment {k} ({key}): profiled already, {path}")
             continue
         seg = segment_step(model, key, s)
@@ -231,7 +231,8 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         if ctx.rank == 0:
             prof.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps({"segment": k, "layer": key, "signature": sig, "space": space,
-                                           "lower_top": params["lower_top"], "seconds": seconds,
+                                           "lower_top": params["lower_top"],
+                                           "lower_repeats": params["lower_repeats"], "seconds": seconds,
                                            "entries": entries}, indent=1) + "\n")
         rows += [Measurement("segment_combinations", len(entries), "count", {"segment": k}),
                  Measurement("segment_profile_time", seconds, "s", {"segment": k})]
@@ -248,11 +249,12 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, entries: list[dict],
                    params: Mapping[str, Any], states: tuple[Any, ...]) -> None:
     """Time the `lower_top` fastest combinations of each input partition again lowered, as the search
-    runs its plan, in turns, and keep that time (the DTensor runner's as `eager_time_s`). Profiling every
-    combination lowered would cost a trace each (0.2-1.3 s on fake tensors against 0.3 s for a
-    combination's DTensor steps); the fastest are the ones a plan picks, and lowering only removes
-    per-op overhead (lowered steps measured 0.2-1.1x the DTensor runner's, above 1 only within the
-    scatter), so a combination left out is not undercounted."""
+    runs its plan, in turns, `lower_repeats` steps each (a median of 2 steps took a spike of 72 ms for
+    one of 8.3 ms and ranked GPT's head wrongly), and keep that time (the DTensor runner's as
+    `eager_time_s`). Profiling every combination lowered would cost a trace each (0.2-1.3 s on fake
+    tensors against 0.3 s for a combination's DTensor steps); the fastest are the ones a plan picks,
+    and lowering only removes per-op overhead (lowered steps measured 0.2-1.1x the DTensor runner's,
+    above 1 only within the scatter), so a combination left out is not undercounted."""
     for state in states:
         mine = sorted((e for e in entries if e["in"] == state), key=lambda e: e["time_s"])[:params["lower_top"]]
         seg.input_placements = [state, state]
@@ -260,7 +262,7 @@ def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, ent
                    for e in mine]
         # In turns, so that the machine's drift does not rank the candidates the search chooses between.
         timed = interleaved_steps(ctx, {str(k): low.seconds for k, low in enumerate(lowered)}, params["warmup"],
-                                  params["repeats"])
+                                  params["lower_repeats"])
         for k, (e, low) in enumerate(zip(mine, lowered, strict=True)):
             times = timed[str(k)]
             e.update(eager_time_s=e["time_s"], time_s=statistics.median(times), times_s=times,
@@ -407,12 +409,13 @@ def _beside_data(a: Analysis, b: graph.Block, t: int) -> int:
     return next((i for i, c in enumerate(ch) if c[0] != c[-1] and c[-1] == t), ch.index((t,) * len(ch[0])))
 
 
-def _profiled(path: Path, sig: str, lower_top: int) -> bool:
+def _profiled(path: Path, sig: str, lower_top: int, lower_repeats: int) -> bool:
     """Whether `path` holds a readable profile of the segment with signature `sig`, its `lower_top`
-    fastest combinations timed lowered."""
+    fastest combinations timed lowered `lower_repeats` times."""
     try:
         d = json.loads(path.read_text())
-        return d.get("signature") == sig and d.get("lower_top") == lower_top
+        return (d.get("signature") == sig and d.get("lower_top") == lower_top
+                and d.get("lower_repeats") == lower_repeats)
     except (OSError, ValueError, AttributeError):
         return False
 
