@@ -105,19 +105,22 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
 def _fastest_table(table: pd.DataFrame, searched: pd.DataFrame, keys: list[str], out_dir: Path) -> list[Path]:
     """cfp_fastest: per model and batch, CFP's plan and its step time, every baseline's, the fastest
     baseline and CFP's speed-up over it with its interval (what the first claim reads)."""
-    pairs = _pairs(_samples(searched), list(EVERY), True)
+    same = _same_as_cfp(searched, keys)
+    pairs = _pairs(_samples(searched), list(EVERY), True, same)
     if not pairs:
         return []
     steps = table.pivot_table(index=keys, columns="plan", values="step_time").reset_index()
-    fastest = pd.DataFrame([{**at, "fastest": plan, "vs_fastest": r, "low": (iv or (r, r))[0],
-                             "high": (iv or (r, r))[1]} for at, plan, r, iv in pairs])
+    fastest = pd.DataFrame([{**at, "cfp_is": ", ".join(sorted(same.get(tuple(at[k] for k in keys), ()))),
+                             "fastest": plan, "vs_fastest": r, "low": (iv or (r, r))[0], "high": (iv or (r, r))[1]}
+                            for at, plan, r, iv in pairs])
     cfp = table.loc[table["plan"] == "cfp", [*keys, *(c for c in ("tokens", "strategy") if c in table.columns)]]
     out = cfp.merge(steps, on=keys).merge(fastest, on=keys)
     out = out.rename(columns={"strategy": "cfp_plan"})
     return write_table(out, out_dir, "cfp_fastest", "CFP's plan against the fastest baseline",
                        "tokens: per step (batch x sequence); cfp_plan: CFP's strategy per ParallelBlock in the seed's "
-                       "notation; one column per plan: its step time (s, median); fastest: the baseline whose "
-                       "timed steps have the lowest geometric mean; vs_fastest: its step time over CFP's (above 1: "
+                       "notation; one column per plan: its step time (s, median); cfp_is: the baselines whose "
+                       "strategies CFP's plan is; fastest: of the others, the baseline whose timed steps have the "
+                       "lowest geometric mean; vs_fastest: its step time over CFP's (above 1: "
                        "CFP faster) with its interval at the claims' level (low, high).")
 
 
@@ -154,7 +157,8 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     statement = f"CFP's plan is at least as fast as {name}"
     over = "over models" if every or len(plans) == 1 else "over models and plans"
     ratio = (f"smallest, {over}, {short} step time / CFP step time (geometric means of the steps timed in "
-             "turns; " + ("the fastest: the lowest geometric mean of every baseline timed)" if every else
+             "turns; " + ("the fastest: the lowest geometric mean of the baselines timed, CFP's plan itself left out)"
+                          if every else
                           "where a screen ran, the fastest of the kind)"))
     steps = search[search["metric"] == "step_time"] if len(search) else search
     if steps.empty:
@@ -167,11 +171,14 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     samples = _samples(search)
     keys = [k for k in KEYS if k in samples.columns]
     cases = []
-    for at, plan, measured, interval in _pairs(samples, ran, every):
+    same = _same_as_cfp(search, keys) if every else {}
+    for at, plan, measured, interval in _pairs(samples, ran, every, same):
         where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
         if samples["batch_size"].nunique() > 1:
             where += f" batch {at['batch_size']}"
-        label = where if len(plans) == 1 else f"{where} {plan}" + (" (the fastest)" if every else "")
+        itself = sorted(same.get(tuple(at[k] for k in keys), set()))
+        label = where if len(plans) == 1 else f"{where} {plan}" + (" (the fastest" + (
+            f"; {' and '.join(itself)}: CFP's plan itself" if itself else "") + ")" if every else "")
         span = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
         cases.append(Claim("cfp", statement, ratio, measured, at_least=1.0, paper=paper, target="cfp-search",
                            interval=interval, detail=f"{label} {measured:.2f}x{span}"))
@@ -194,16 +201,30 @@ def _samples(search: pd.DataFrame) -> pd.DataFrame:
     return samples if not samples.empty else search[search["metric"] == "step_time"]
 
 
-def _pairs(samples: pd.DataFrame, plans: list[str], fastest: bool
+def _same_as_cfp(search: pd.DataFrame, keys: list[str]) -> dict[tuple, set[str]]:
+    """Per case, the baselines whose block strategies are CFP's plan's own (the search returned them)."""
+    blocks = search[search["metric"] == "model_parallel_blocks"] if len(search) else search
+    if blocks.empty or "strategy" not in blocks.columns:
+        return {}
+    out: dict[tuple, set[str]] = {}
+    for key, sub in blocks.groupby(keys, sort=False):
+        mine = set(sub.loc[sub["plan"] == "cfp", "strategy"].astype(str))
+        out[key] = {p for p, st in zip(sub["plan"], sub["strategy"].astype(str), strict=True)
+                    if p != "cfp" and st in mine}
+    return out
+
+
+def _pairs(samples: pd.DataFrame, plans: list[str], fastest: bool, same: dict[tuple, set[str]] | None = None
            ) -> list[tuple[dict, str, float, tuple[float, float] | None]]:
     """(the case's keys, a baseline, its step time over CFP's, the interval) for each case (model, size,
     batch, mesh) and each of `plans` timed in it; with `fastest`, only the baseline whose steps have the
-    lowest geometric mean (the same samples pick it and judge it: a bias toward the baseline)."""
+    lowest geometric mean (the same samples pick it and judge it: a bias toward the baseline) among
+    those that are not CFP's plan itself (`same`: a plan against itself compares nothing)."""
     keys = [k for k in KEYS if k in samples.columns]
     out = []
     for key, sub in samples.groupby(keys, sort=False):
         cfp = sub.loc[sub["plan"] == "cfp", "value"].to_numpy(float)
-        timed = [p for p in plans if (sub["plan"] == p).any()]
+        timed = [p for p in plans if (sub["plan"] == p).any() and p not in (same or {}).get(key, set())]
         if fastest and timed:
             timed = [min(timed, key=lambda p: np.log(sub.loc[sub["plan"] == p, "value"].to_numpy(float)).mean())]
         for plan in timed:

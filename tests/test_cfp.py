@@ -291,6 +291,27 @@ def test_claims_against_the_fastest_baseline_and_each_family_each_decided_by_its
     assert none.status == NOT_MEASURED and "zero1, zero2, zero3" in none.detail
 
 
+def test_the_fastest_baseline_is_never_cfps_own_plan(tmp_path: Path) -> None:
+    """Where the search returned the tensor-parallel plan's strategies, that plan is CFP's plan timed twice:
+    the claim against the fastest baseline takes the fastest of the others and says so."""
+    from reproflow.reporting.report import load_analysis
+
+    base = {"mode": "search", "model": "gpt", "size": "wide", "num_layer": 0, "batch_size": 8, "world_size": 2,
+            "mesh": "", "backend": "gloo", "device": "cpu", "rank": "all", "suite": "s", "experiment": "gpt-search",
+            "point": "default", "timestamp": 1}
+    times = {"cfp": 0.20, "tensor-parallel": 0.19, "alpa": 0.25, "ddp": 0.30}
+    rows = [{**base, "metric": m, "plan": plan, "value": t * (1 + 0.01 * i), **({"step": i} if m == "step_s" else {})}
+            for plan, t in times.items() for m in ("step_s", "step_time") for i in range(5 if m == "step_s" else 1)]
+    rows += [{**base, "metric": "model_parallel_blocks", "plan": plan, "value": 5.0 * (plan != "alpa"),
+              "strategy": "[1, 1, 1, 1, 1]"} for plan in ("cfp", "tensor-parallel")]
+    fastest = load_analysis("cfp").claims(pd.DataFrame(rows), tmp_path)[0]
+    assert fastest.measured == pytest.approx(1.25, rel=0.01)
+    assert "gpt alpa (the fastest; tensor-parallel: CFP's plan itself) 1.25x" in fastest.detail
+    load_analysis("cfp").build(pd.DataFrame(rows), tmp_path)
+    table = pd.read_csv(tmp_path / "cfp_fastest.csv")
+    assert list(table["cfp_is"]) == ["tensor-parallel"] and list(table["fastest"]) == ["alpa"]
+
+
 def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_only_what_was_timed_on(
         tmp_path: Path) -> None:
     """Screened step times: CFP's plan stays, of each kind of baseline the lowest median does (ties go
@@ -301,6 +322,8 @@ def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_onl
                 "ddp": [5.0, 5.0], "fsdp2": [4.0, 5.5], "zero1": [7.0, 7.0], "zero3": [6.0, 6.0]}
     assert passes.fastest_of_kinds(screened) == ["cfp", "alpa", "tensor-parallel", "fsdp2", "zero3"]
     assert passes.fastest_of_kinds({"cfp": [1.0]}) == ["cfp"]
+    # A baseline that is CFP's plan is not kept: the next of its kind is
+    assert passes.fastest_of_kinds(screened, {"tensor-parallel"}) == ["cfp", "alpa", "data-parallel", "fsdp2", "zero3"]
     base = {"mode": "search", "model": "gpt", "size": "tiny", "num_layer": 0, "batch_size": 8, "world_size": 2,
             "mesh": "", "backend": "gloo", "device": "cpu", "rank": "all", "suite": "s", "experiment": "gpt-search",
             "point": "default", "timestamp": 1}

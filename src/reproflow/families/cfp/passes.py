@@ -20,7 +20,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -527,7 +527,9 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                      Measurement("grad_error", grad_err, "rel", coords)]
         steppers[name], lowered[name] = runner.seconds, runner
     screened = interleaved_steps(ctx, steppers, params["warmup"], params["screen"]) if params["screen"] else {}
-    kept = fastest_of_kinds(screened) if screened else list(steppers)
+    # A baseline whose strategies are CFP's plan's is the same plan: screened, never timed on.
+    itself = {name for name, choice in choices.items() if name != "cfp" and choice == choices["cfp"]}
+    kept = fastest_of_kinds(screened, itself) if screened else list(steppers)
     if screened:
         rows += [Measurement("screen_time", statistics.median(t), "s", {"plan": name}) for name, t in screened.items()]
         ctx.log(f"screen ({params['screen']} steps each, in turns): " + ", ".join(
@@ -540,7 +542,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
         coords = {"plan": name}
         tflops = [flops / t / 1e12 for t in times]
         if name not in timed:
-            ctx.log(f"{name}: left out by the screen")
+            ctx.log(f"{name}: " + ("CFP's own plan, screened only" if name in itself else "left out by the screen"))
         if name in lowered:
             mem = max(ctx.gather_floats(float(lowered[name].last.peak_bytes)))
             rows.append(Measurement("memory", mem / 2**30, "GB", coords))
@@ -575,13 +577,14 @@ def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind:
                     Measurement("grad_error", grad_err, "rel", coords)]
 
 
-def fastest_of_kinds(screened: Mapping[str, list[float]]) -> list[str]:
+def fastest_of_kinds(screened: Mapping[str, list[float]], itself: Collection[str] = ()) -> list[str]:
     """The plans a screen keeps, in their order: every plan of no kind (CFP's), and of each kind of
-    baseline (choices.KINDS) the one whose screen steps have the lowest median."""
-    kind = {name: k for k in KINDS for name in k}
+    baseline (choices.KINDS) the one whose screen steps have the lowest median, leaving out `itself`
+    (baselines that are CFP's plan)."""
+    kind = {name: k for k in KINDS for name in k if name not in itself}
     best = {k: min((n for n in screened if kind.get(n) == k), key=lambda n: statistics.median(screened[n]))
             for k in {kind[n] for n in screened if n in kind}}
-    return [n for n in screened if n not in kind or best[kind[n]] == n]
+    return [n for n in screened if n not in itself and (n not in kind or best[kind[n]] == n)]
 
 
 def step_samples(times: list[float], coords: Mapping[str, Any], place: list[int] | None = None) -> list[Measurement]:
