@@ -27,7 +27,8 @@ KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "mesh", "backe
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
             "operator_space", "analysis_time", "flop_count"]
 SEARCH = ["tokens", "search_time", "lower_time", "predicted_time", "screen_time", "step_time", "tflops", "memory",
-          "loss_error", "grad_error", "model_parallel_blocks", "modelled_communication", "alpa_alpha", "alpa_bandwidth"]
+          "loss_error", "grad_error", "model_parallel_blocks", "collectives", "collective_bytes",
+          "modelled_communication", "alpa_alpha", "alpa_bandwidth"]
 NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
         "backward, gradient synchronisation, SGD update) of the plan on the job's ranks; the graph plans run "
         "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2 "
@@ -39,7 +40,8 @@ NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a wh
         "the unsharded model on one process (absolute / largest relative). strategy: each ParallelBlock's "
         "strategy in the seed's notation (0: split the batch, data parallelism); model_parallel_blocks: the blocks "
         "at another strategy. modelled_communication: the Alpa-style program's cost of its plan and of the two uniform "
-        "plans (seconds), with alpa_alpha (seconds a ring step) and alpa_bandwidth (GB/s) fitted to all-gathers "
+        "plans (seconds), against collectives and collective_bytes (MB, their outputs), what each lowered graph "
+        "runs a step; alpa_alpha (seconds a ring step) and alpa_bandwidth (GB/s) fitted to all-gathers "
         "measured on the job's link.")
 
 

@@ -153,6 +153,7 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert float(table["alpa"]["alpa_bandwidth"]) > 0 and float(table["alpa"]["alpa_alpha"]) >= 0
     modelled = {p: float(table[p]["modelled_communication"]) for p in ("alpa", "data-parallel", "tensor-parallel")}
     assert modelled["alpa"] <= min(modelled.values()) + 1e-12  # the program's optimum over a space holding both
+    assert float(table["data-parallel"]["collectives"]) >= 1 and float(table["tensor-parallel"]["collective_bytes"]) > 0
     # A rerun skips the points already measured; the profile pass alone (another suite) reuses the profiles.
     fast = ["--nproc", "2", "--repeats", "1", "--runs", "1", "--warmup", "0"]
     again = reproflow("cfp", "all", "--model", "gpt", "--results", str(tmp_path / "r"), "--work_dir",
@@ -255,6 +256,20 @@ def test_alpas_link_model_is_fitted_to_all_gathers_and_charges_every_ring_step()
     assert 8 * reshard_s(None, graph.R, 1e5, 4, made) > reshard_s(None, graph.R, 8e5, 4, made)
     with pytest.raises(ValueError, match="do not grow"):
         fit_link([(1e3, 1.0), (1e6, 0.5)], 4)
+
+
+def test_alpas_model_prices_data_parallelism_as_one_gradient_all_reduce_and_weights_used_twice() -> None:
+    """Data parallelism moves each weight's gradient once (an all-reduce, counted once, not again as the
+    gradient reaches its parameter); a plan that stores a weight one way and uses it another pays for
+    gathering it, so the program's optimum is no longer free of the weights' traffic."""
+    from reproflow.families.cfp import alpa
+
+    a = _analysis("gpt", 2)
+    t = alpa.terms(a, alpa.Link(1.0))  # bytes
+    weights = sum(float(p.meta["val"].numel() * 4) for p in alpa._first_uses(a))  # those GEMMs read
+    dp = t.cost(execute.assignment(a, passes.baseline(a, "data-parallel")))
+    assert dp == pytest.approx(weights, rel=1e-6)  # 2 (n - 1) / n = 1 all-reduce volume of every weight
+    assert any(v > 0 for c, _, d, _, v in t.edges if any(x in a.param_of for x in graph.operands(d)))
 
 
 def test_claims_against_the_fastest_baseline_and_each_family_each_decided_by_its_worst_case(tmp_path: Path) -> None:

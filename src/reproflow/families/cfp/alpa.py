@@ -127,7 +127,9 @@ def terms(a: Analysis, link: Link) -> Terms:
                     q = _arrives(a, c, s, x, order)
                     for j, u in enumerate(strat[d]):
                         t.edges.append((c, i, d, j, reshard_s(q, (u.lhs, u.rhs)[k], _bytes(x), a.n, link)))
-    _gradient_edges(a, t, link)
+    first = _first_uses(a)
+    _weight_edges(a, t, link, first)
+    _gradient_edges(a, t, link, first)
     t.edges = [e for e in t.edges if e[4] > 0]
     return t
 
@@ -159,18 +161,42 @@ def solve(a: Analysis, link: Link) -> Solution:
     return Solution(assign, float(res.fun), time.perf_counter() - t0, nvar, t)
 
 
-def _gradient_edges(a: Analysis, t: Terms, link: Link) -> None:
-    """A parameter is stored as its first contraction uses it; its gradient, made by a backward contraction,
-    is brought to that partition (the data-parallel all-reduce when the parameter is replicated)."""
-    out = next(nd for nd in a.graph.graph.nodes if nd.op == "output")
-    params = list(a.param_names)
-    grads = pytree.tree_leaves(out.args[0])[-len(params):]
-    strat = t.strat
+def _first_uses(a: Analysis) -> dict[fx.Node, tuple[fx.Node, int, fx.Node]]:
+    """Each parameter's first use by a contraction (in graph order): (the contraction, which operand, the
+    operand: the parameter or a layout view of it). The parameter is stored as that use wants it."""
     first: dict[fx.Node, tuple[fx.Node, int, fx.Node]] = {}
     for c in a.contractions():
         for k, y in enumerate(graph.operands(c)):
             if y in a.param_of and a.param_of[y] not in first:
                 first[a.param_of[y]] = (c, k, y)
+    return first
+
+
+def _weight_edges(a: Analysis, t: Terms, link: Link, first: dict[fx.Node, tuple[fx.Node, int, fx.Node]]) -> None:
+    """Every later use of a parameter that wants it in another partition than it is stored with gathers it
+    there, each step (a weight split one way for its forward GEMM and another for a backward one: the
+    runtime's all-gathers of weights, which the program did not price before)."""
+    for d in a.contractions():
+        for k, x in enumerate(graph.operands(d)):
+            if x not in a.param_of or first[a.param_of[x]][:2] == (d, k):
+                continue
+            p = a.param_of[x]
+            c, k0, y = first[p]
+            for i, s in enumerate(t.strat[c]):
+                kept = graph.stored(y, p, (s.lhs, s.rhs)[k0], a.n)
+                for j, u in enumerate(t.strat[d]):
+                    need = graph.stored(x, p, (u.lhs, u.rhs)[k], a.n)
+                    if kept is not None and need is not None and c is not d:
+                        t.edges.append((c, i, d, j, reshard_s(kept, need, _bytes(p), a.n, link)))
+
+
+def _gradient_edges(a: Analysis, t: Terms, link: Link, first: dict[fx.Node, tuple[fx.Node, int, fx.Node]]) -> None:
+    """A parameter is stored as its first contraction uses it; its gradient, made by a backward contraction,
+    is brought to that partition (from partial sums the contraction's own all-reduce, priced once)."""
+    out = next(nd for nd in a.graph.graph.nodes if nd.op == "output")
+    params = list(a.param_names)
+    grads = pytree.tree_leaves(out.args[0])[-len(params):]
+    strat = t.strat
     for p, g in zip(params, grads, strict=True):
         chain = [g]
         while chain[-1] not in strat and chain[-1].op == "call_function" and graph.op_name(chain[-1]) in graph.LAYOUT:
@@ -180,7 +206,7 @@ def _gradient_edges(a: Analysis, t: Terms, link: Link) -> None:
             continue  # e.g. a bias gradient, a sum: left to the runtime
         c, k, y = first[p]
         for i, s in enumerate(strat[src]):
-            at: int | None = None
+            at: int | None = R  # a split contraction's all-reduce is its own cost already (Terms.node)
             if not s.allreduce:
                 at = s.out
                 for z in reversed(chain[:-1]):

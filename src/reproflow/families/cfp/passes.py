@@ -517,7 +517,10 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             continue
         # Each plan runs lowered: one traced SPMD graph of local ops and collectives (see execute.Lowered).
         runner = execute.Lowered(execute.Runner(cap, mesh, assign))
-        rows.append(Measurement("lower_time", runner.trace_s, "s", coords))
+        count, nbytes = runner.collectives()
+        rows += [Measurement("lower_time", runner.trace_s, "s", coords),
+                 Measurement("collectives", float(count), "count", coords),
+                 Measurement("collective_bytes", nbytes / 1e6, "MB", coords)]
         if params["verify"]:
             got = [o.full_tensor() for o in runner.step(update=False).outputs]
             loss_err, grad_err = execute.errors(s.model, s.config, s.batch_size, float(got[0].detach()), got[1:])
