@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from reproflow.families.cfp.choices import BASELINES
 from reproflow.reporting.claims import Claim, deciding, not_measured, ratio_interval
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import aggregates, newest, over_baseline, wide, write_table
@@ -129,7 +130,7 @@ def _fastest_table(table: pd.DataFrame, searched: pd.DataFrame, keys: list[str],
 # What the paper reports against each baseline (arXiv 2504.00598's abstract; its figures against
 # PyTorch and DeepSpeed-Megatron are not in the sources this project has). The first claim takes, model
 # by model, the fastest of every baseline that ran (named in the claim); the others one family each.
-EVERY = ("alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "zero1", "zero2", "zero3")
+EVERY = BASELINES
 VERSUS = (
     ("the fastest baseline", EVERY, "the fastest baseline's",
      "a searched plan is meant to be at least the best fixed one; the paper's figures against PyTorch and "
