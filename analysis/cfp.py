@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.families.cfp.choices import BASELINES
+from reproflow.families.cfp.choices import BASELINES, baseline_of
 from reproflow.reporting.claims import Claim, deciding, not_measured, ratio_interval
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import aggregates, newest, over_baseline, wide, write_table
@@ -28,12 +28,13 @@ KEYS = ["model", "size", "num_layer", "batch_size", "world_size", "mesh", "backe
 ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_segments", "profiled_space",
             "operator_space", "analysis_time", "flop_count"]
 SEARCH = ["tokens", "search_time", "lower_time", "predicted_time", "screen_time", "step_time", "tflops", "memory",
-          "loss_error", "grad_error", "model_parallel_blocks", "collectives", "collective_bytes",
+          "loss_error", "grad_error", "model_parallel_blocks", "tensor_parallel", "collectives", "collective_bytes",
           "modelled_communication", "alpa_alpha", "alpa_bandwidth"]
 NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
         "backward, gradient synchronisation, SGD update) of the plan on the job's ranks; the graph plans run "
-        "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2 "
-        "and zero1-3 on the module. screen_time: where the search screened, the median of every plan's first "
+        "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2, "
+        "zero1-3 and deepspeed-megatron-tpN (Megatron-LM's tensor parallelism over N ranks with ZeRO-1 over the "
+        "rest; tensor_parallel: N) on the module. screen_time: where the search screened, the median of every plan's first "
         "steps in turns; only CFP's plan and the fastest of each kind of baseline were then timed on (step_time "
         "of a plan left out: its screen steps). vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster); "
         "vs_ddp = step_time / DDP's (the goal for data-parallel: at most 1.10). search_time: CFP's analysis + "
@@ -109,7 +110,7 @@ def _fastest_table(table: pd.DataFrame, searched: pd.DataFrame, keys: list[str],
     """cfp_fastest: per model and batch, CFP's plan and its step time, every baseline's, the fastest
     baseline and CFP's speed-up over it with its interval (what the first claim reads)."""
     same = _same_as_cfp(searched, keys)
-    pairs = _pairs(_samples(searched), list(EVERY), True, same)
+    pairs = _pairs(_samples(searched), EVERY, True, same)
     if not pairs:
         return []
     steps = table.pivot_table(index=keys, columns="plan", values="step_time").reset_index()
@@ -139,8 +140,8 @@ VERSUS = (
      "up to 1.51x (GPT), 1.31x (LLaMA), 3.43x (MoE) over Alpa (arXiv 2504.00598)"),
     ("PyTorch (DDP and FSDP2)", ("ddp", "fsdp2"), "PyTorch's",
      "compared with PyTorch in the paper; its figures are not in the available sources"),
-    ("DeepSpeed (ZeRO stages 1-3)", ("zero1", "zero2", "zero3"), "DeepSpeed's",
-     "compared with DeepSpeed-Megatron in the paper; its figures are not in the available sources"),
+    ("DeepSpeed (ZeRO stages 1-3 and DeepSpeed-Megatron)", ("zero1", "zero2", "zero3", "deepspeed-megatron"),
+     "DeepSpeed's", "compared with DeepSpeed-Megatron in the paper; its figures are not in the available sources"),
 )
 
 
@@ -167,7 +168,7 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     if steps.empty:
         return not_measured("cfp", statement, ratio, "no search rows: make cfp-search", paper=paper,
                             target="cfp-search")
-    ran = [p for p in plans if p in set(steps["plan"])]
+    ran = [p for p in dict.fromkeys(steps["plan"]) if baseline_of(p) in plans]
     if "cfp" not in set(steps["plan"]) or not ran:
         return not_measured("cfp", statement, ratio, f"the search ran without the {', '.join(plans)} baseline(s)",
                             paper=paper, target="cfp-search")
@@ -175,7 +176,7 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     keys = [k for k in KEYS if k in samples.columns]
     cases = []
     same = _same_as_cfp(search, keys) if every else {}
-    for at, plan, measured, interval in _pairs(samples, ran, every, same):
+    for at, plan, measured, interval in _pairs(samples, plans, every, same):
         where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
         if samples["batch_size"].nunique() > 1:
             where += f" batch {at['batch_size']}"
@@ -217,17 +218,18 @@ def _same_as_cfp(search: pd.DataFrame, keys: list[str]) -> dict[tuple, set[str]]
     return out
 
 
-def _pairs(samples: pd.DataFrame, plans: list[str], fastest: bool, same: dict[tuple, set[str]] | None = None
+def _pairs(samples: pd.DataFrame, plans: tuple[str, ...], fastest: bool, same: dict[tuple, set[str]] | None = None
            ) -> list[tuple[dict, str, float, tuple[float, float] | None]]:
     """(the case's keys, a baseline, its step time over CFP's, the interval) for each case (model, size,
-    batch, mesh) and each of `plans` timed in it; with `fastest`, only the baseline whose steps have the
+    batch, mesh) and each plan of the baselines `plans` timed in it; with `fastest`, only the baseline whose steps have the
     lowest geometric mean (the same samples pick it and judge it: a bias toward the baseline) among
     those that are not CFP's plan itself (`same`: a plan against itself compares nothing)."""
     keys = [k for k in KEYS if k in samples.columns]
     out = []
     for key, sub in samples.groupby(keys, sort=False):
         cfp = sub.loc[sub["plan"] == "cfp", "value"].to_numpy(float)
-        timed = [p for p in plans if (sub["plan"] == p).any() and p not in (same or {}).get(key, set())]
+        timed = [p for p in dict.fromkeys(sub["plan"])
+                 if baseline_of(p) in plans and p not in (same or {}).get(key, set())]
         if fastest and timed:
             timed = [min(timed, key=lambda p: np.log(sub.loc[sub["plan"] == p, "value"].to_numpy(float)).mean())]
         for plan in timed:

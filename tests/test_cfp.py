@@ -124,7 +124,8 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert len(list((work / "profile").glob("segment_*.json"))) == 3
     rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
     errs = {(r["plan"], r["metric"]): float(r["value"]) for r in rows if r["metric"] in ("loss_error", "grad_error")}
-    plans = {"cfp", "alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "zero1", "zero2", "zero3"}
+    plans = {"cfp", "alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "zero1", "zero2", "zero3",
+             "deepspeed-megatron-tp2"}
     assert {p for p, _ in errs} == plans
     assert all(v < 1e-4 for v in errs.values()), errs
     steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
@@ -282,7 +283,8 @@ def test_claims_against_the_fastest_baseline_and_each_family_each_decided_by_its
     from reproflow.reporting.claims import FAILS, HOLDS, NOT_MEASURED
     from reproflow.reporting.report import load_analysis
 
-    ms = {"gpt": {"cfp": 20, "alpa": 40, "ddp": 10, "fsdp2": 30, "zero1": 25, "zero2": 26, "zero3": 60},
+    ms = {"gpt": {"cfp": 20, "alpa": 40, "ddp": 10, "fsdp2": 30, "zero1": 25, "zero2": 26, "zero3": 60,
+                  "deepspeed-megatron-tp2": 22},
           "llama": {"cfp": 20, "alpa": 35, "ddp": 24, "fsdp2": 30, "zero1": 25, "zero2": 27}}
     rows = [{"mode": "search", "metric": "step_s", "plan": plan, "value": (t + 0.1 * (i % 3)) / 1000, "model": model,
              "size": "tiny", "num_layer": 0, "batch_size": 8, "world_size": 4, "mesh": "", "backend": "gloo",
@@ -298,14 +300,15 @@ def test_claims_against_the_fastest_baseline_and_each_family_each_decided_by_its
     assert alpa.status == HOLDS and re.match(r"gpt 2\.00x \[1\.9\d, 2\.0\d\], llama 1\.75x \[", alpa.detail)
     assert torch_.status == FAILS and torch_.measured == pytest.approx(0.5, rel=0.02)
     assert "gpt ddp 0.50x" in torch_.detail and "llama fsdp2 1.50x" in torch_.detail
-    assert deepspeed.status == HOLDS and deepspeed.measured == pytest.approx(1.25, rel=0.02)
+    assert deepspeed.status == HOLDS and deepspeed.measured == pytest.approx(1.10, rel=0.02)
     assert "gpt zero3 2.99x" in deepspeed.detail and "llama zero3" not in deepspeed.detail
+    assert "gpt deepspeed-megatron-tp2 1.10x" in deepspeed.detail
     load_analysis("cfp").build(frame, tmp_path)
     table = pd.read_csv(tmp_path / "cfp_fastest.csv").set_index("model")
     assert list(table["fastest"]) == ["ddp", "ddp"] and table.loc["gpt", "alpa"] == pytest.approx(0.0401, rel=0.01)
     assert table.loc["llama", "low"] < table.loc["llama", "vs_fastest"] == pytest.approx(1.2, rel=0.02)
-    none = load_analysis("cfp").claims(frame[~frame["plan"].str.startswith("zero")], tmp_path)[3]
-    assert none.status == NOT_MEASURED and "zero1, zero2, zero3" in none.detail
+    none = load_analysis("cfp").claims(frame[~frame["plan"].str.startswith(("zero", "deepspeed"))], tmp_path)[3]
+    assert none.status == NOT_MEASURED and "zero1, zero2, zero3, deepspeed-megatron" in none.detail
 
 
 def test_the_fastest_baseline_is_never_cfps_own_plan(tmp_path: Path) -> None:
@@ -338,6 +341,9 @@ def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_onl
     screened = {"cfp": [3.0, 3.0], "alpa": [9.0, 1.0], "data-parallel": [2.0, 2.0], "tensor-parallel": [2.0, 1.0],
                 "ddp": [5.0, 5.0], "fsdp2": [4.0, 5.5], "zero1": [7.0, 7.0], "zero3": [6.0, 6.0]}
     assert passes.fastest_of_kinds(screened) == ["cfp", "alpa", "tensor-parallel", "fsdp2", "zero3"]
+    # DeepSpeed-Megatron's plans (one per TP degree) are of DeepSpeed's kind
+    with_megatron = {**screened, "deepspeed-megatron-tp2": [6.5, 5.0], "deepspeed-megatron-tp4": [8.0, 8.0]}
+    assert passes.fastest_of_kinds(with_megatron)[-1] == "deepspeed-megatron-tp2"
     assert passes.fastest_of_kinds({"cfp": [1.0]}) == ["cfp"]
     # A baseline that is CFP's plan is not kept: the next of its kind is
     assert passes.fastest_of_kinds(screened, {"tensor-parallel"}) == ["cfp", "alpa", "data-parallel", "fsdp2", "zero3"]
@@ -353,6 +359,38 @@ def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_onl
     torch_ = load_analysis("cfp").claims(pd.DataFrame(rows), tmp_path)[2]
     assert torch_.measured == pytest.approx(1.2, rel=0.02) and "gpt ddp 1.2" in torch_.detail
     assert "fsdp2 0.9" not in torch_.detail and "left out by the screen: gpt fsdp2" in torch_.detail
+
+
+def test_deepspeed_megatrons_tensor_parallel_degrees_divide_the_ranks_and_every_split_width() -> None:
+    from reproflow.families.cfp.torch_baselines import tp_degrees
+
+    gpt, llama = models.config_of("gpt", "tiny"), models.config_of("llama", "wide")
+    assert tp_degrees("gpt", gpt, 4) == [2, 4] and tp_degrees("gpt", gpt, 2) == [2]
+    assert tp_degrees("gpt", gpt, 1) == [] and tp_degrees("gpt", gpt, 3) == []  # 4 heads
+    assert tp_degrees("llama", llama, 8) == [2, 4, 8] and tp_degrees("llama", llama, 16) == [2, 4, 8]  # 8 heads
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("world", "degrees"), [(2, "2"), (4, "2,4")])
+def test_deepspeed_megatron_splits_every_model_and_matches_the_unsharded_model(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], world: int, degrees: str) -> None:
+    """Megatron's tensor parallelism in DeepSpeed's engine (ZeRO-1 over the data-parallel ranks: 1 at 2
+    ranks, 2 at 4 with TP 2): each rank holds a slice of the weights, and the first step's loss and
+    gathered gradients are the unsharded model's."""
+    import sys
+
+    from reproflow.launch.local import run_ranks
+
+    probe = [sys.executable, str(ROOT / "tests" / "cfp_megatron_probe.py"), degrees]
+    assert run_ranks(probe, world, tmp_path) == 0
+    out = capfd.readouterr().out
+    for model in ("gpt", "moe", "llama"):
+        full = sum(p.numel() for p in models.build(model, models.config_of(model, "tiny")).parameters())
+        for t in map(int, degrees.split(",")):
+            got = re.search(rf"^{model} tp{t}: loss_error=(\S+) grad_error=(\S+) local_params=(\d+)$", out, re.M)
+            assert got, out[-3000:]
+            assert float(got[1]) < 1e-5 and float(got[2]) < 1e-4
+            assert full / t < int(got[3]) < full  # norms, positions and the MoE's gate stay whole
 
 
 def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:

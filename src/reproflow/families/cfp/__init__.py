@@ -37,10 +37,15 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
     if bad:
         raise ParamError(f"baselines has {', '.join(bad)}.", f"a comma-separated list of {', '.join(BASELINES)}")
     # Only the search runs baselines: an analysis or profile point runs anywhere.
-    if (params["mode"] == "search" and any(b.startswith("zero") for b in wanted)
-            and not torch_baselines.deepspeed_available()):
+    if params["mode"] != "search":
+        return
+    if any(b.startswith("zero") for b in wanted) and not torch_baselines.deepspeed_available():
         raise ParamError("baselines zero1-3 need DeepSpeed, which is not installed.",
                          "pip install '.[deepspeed]' (make does), or leave zero1, zero2, zero3 out of baselines")
+    if "deepspeed-megatron" in wanted and not torch_baselines.deepspeed_available(megatron=True):
+        raise ParamError("baseline deepspeed-megatron needs DeepSpeed and megatron-core, which are not both "
+                         "installed.", "pip install '.[deepspeed,megatron]' (make does), or leave "
+                         "deepspeed-megatron out of baselines")
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
@@ -85,7 +90,8 @@ FAMILY = Family(
         Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
         Param("baselines", "str", ",".join(BASELINES),
               "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; ddp, "
-              "fsdp2: PyTorch's on the module; zero1-3: DeepSpeed's ZeRO stages)"),
+              "fsdp2: PyTorch's on the module; zero1-3: DeepSpeed's ZeRO stages; deepspeed-megatron: "
+              "Megatron-LM's tensor parallelism with ZeRO-1, once per tensor-parallel degree)"),
         Param("verify", "bool", True, "search: check each plan's loss and gradients against the unsharded model "
               "(one process holds the whole model: tiny sizes)"),
         Param("force", "bool", False, "profile: re-profile segments already on disk"),

@@ -2,8 +2,21 @@
 
 MODES = ("analysis", "profile", "search", "enum")
 MODELS = ("gpt", "moe", "llama")
-TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")  # torch_baselines.py's, named here: it imports DTensor
+# torch_baselines.py's, named here: it imports DTensor. DeepSpeed-Megatron runs once per tensor-parallel
+# degree, as a plan named by it (deepspeed-megatron-tp2, ...).
+TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3", "deepspeed-megatron")
 BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 # The baselines a screen keeps one of each: the fastest measured stands for its kind (Alpa's integer
 # program; the hand-written plans in CFP's runtime; PyTorch's; DeepSpeed's).
-KINDS = (("alpa",), ("data-parallel", "tensor-parallel"), ("ddp", "fsdp2"), ("zero1", "zero2", "zero3"))
+KINDS = (("alpa",), ("data-parallel", "tensor-parallel"), ("ddp", "fsdp2"),
+         ("zero1", "zero2", "zero3", "deepspeed-megatron"))
+
+
+def baseline_of(plan: str) -> str:
+    """The baseline a plan name runs: deepspeed-megatron for each of its TP degrees, else the name."""
+    return "deepspeed-megatron" if plan.startswith("deepspeed-megatron-tp") else plan
+
+
+def kind_of(plan: str) -> tuple[str, ...] | None:
+    """The KINDS entry of a plan (None: CFP's own)."""
+    return next((k for k in KINDS if baseline_of(plan) in k), None)

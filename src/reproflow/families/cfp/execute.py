@@ -109,7 +109,9 @@ def assignment(a: Analysis, choice: Sequence[int]) -> dict[fx.Node, graph.Strate
 
 def param_placements(a: Analysis, assign: Assignment) -> dict[fx.Node, Any]:
     """Each parameter's stored partition: the one its first contraction (in graph order) uses it with
-    (on a 2-D mesh, axis by axis)."""
+    (on a 2-D mesh, axis by axis); an addmm's bias split where the output's columns are (Megatron's
+    column-parallel bias), else replicated: a replicated bias of a column-split layer has a split gradient,
+    gathered every step."""
     out: dict[fx.Node, Any] = {}
     for c in a.contractions():
         s = assign[c]
@@ -120,6 +122,10 @@ def param_placements(a: Analysis, assign: Assignment) -> dict[fx.Node, Any]:
             q = tuple(graph.stored(y, a.param_of[y], w, a.n) for w in wants)
             if None not in q:
                 out.setdefault(a.param_of[y], q if isinstance(want, tuple) else q[0])
+        if graph.op_name(c) == "addmm" and c.args[0] in a.param_of:
+            cols = s.out if isinstance(s.out, tuple) else R if s.allreduce else s.out
+            bias = tuple(0 if p == 1 else R for p in cols) if isinstance(cols, tuple) else 0 if cols == 1 else R
+            out.setdefault(a.param_of[c.args[0]], bias)
     return out
 
 
@@ -176,7 +182,7 @@ class Runner:
                 kwargs = fx.node.map_aggregate(fx.node.map_arg(nd.kwargs, env.__getitem__), self._wrap)
                 if nd in self.forced:
                     args = self._force(nd, list(args))
-                env[nd] = nd.target(*args, **kwargs)
+                env[nd] = self._reduced_once(nd, nd.target(*args, **kwargs))
                 if track:
                     live += _bytes(env[nd])
                     peak = max(peak, live)
@@ -187,6 +193,15 @@ class Runner:
                 live -= _bytes(gone) if track and x.op != "placeholder" else 0
         nparams = len(self.cap.params)
         return outputs[:-nparams], self._synchronise(outputs[-nparams:], values[:nparams]), peak
+
+    def _reduced_once(self, nd: fx.Node, value: Any) -> Any:
+        """Partial sums read by several operators are summed here, once: the residual stream's sums after a
+        split contraction are read by the next norm and again by its backward, and each read summed them
+        anew (an all-reduce the profiled segments never showed, 8 of them a step on GPT)."""
+        if len(nd.users) < 2 or not isinstance(value, DTensor) or not any(isinstance(p, Partial)
+                                                                           for p in value.placements):
+            return value
+        return value.redistribute(self.mesh, [Replicate() if isinstance(p, Partial) else p for p in value.placements])
 
     def step(self, update: bool = True) -> StepResult:
         """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""

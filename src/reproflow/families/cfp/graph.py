@@ -434,8 +434,15 @@ def analyse(gm: fx.GraphModule, param_names: dict[fx.Node, str], n: int, mesh: t
 
 
 def _attach(nd: fx.Node, blocks: list[Block], n: int) -> bool:
-    """Join a contraction to the first block that knows the partition of one of its operands (walking back
-    through views and transposes): a backward GEMM reading a layer's weight or saved input."""
+    """Join a backward contraction to the block whose forward made what it reads: a layer's weight or saved
+    input. Of the blocks that know one of its operands (walking back through views and transposes) that
+    is the earliest; the gradient it also reads was made later, often by the next layer's or the head's
+    block, where it is replicated and would leave the contraction's strategy free (the weight's gradient
+    then came out split the other way and was gathered every step). Per strategy of the block, the
+    contraction takes the strategy that the block's partitions of its operands imply; where those allow
+    none, the strategy one operand implies, the first operand first."""
+    found: dict[int, dict[fx.Node, list[Any]]] = {}
+    alone: list[tuple[int, dict[fx.Node, list[Any]]]] = []
     for x in operands(nd):
         chain = [x]
         while not any(chain[-1] in b.known[0] for b in blocks) and chain[-1].op == "call_function" and \
@@ -444,20 +451,23 @@ def _attach(nd: fx.Node, blocks: list[Block], n: int) -> bool:
         block = next((b for b in blocks if chain[-1] in b.known[0]), None)
         if block is None:
             continue
-        plan = []
+        parts = []
         for known in block.known:
             q = known[chain[-1]]
             for z in reversed(chain[:-1]):
-                q = propagate(z, {z.args[0]: q}, lambda _: True, n)
-                if q is None:
-                    return False
-            s = implied(nd, {x: q}, lambda _: True, n)
-            if s is None:
-                return False
-            plan.append(s)
-        block.plans[nd] = plan
-        _record(block, nd, {}, n)
-        return True
+                q = None if q is None else propagate(z, {z.args[0]: q}, lambda _: True, n)
+            parts.append(q)
+        if None not in parts:
+            found.setdefault(block.index, {})[x] = parts
+            alone.append((block.index, {x: parts}))
+    for index, placed in [*sorted(found.items()), *alone]:
+        block = blocks[index]
+        plan = [implied(nd, {x: parts[k] for x, parts in placed.items()}, lambda _: True, n)
+                for k in range(len(block.known))]
+        if None not in plan:
+            block.plans[nd] = plan  # type: ignore[assignment]
+            _record(block, nd, {}, n)
+            return True
     return False
 
 

@@ -134,7 +134,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(c.hidden_size, c.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
+        b, t, _ = x.shape
         qkv = self.qkv(x).view(b, t, self.c.num_heads, 3 * self.c.head_dim)
         q, k, v = (z.transpose(1, 2) for z in qkv.split(self.c.head_dim, dim=3))
         if self.rotary:
@@ -142,7 +142,8 @@ class Attention(nn.Module):
         att = heads_matmul(q, k.transpose(-2, -1)) * (self.c.head_dim ** -0.5)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-        return self.proj(heads_matmul(att, v).transpose(1, 2).reshape(b, t, h))
+        # -1, not h: under tensor parallelism this rank holds only its heads (families/cfp/megatron.py).
+        return self.proj(heads_matmul(att, v).transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -200,9 +201,12 @@ class MoE(nn.Module):
             taken = taken + mask
             used = used + mask.sum(1, keepdim=True)
         expert_in = torch.einsum("gsec,gsm->egcm", dispatch, xg)
+        return torch.einsum("gsec,egcm->gsm", combine, self.experts(expert_in)).reshape(b, t, h)
+
+    def experts(self, expert_in: torch.Tensor) -> torch.Tensor:
+        """Every expert's feed-forward on its slots [experts, groups, capacity, hidden]."""
         hidden = F.gelu(torch.einsum("egcm,emf->egcf", expert_in, self.wi))
-        expert_out = torch.einsum("egcf,efm->egcm", hidden, self.wo)
-        return torch.einsum("gsec,egcm->gsm", combine, expert_out).reshape(b, t, h)
+        return torch.einsum("egcf,efm->egcm", hidden, self.wo)
 
 
 class Residual(nn.Module):
@@ -234,7 +238,10 @@ class Head(nn.Module):
         self.head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.norm(x))
+        return self.loss(self.head(self.norm(x)), targets)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of the logits [batch, seq, vocab]."""
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from reproflow.families.cfp import alpa, execute, graph, models, torch_baselines
-from reproflow.families.cfp.choices import KINDS, TORCH_BASELINES
+from reproflow.families.cfp.choices import TORCH_BASELINES, baseline_of, kind_of
 from reproflow.families.cfp.graph import Analysis, R
 from reproflow.rank.context import RunContext
 from reproflow.rank.timing import interleaved_steps, places, slowest_steps
@@ -494,6 +494,12 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                      *(Measurement("modelled_communication", v, "s", {"plan": u})
                        for u, v in {b: sol.predicted_s, **uniform}.items())]
             plans[b] = (sol.assign, "per-contraction", sol.seconds + a.seconds)
+        elif b == "deepspeed-megatron":
+            tps = torch_baselines.tp_degrees(s.model, s.config, s.n)
+            if not tps:
+                ctx.log(f"{b}: not run: no tensor-parallel degree above 1 divides the {s.n} ranks, the heads, the "
+                        "vocabulary and the feed-forward width")
+            plans |= {f"{torch_baselines.MEGATRON}{t}": ({}, "", 0.0) for t in tps}
         elif b in TORCH_BASELINES:
             plans[b] = ({}, "", 0.0)
         else:
@@ -510,7 +516,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     for name, (assign, _, search_s) in plans.items():
         coords = {"plan": name}
         rows.append(Measurement("search_time", search_s, "s", coords))
-        if name in TORCH_BASELINES:
+        if baseline_of(name) in TORCH_BASELINES:
             module, checked = _module_baseline(ctx, params, s, name, mesh)
             rows += checked
             steppers[name] = lambda m=module: m.step()[0]
@@ -567,16 +573,23 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 
 def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind: str,
                      mesh: DeviceMesh) -> tuple[torch_baselines.ModuleRunner, list[Measurement]]:
-    """DDP, FSDP2 or ZeRO on the nn.Module, and its check's rows (timed with the graph plans; no memory
-    figure: the module's activations are not tracked the way the graph runner tracks them)."""
+    """DDP, FSDP2, ZeRO or DeepSpeed-Megatron on the nn.Module, and its rows: DeepSpeed's TP degree, and its
+    check's (timed with the graph plans; no memory figure: the module's activations are not tracked the way
+    the graph runner tracks them)."""
     runner = torch_baselines.ModuleRunner(kind, s.model, s.config, s.batch_size, mesh)
-    if not params["verify"]:
-        return runner, []
     coords = {"plan": kind}
+    rows = []
+    if runner.deepspeed:
+        tp = runner.mpu.get_model_parallel_world_size() if runner.mpu else 1
+        ctx.log(f"{kind}: tensor parallel {tp} x data parallel {s.n // tp}, DeepSpeed config "
+                f"{json.dumps(runner.config)}")
+        rows.append(Measurement("tensor_parallel", float(tp), "count", coords))
+    if not params["verify"]:
+        return runner, rows
     loss_err, grad_err = torch_baselines.check(runner, s.model, s.config, s.batch_size)
     ctx.log(f"{kind}: loss differs from the unsharded model's by {loss_err:.3g}, gradients by at most "
             f"{grad_err:.3g} (relative)")
-    return runner, [Measurement("loss_error", loss_err, "abs", coords),
+    return runner, [*rows, Measurement("loss_error", loss_err, "abs", coords),
                     Measurement("grad_error", grad_err, "rel", coords)]
 
 
@@ -584,9 +597,9 @@ def fastest_of_kinds(screened: Mapping[str, list[float]], itself: Collection[str
     """The plans a screen keeps, in their order: every plan of no kind (CFP's), and of each kind of
     baseline (choices.KINDS) the one whose screen steps have the lowest median, leaving out `itself`
     (baselines that are CFP's plan)."""
-    kind = {name: k for k in KINDS for name in k if name not in itself}
-    best = {k: min((n for n in screened if kind.get(n) == k), key=lambda n: statistics.median(screened[n]))
-            for k in {kind[n] for n in screened if n in kind}}
+    kind = {name: k for name in screened if name not in itself and (k := kind_of(name)) is not None}
+    best = {k: min((n for n in kind if kind[n] == k), key=lambda n: statistics.median(screened[n]))
+            for k in set(kind.values())}
     return [n for n in screened if n not in itself and (n not in kind or best[kind[n]] == n)]
 
 

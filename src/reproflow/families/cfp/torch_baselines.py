@@ -1,17 +1,21 @@
-"""Data parallelism of PyTorch and DeepSpeed as baselines: DistributedDataParallel, FSDP2 (fully_shard per
-layer) and DeepSpeed's ZeRO stages 1, 2 and 3.
+"""PyTorch's and DeepSpeed's parallelism as baselines: DistributedDataParallel, FSDP2 (fully_shard per
+layer), DeepSpeed's ZeRO stages 1, 2 and 3, and DeepSpeed-Megatron (Megatron-LM's tensor parallelism,
+megatron.py, in DeepSpeed's engine with ZeRO-1 over the data-parallel ranks).
 
-Each trains the nn.Module itself (no captured graph) on the rank's slice of the batch with SGD at the
-runner's learning rate; the mean of the ranks' losses is the global batch's loss, and the averaged or
-sharded gradients are the unsharded model's, which `check` verifies. DeepSpeed is an optional extra
-(`pip install .[deepspeed]`); on CPUs it talks gloo. Its shared-memory op, which it would compile on
-first use (a C++ compiler and Python's headers), is left out: it serves only inference_all_reduce, and
-ZeRO's training collectives are torch.distributed's.
+Each trains the nn.Module itself (no captured graph) on its data-parallel rank's slice of the batch with
+SGD at the runner's learning rate; the mean of the ranks' losses is the global batch's loss, and the
+averaged or sharded gradients are the unsharded model's, which `check` verifies. Every ZeRO stage runs
+with `overlap_comm` (gradients reduced in buckets during the backward pass, as DeepSpeed's guides
+configure it; on CPUs DeepSpeed has no streams, so a bucket's reduction runs when it fills). DeepSpeed
+is an optional extra (`pip install .[deepspeed]`); on CPUs it talks gloo. Its shared-memory op, which it
+would compile on first use (a C++ compiler and Python's headers), is left out: it serves only
+inference_all_reduce, and ZeRO's training collectives are torch.distributed's.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,12 +27,25 @@ from torch.nn.parallel import DistributedDataParallel
 from reproflow.families.cfp import models
 from reproflow.families.cfp.execute import LR, errors
 
+if TYPE_CHECKING:
+    from reproflow.families.cfp.megatron import Mpu
 
-def deepspeed_available() -> bool:
-    """Whether DeepSpeed is installed (the zero baselines need it)."""
+
+MEGATRON = "deepspeed-megatron-tp"  # a plan name: this prefix, then the TP degree
+
+
+def deepspeed_available(megatron: bool = False) -> bool:
+    """Whether DeepSpeed is installed (the zero baselines need it), and with `megatron` megatron-core too."""
     import importlib.util
 
-    return importlib.util.find_spec("deepspeed") is not None
+    return all(importlib.util.find_spec(m) is not None for m in ("deepspeed", *(["megatron.core"] if megatron else [])))
+
+
+def tp_degrees(model: str, c: models.ModelConfig, n: int) -> list[int]:
+    """DeepSpeed-Megatron's tensor-parallel degrees on `n` ranks: those above 1 that divide the ranks and
+    every dimension Megatron splits (heads, vocabulary, feed-forward width)."""
+    widths = [c.num_heads, c.vocab_size, c.ffn if model == "llama" else 4 * c.hidden_size]
+    return [t for t in range(2, n + 1) if n % t == 0 and all(w % t == 0 for w in widths)]
 
 
 class ModuleRunner:
@@ -36,13 +53,23 @@ class ModuleRunner:
 
     def __init__(self, kind: str, model: str, c: models.ModelConfig, batch_size: int, mesh: DeviceMesh) -> None:
         device = torch.device(mesh.device_type)
-        self.module = models.build(model, c).to(device)
-        rank, n = dist.get_rank(), dist.get_world_size()
-        tokens, targets = models.batch(c, batch_size)
-        per = batch_size // n
-        self.tokens = tokens[rank * per:(rank + 1) * per].to(device)
-        self.targets = targets[rank * per:(rank + 1) * per].to(device)
+        self.module = models.build(model, c)
+        self.names = [name for name, _ in self.module.named_parameters()]  # the unsharded model's order
         self.kind = kind
+        self.mpu: Mpu | None = None
+        tp = int(kind.removeprefix(MEGATRON)) if kind.startswith(MEGATRON) else 1
+        if tp > 1:
+            from reproflow.families.cfp import megatron  # megatron-core: an optional extra, slow to import
+
+            self.mpu = megatron.groups(tp)
+            megatron.tensor_parallel(self.module, self.mpu.tp)
+        self.module.to(device)
+        # Data-parallel ranks take slices of the batch; the ranks of one TP group share theirs.
+        dp, index = dist.get_world_size() // tp, dist.get_rank() // tp
+        tokens, targets = models.batch(c, batch_size)
+        per = batch_size // dp
+        self.tokens = tokens[index * per:(index + 1) * per].to(device)
+        self.targets = targets[index * per:(index + 1) * per].to(device)
         self._grads: list[torch.Tensor] | None = None
         if kind == "ddp":
             self.wrapped: torch.nn.Module = DistributedDataParallel(self.module)
@@ -61,17 +88,21 @@ class ModuleRunner:
             if shm is not None:
                 deepspeed.ops.__compatible_ops__[shm.NAME] = False
             deepspeed.init_distributed(dist_backend=dist.get_backend())
-            config = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": per,
-                      "zero_optimization": {"stage": int(kind[-1])}, "steps_per_print": 2**31,
-                      "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True}  # plain SGD
+            self.config = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": per,
+                           "zero_optimization": {"stage": 1 if tp > 1 else int(kind[-1]), "overlap_comm": True},
+                           "steps_per_print": 2**31, "wall_clock_breakdown": False,
+                           "zero_allow_untested_optimizer": True}  # plain SGD
             sgd = torch.optim.SGD(self.module.parameters(), lr=LR)
-            self.wrapped, self.optimizer, _, _ = deepspeed.initialize(model=self.module, optimizer=sgd, config=config)
+            self._own_groups()
+            self.wrapped, self.optimizer, _, _ = deepspeed.initialize(model=self.module, optimizer=sgd,
+                                                                      config=self.config, mpu=self.mpu)
 
     def step(self, update: bool = True) -> tuple[float, float]:
         """(seconds, the global batch's loss)."""
         dist.barrier()
         t0 = time.perf_counter()
-        if self.kind.startswith("zero"):
+        if self.deepspeed:
+            self._own_groups()
             loss = self.wrapped(self.tokens, self.targets)
             self.wrapped.backward(loss)  # type: ignore[operator]
             self._grads = self._deepspeed_grads() if not update else None
@@ -88,14 +119,30 @@ class ModuleRunner:
         elapsed = time.perf_counter() - t0
         return elapsed, float(value) / dist.get_world_size()
 
+    @property
+    def deepspeed(self) -> bool:
+        return self.kind.startswith(("zero", MEGATRON))
+
+    def _own_groups(self) -> None:
+        """Point DeepSpeed at this runner's groups: an engine hands its mpu to a module-level variable that
+        later engines and ZeRO's steps query, and the runners of one search take turns in one process."""
+        from deepspeed.utils import groups
+
+        groups.mpu = self.mpu
+
     def _deepspeed_grads(self) -> list[torch.Tensor]:
         from deepspeed.utils import safe_get_full_grad
 
-        return [safe_get_full_grad(p).detach().cpu().clone() for p in self.module.parameters()]
+        grads = {name: safe_get_full_grad(p).detach().clone() for name, p in self.module.named_parameters()}
+        if self.mpu is None:
+            return [grads[name].cpu() for name in self.names]
+        from reproflow.families.cfp import megatron
+
+        return megatron.full_gradients(self.module, grads, self.mpu.tp, self.names)
 
     def gradients(self) -> list[torch.Tensor]:
-        """The full gradient of every parameter, in the module's order (after a step without update)."""
-        if self.kind.startswith("zero"):
+        """The full gradient of every parameter, in the unsharded model's order (after a step without update)."""
+        if self.deepspeed:
             return self._grads or []
         out = []
         for p in self.module.parameters():
