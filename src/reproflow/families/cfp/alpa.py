@@ -1,21 +1,25 @@
 """The Alpa-style baseline: every contraction picks its own strategy by an integer linear program.
 
 As Alpa's intra-operator pass (on a 1-D mesh): each contraction has the strategies of graph.py; a
-strategy costs its communication (an all-reduce of the output for a split contraction), an edge
-between a producing and a consuming contraction costs the resharding of the tensor between them
-(nothing when the partition propagates, a slice from replicated, an all-gather otherwise, as
-DTensor does it on this mesh), and a parameter pays for bringing its gradient to the partition it
-is stored with (all-reduce, reduce-scatter or all-gather). A collective costs as in Alpa's model,
-alpha per ring step plus its bytes over the bandwidth, both fitted to all-gathers measured on the
-job's link (`fit_link`): without alpha, many small tensor-parallel collectives look free. Compute is the
-same for every split, so like Alpa the model leaves it out. The program is solved with HiGHS
-(scipy.optimize.milp); the runner then executes the assignment like any other plan.
+strategy costs its communication (an all-reduce of the output for a split contraction, and what
+moves at every operator after it that its output's partition cannot pass: an all-gather for a norm
+over a split hidden dim, an all-reduce of the partial sums a sum over it leaves), an edge between a
+producing and a consuming contraction costs the resharding of the tensor between them (nothing when
+the partition propagates, a slice from replicated, an all-gather otherwise, as DTensor does it on
+this mesh), and a parameter pays for bringing its
+gradient to the partition it is stored with (all-reduce, reduce-scatter or all-gather). A collective
+costs as in Alpa's model, alpha per ring step plus its bytes over the bandwidth, both fitted to
+all-gathers measured on the job's link (`fit_link`): without alpha, many small tensor-parallel
+collectives look free. Compute is the same for every split, so like Alpa the model leaves it out.
+The program is solved with HiGHS (scipy.optimize.milp); the runner then executes the assignment like
+any other plan.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch.fx as fx
@@ -78,18 +82,41 @@ def _producers(x: fx.Node, contractions: set[fx.Node]) -> set[fx.Node]:
     return graph.upstream(x, contractions.__contains__, lambda y: y in contractions or y.op != "call_function")
 
 
-def _arrives(a: Analysis, c: fx.Node, s: Strategy, x: fx.Node, order: dict[fx.Node, int]) -> int | None:
-    """The partition operand x has when contraction c runs strategy s and its output propagates to x
-    without communication; R when the propagation breaks (the all-gather happens on the way)."""
-    placed: dict[fx.Node, int] = {c: R if s.allreduce else s.out}
-    for nd in list(a.graph.graph.nodes)[order[c] + 1:order[x] + 1]:
-        if nd.op != "call_function" or not any(i in placed for i in nd.all_input_nodes):
+def _spread(a: Analysis, c: fx.Node, s: Strategy, order: dict[fx.Node, int], contractions: set[fx.Node]
+            ) -> tuple[dict[fx.Node, Any], list[tuple[int, float]]]:
+    """Contraction c's output partition under strategy s, carried through every operator after it that reads
+    it (forward and backward) up to the contractions that read it, and the collectives on the way as (ring
+    passes, bytes): where the partition cannot pass an operator, the operator's output is replicated."""
+    placed: dict[fx.Node, Any] = {c: R if s.allreduce else s.out}  # a list for an operator of several outputs
+    moved: list[tuple[int, float]] = []
+    for nd in list(a.graph.graph.nodes)[order[c] + 1:]:
+        if nd.op != "call_function" or nd in contractions or not any(i in placed for i in nd.all_input_nodes):
             continue
         q = graph.propagate(nd, placed, lambda _: True, a.n)
-        if q is not None:
-            placed[nd] = q
-    q = placed.get(x)
-    return q if isinstance(q, int) else R
+        if q is None:
+            moved += _broken(nd, placed)
+            q = R
+        placed[nd] = q
+    return placed, moved
+
+
+def _broken(nd: fx.Node, placed: dict[fx.Node, Any]) -> list[tuple[int, float]]:
+    """What the runtime moves where a split input stops at `nd`: a norm over the split dim or a softmax along
+    it gathers the input (an all-gather); a sum or mean over it leaves partial sums, all-reduced when read.
+    Operators the propagation rules do not know are left unpriced, as before these rules."""
+    name, first = graph.op_name(nd), nd.args[0]
+    p = placed.get(first) if isinstance(first, fx.Node) else None
+    if not isinstance(p, int) or p == R:
+        return []
+    rank = len(graph.shape(first) or ())
+    if name in ("native_layer_norm", "native_layer_norm_backward"):
+        normalized = len(nd.args[2 if name.endswith("backward") else 1])
+        return [(1, _bytes(x)) for x in nd.all_input_nodes if placed.get(x, R) != R] if p >= rank - normalized else []
+    if name in graph.ALONG_DIM and next(x for x in nd.args if isinstance(x, int)) % rank == p:
+        return [(1, _bytes(first))]
+    if name in graph.REDUCE:
+        return [(2, _bytes(nd))]
+    return []
 
 
 @dataclass
@@ -114,7 +141,9 @@ def terms(a: Analysis, link: Link) -> Terms:
     cset = set(cons)
     order = {nd: i for i, nd in enumerate(a.graph.graph.nodes)}
     strat = {c: graph.strategies(c, a.n) for c in cons}
-    t = Terms(strat, {(c, i): reshard_s(None, R, _bytes(c), a.n, link) if s.allreduce else 0.0
+    spread = {(c, i): _spread(a, c, s, order, cset) for c in cons for i, s in enumerate(strat[c])}
+    t = Terms(strat, {(c, i): (reshard_s(None, R, _bytes(c), a.n, link) if s.allreduce else 0.0)
+                      + sum(link.ring(phases, b, a.n) for phases, b in spread[c, i][1])
                       for c in cons for i, s in enumerate(strat[c])}, [])
     for d in cons:
         for k, x in enumerate(graph.operands(d)):
@@ -123,8 +152,9 @@ def terms(a: Analysis, link: Link) -> Terms:
             for c in sorted(_producers(x, cset), key=order.__getitem__):  # a fixed order: the same program
                 if order[c] >= order[d]:                                    # on every rank
                     continue
-                for i, s in enumerate(strat[c]):
-                    q = _arrives(a, c, s, x, order)
+                for i in range(len(strat[c])):
+                    q = spread[c, i][0].get(x, R)
+                    q = q if isinstance(q, int) else R
                     for j, u in enumerate(strat[d]):
                         t.edges.append((c, i, d, j, reshard_s(q, (u.lhs, u.rhs)[k], _bytes(x), a.n, link)))
     first = _first_uses(a)
