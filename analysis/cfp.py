@@ -29,22 +29,23 @@ ANALYSIS = ["operators", "contractions", "parallel_blocks", "segments", "unique_
             "operator_space", "analysis_time", "flop_count"]
 SEARCH = ["tokens", "search_time", "lower_time", "predicted_time", "screen_time", "step_time", "tflops", "memory",
           "loss_error", "grad_error", "model_parallel_blocks", "tensor_parallel", "collectives", "collective_bytes",
-          "modelled_communication", "alpa_alpha", "alpa_bandwidth"]
+          "modelled_communication", "traced_communication", "alpa_alpha", "alpa_bandwidth"]
 NOTE = ("step_time: median of the timed steps (seconds, slowest rank), each a whole training step (forward, "
         "backward, gradient synchronisation, SGD update) of the plan on the job's ranks; the graph plans run "
         "lowered to one traced graph of local ops and collectives (lower_time: the trace, seconds), ddp, fsdp2, "
         "zero1-3 and deepspeed-megatron-tpN (Megatron-LM's tensor parallelism over N ranks with ZeRO-1 over the "
-        "rest; tensor_parallel: N) on the module. screen_time: where the search screened, the median of every plan's first "
-        "steps in turns; only CFP's plan and the fastest of each kind of baseline were then timed on (step_time "
-        "of a plan left out: its screen steps). vs_cfp = step_time / CFP's step_time (above 1: CFP's plan is faster); "
-        "vs_ddp = step_time / DDP's (the goal for data-parallel: at most 1.10). search_time: CFP's analysis + "
-        "profiling + dynamic program; 0 for the fixed baselines. loss_error / grad_error: the plan against "
-        "the unsharded model on one process (absolute / largest relative). strategy: each ParallelBlock's "
-        "strategy in the seed's notation (0: split the batch, data parallelism); model_parallel_blocks: the blocks "
-        "at another strategy. modelled_communication: the Alpa-style program's cost of its plan and of the two uniform "
-        "plans (seconds), against collectives and collective_bytes (MB, their outputs), what each lowered graph "
-        "runs a step; alpa_alpha (seconds a ring step) and alpa_bandwidth (GB/s) fitted to all-gathers "
-        "measured on the job's link.")
+        "rest; tensor_parallel: N) on the module. screen_time: where the search screened, the median of every "
+        "plan's first steps in turns; only CFP's plan and the fastest of each kind of baseline were then timed on"
+        " (step_time of a plan left out: its screen steps). vs_cfp = step_time / CFP's step_time (above 1: CFP's "
+        "plan is faster); vs_ddp = step_time / DDP's (the goal for data-parallel: at most 1.10). search_time: "
+        "CFP's analysis + profiling + dynamic program; 0 for the fixed baselines. loss_error / grad_error: the "
+        "plan against the unsharded model on one process (absolute / largest relative). strategy: each "
+        "ParallelBlock's strategy in the seed's notation (0: split the batch, data parallelism); "
+        "model_parallel_blocks: the blocks at another strategy. modelled_communication: the Alpa-style program's "
+        "cost of its optimum and of the two uniform plans (seconds); traced_communication: the same three priced "
+        "by the collectives their lowered steps run (the cheapest is the Alpa-style plan); collectives and "
+        "collective_bytes (MB, their outputs): what each lowered graph runs a step; alpa_alpha (seconds a ring "
+        "step) and alpa_bandwidth (GB/s) fitted to all-gathers measured on the job's link.")
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -221,8 +222,8 @@ def _same_as_cfp(search: pd.DataFrame, keys: list[str]) -> dict[tuple, set[str]]
 def _pairs(samples: pd.DataFrame, plans: tuple[str, ...], fastest: bool, same: dict[tuple, set[str]] | None = None
            ) -> list[tuple[dict, str, float, tuple[float, float] | None]]:
     """(the case's keys, a baseline, its step time over CFP's, the interval) for each case (model, size,
-    batch, mesh) and each plan of the baselines `plans` timed in it; with `fastest`, only the baseline whose steps have the
-    lowest geometric mean (the same samples pick it and judge it: a bias toward the baseline) among
+    batch, mesh) and each plan of the baselines `plans` timed in it; with `fastest`, only the baseline whose
+    steps have the lowest geometric mean (the same samples pick it and judge it: a bias toward the baseline) among
     those that are not CFP's plan itself (`same`: a plan against itself compares nothing)."""
     keys = [k for k in KEYS if k in samples.columns]
     out = []

@@ -152,6 +152,10 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert table["cfp"]["strategy"] in out
     assert "alpa: integer program over 39 contractions" in out and "link fitted to all-gathers: alpha" in out
     assert float(table["alpa"]["alpa_bandwidth"]) > 0 and float(table["alpa"]["alpa_alpha"]) >= 0
+    # The program's optimum and the uniform plans priced by the collectives their lowered steps run: the
+    # cheapest is the Alpa-style plan
+    traced = {p: float(table[p]["traced_communication"]) for p in ("alpa", "data-parallel", "tensor-parallel")}
+    assert all(v > 0 for v in traced.values()) and "the Alpa-style plan: " in out
     modelled = {p: float(table[p]["modelled_communication"]) for p in ("alpa", "data-parallel", "tensor-parallel")}
     assert modelled["alpa"] <= min(modelled.values()) + 1e-12  # the program's optimum over a space holding both
     assert float(table["data-parallel"]["collectives"]) >= 1 and float(table["tensor-parallel"]["collective_bytes"]) > 0
@@ -265,8 +269,9 @@ def test_alpas_link_model_is_fitted_to_all_gathers_and_charges_every_ring_step()
 
 def test_alpas_model_prices_data_parallelism_as_one_gradient_all_reduce_and_weights_used_twice() -> None:
     """Data parallelism moves each weight's gradient once (an all-reduce, counted once, not again as the
-    gradient reaches its parameter); a norm over a split hidden dim gathers its input; a plan that stores a weight one way and uses it another pays for
-    gathering it, so the program's optimum is no longer free of the weights' traffic."""
+    gradient reaches its parameter); a norm over a split hidden dim gathers its input; a plan that stores a
+    weight one way and uses it another pays for gathering it, so the program's optimum is no longer free of
+    the weights' traffic."""
     from reproflow.families.cfp import alpa
 
     a = _analysis("gpt", 2)

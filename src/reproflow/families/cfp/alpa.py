@@ -66,6 +66,12 @@ def fit_link(samples: list[tuple[float, float]], n: int) -> Link:
     return Link(1 / per_byte, float(alpha))
 
 
+def traced_s(collectives: list[tuple[str, float]], n: int, link: Link) -> float:
+    """Seconds of the collectives a plan's lowered step runs (execute.Lowered.collectives) at the link:
+    an all-reduce two ring passes, the others one."""
+    return sum(link.ring(2 if name == "all_reduce" else 1, nbytes, n) for name, nbytes in collectives)
+
+
 def reshard_s(src: int | None, dst: int, nbytes: float, n: int, link: Link) -> float:
     """Seconds to bring a tensor from partition src (None: partial sums) to dst."""
     if n == 1:  # one device holds everything: nothing moves

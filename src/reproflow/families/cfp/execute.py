@@ -290,16 +290,16 @@ class Lowered:
         new = torch._foreach_add(list(local[:self.nparams]), [g.to_local() for g in grads], alpha=-LR)
         return [o.to_local() for o in outputs + grads] + list(new)
 
-    def collectives(self) -> tuple[int, float]:
-        """(how many collectives the step's graph runs, their output bytes): what the plan communicates, as
+    def collectives(self) -> list[tuple[str, float]]:
+        """Each collective the step's graph runs, (its name, its output bytes): what the plan communicates, as
         the runtime decided it, to hold a cost model against."""
-        count, nbytes = 0, 0.0
+        out = []
         for nd in self.graph.graph.nodes:
             if nd.op == "call_function" and "_c10d_functional" in str(nd.target) and "wait" not in str(nd.target):
                 val = nd.meta.get("val")
-                count += 1
-                nbytes += float(val.numel() * val.element_size()) if val is not None else 0.0
-        return count, nbytes
+                out.append((str(nd.target).split(".")[-2], float(val.numel() * val.element_size()) if val is not None
+                            else 0.0))
+        return out
 
     def step(self, update: bool = True) -> StepResult:
         """One step of the lowered graph (and, update, the parameters it computed)."""
