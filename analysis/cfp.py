@@ -176,7 +176,13 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     samples = _samples(search)
     keys = [k for k in KEYS if k in samples.columns]
     cases = []
-    same = _same_as_cfp(search, keys) if every else {}
+    same = _same_as_cfp(search, keys)
+    for key, itself in same.items():  # the Alpa-style plan may be CFP's: that case compared nothing
+        for plan in sorted(p for p in itself if not every and baseline_of(p) in plans):
+            at = dict(zip(keys, key, strict=True))
+            cases.append(Claim("cfp", statement, ratio, 1.0, at_least=1.0, paper=paper, target="cfp-search",
+                               same_on_both_sides=f"{plan}'s plan is CFP's",
+                               detail=f"{at['model']} {plan}: CFP's plan itself (not compared)"))
     for at, plan, measured, interval in _pairs(samples, plans, every, same):
         where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
         if samples["batch_size"].nunique() > 1:
@@ -192,7 +198,8 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
                             paper=paper, target="cfp-search")
     left = search[(search["metric"] == "screen_time") & search["plan"].isin(ran)]
     left = left[~left.set_index([*keys, "plan"]).index.isin(samples.set_index([*keys, "plan"]).index)]
-    names = ", ".join(f"{r.model} {r.plan}" for r in left.itertuples())
+    names = ", ".join(f"{r.model} {r.plan}" for r in left.itertuples()
+                      if r.plan not in same.get(tuple(getattr(r, k) for k in keys), set()))
     out = f"; left out by the screen: {names}" if names else ""
     where = f"{int(steps['world_size'].iloc[0])} ranks {steps['backend'].iloc[0]}/{steps['device'].iloc[0]}"
     if "network" in steps.columns and str(steps["network"].iloc[0]).startswith("emulated"):

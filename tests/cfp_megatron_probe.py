@@ -1,6 +1,7 @@
-"""Build DeepSpeed-Megatron (Megatron-LM's tensor parallelism in DeepSpeed's engine with ZeRO-1) on every
-rank for each of CFP's tiny models at the TP degrees given, check its first step against the unsharded
-model and print the largest errors (rank 0). Launched by test_cfp.py through reproflow's local launcher."""
+"""Build Megatron-LM's tensor parallelism on every rank for each of CFP's tiny models at the TP degrees
+given, alone (DDP over the data-parallel ranks) and in DeepSpeed's engine with ZeRO-1, check each first
+step against the unsharded model and print the largest errors (rank 0). Launched by test_cfp.py through
+reproflow's local launcher."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (ctx.world_size,))
     for model in ("gpt", "moe", "llama"):
         c = models.config_of(model, "tiny")
-        for t in map(int, sys.argv[1].split(",")):
-            runner = torch_baselines.ModuleRunner(f"{torch_baselines.MEGATRON}{t}", model, c, 8, mesh)
-            loss_err, grad_err = torch_baselines.check(runner, model, c, 8)
-            local = sum(p.numel() for p in runner.module.parameters())
-            if ctx.rank == 0:
-                print(f"{model} tp{t}: loss_error={loss_err:.3g} grad_error={grad_err:.3g} local_params={local}",
-                      flush=True)
+        for kind in (torch_baselines.MEGATRON, torch_baselines.DEEPSPEED_MEGATRON):
+            for t in map(int, sys.argv[1].split(",")):
+                runner = torch_baselines.ModuleRunner(f"{kind}{t}", model, c, 8, mesh)
+                loss_err, grad_err = torch_baselines.check(runner, model, c, 8)
+                local = sum(p.numel() for p in runner.module.parameters())
+                if ctx.rank == 0:
+                    print(f"{model} {kind}{t}: loss_error={loss_err:.3g} grad_error={grad_err:.3g} "
+                          f"local_params={local}", flush=True)
     ctx.close()
 
 

@@ -124,8 +124,8 @@ def test_three_passes_from_one_command_match_the_unsharded_model(tmp_path: Path)
     assert len(list((work / "profile").glob("segment_*.json"))) == 3
     rows = [r for f in (tmp_path / "r").rglob("*.csv") for r in csv.DictReader(f.open())]
     errs = {(r["plan"], r["metric"]): float(r["value"]) for r in rows if r["metric"] in ("loss_error", "grad_error")}
-    plans = {"cfp", "alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "zero1", "zero2", "zero3",
-             "deepspeed-megatron-tp2"}
+    plans = {"cfp", "alpa", "data-parallel", "tensor-parallel", "ddp", "fsdp2", "megatron-tp2", "zero1", "zero2",
+             "zero3", "deepspeed-megatron-tp2"}
     assert {p for p, _ in errs} == plans
     assert all(v < 1e-4 for v in errs.values()), errs
     steps = {r["plan"]: float(r["value"]) for r in rows if r["metric"] == "step_time"}
@@ -202,8 +202,8 @@ def test_bad_input_names_the_fix(tmp_path: Path) -> None:
     res = reproflow("cfp", "all", "--nproc", "2", "--nodes", "3", "--results", str(tmp_path / "d"))
     assert res.returncode != 0 and "--nodes 3" in res.stderr and "divisor of --nproc" in res.stderr
     assert "Traceback" not in res.stderr
-    res = reproflow("cfp", "search", "--baselines", "alpa,megatron", "--results", str(tmp_path / "c"))
-    assert res.returncode != 0 and "megatron" in res.stdout + res.stderr and "zero3" in res.stdout + res.stderr
+    res = reproflow("cfp", "search", "--baselines", "alpa,megatron-lm", "--results", str(tmp_path / "c"))
+    assert res.returncode != 0 and "megatron-lm" in res.stdout + res.stderr and "zero3" in res.stdout + res.stderr
 
 
 def test_segment_captured_alone_has_the_models_blocks() -> None:
@@ -331,6 +331,7 @@ def test_claims_against_the_fastest_baseline_and_each_family_each_decided_by_its
 def test_the_fastest_baseline_is_never_cfps_own_plan(tmp_path: Path) -> None:
     """Where the search returned the tensor-parallel plan's strategies, that plan is CFP's plan timed twice:
     the claim against the fastest baseline takes the fastest of the others and says so."""
+    from reproflow.reporting.claims import NOT_COMPARED
     from reproflow.reporting.report import load_analysis
 
     base = {"mode": "search", "model": "gpt", "size": "wide", "num_layer": 0, "batch_size": 8, "world_size": 2,
@@ -347,6 +348,11 @@ def test_the_fastest_baseline_is_never_cfps_own_plan(tmp_path: Path) -> None:
     load_analysis("cfp").build(pd.DataFrame(rows), tmp_path)
     table = pd.read_csv(tmp_path / "cfp_fastest.csv")
     assert list(table["cfp_is"]) == ["tensor-parallel"] and list(table["fastest"]) == ["alpa"]
+    # Where the Alpa-style plan is CFP's own strategies, the claim against it compared nothing
+    rows += [{**base, "metric": "model_parallel_blocks", "plan": "alpa", "value": 5.0, "strategy": "[1, 1, 1, 1, 1]"}]
+    fastest, alpa = load_analysis("cfp").claims(pd.DataFrame(rows), tmp_path)[:2]
+    assert alpa.status == NOT_COMPARED and "gpt alpa: CFP's plan itself" in alpa.detail
+    assert "gpt ddp (the fastest; alpa and tensor-parallel: CFP's plan itself) 1.50x" in fastest.detail
 
 
 def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_only_what_was_timed_on(
@@ -359,8 +365,9 @@ def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_onl
                 "ddp": [5.0, 5.0], "fsdp2": [4.0, 5.5], "zero1": [7.0, 7.0], "zero3": [6.0, 6.0]}
     assert passes.fastest_of_kinds(screened) == ["cfp", "alpa", "tensor-parallel", "fsdp2", "zero3"]
     # DeepSpeed-Megatron's plans (one per TP degree) are of DeepSpeed's kind
-    with_megatron = {**screened, "deepspeed-megatron-tp2": [6.5, 5.0], "deepspeed-megatron-tp4": [8.0, 8.0]}
-    assert passes.fastest_of_kinds(with_megatron)[-1] == "deepspeed-megatron-tp2"
+    with_megatron = {**screened, "deepspeed-megatron-tp2": [6.5, 5.0], "deepspeed-megatron-tp4": [8.0, 8.0],
+                     "megatron-tp2": [9.0, 9.0], "megatron-tp4": [3.0, 3.0]}
+    assert passes.fastest_of_kinds(with_megatron)[-2:] == ["deepspeed-megatron-tp2", "megatron-tp4"]
     assert passes.fastest_of_kinds({"cfp": [1.0]}) == ["cfp"]
     # A baseline that is CFP's plan is not kept: the next of its kind is
     assert passes.fastest_of_kinds(screened, {"tensor-parallel"}) == ["cfp", "alpa", "data-parallel", "fsdp2", "zero3"]
@@ -389,11 +396,11 @@ def test_deepspeed_megatrons_tensor_parallel_degrees_divide_the_ranks_and_every_
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("world", "degrees"), [(2, "2"), (4, "2,4")])
-def test_deepspeed_megatron_splits_every_model_and_matches_the_unsharded_model(
+def test_megatron_alone_and_in_deepspeed_splits_every_model_and_matches_the_unsharded_model(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], world: int, degrees: str) -> None:
-    """Megatron's tensor parallelism in DeepSpeed's engine (ZeRO-1 over the data-parallel ranks: 1 at 2
-    ranks, 2 at 4 with TP 2): each rank holds a slice of the weights, and the first step's loss and
-    gathered gradients are the unsharded model's."""
+    """Megatron's tensor parallelism with DDP, and in DeepSpeed's engine with ZeRO-1, over the data-parallel
+    ranks (1 at 2 ranks, 2 at 4 with TP 2): each rank holds a slice of the weights, and the first step's
+    loss and gathered gradients are the unsharded model's."""
     import sys
 
     from reproflow.launch.local import run_ranks
@@ -404,10 +411,12 @@ def test_deepspeed_megatron_splits_every_model_and_matches_the_unsharded_model(
     for model in ("gpt", "moe", "llama"):
         full = sum(p.numel() for p in models.build(model, models.config_of(model, "tiny")).parameters())
         for t in map(int, degrees.split(",")):
-            got = re.search(rf"^{model} tp{t}: loss_error=(\S+) grad_error=(\S+) local_params=(\d+)$", out, re.M)
-            assert got, out[-3000:]
-            assert float(got[1]) < 1e-5 and float(got[2]) < 1e-4
-            assert full / t < int(got[3]) < full  # norms, positions and the MoE's gate stay whole
+            for kind in ("megatron", "deepspeed-megatron"):
+                got = re.search(rf"^{model} {kind}-tp{t}: loss_error=(\S+) grad_error=(\S+) local_params=(\d+)$",
+                                out, re.M)
+                assert got, out[-3000:]
+                assert float(got[1]) < 1e-5 and float(got[2]) < 1e-4
+                assert full / t < int(got[3]) < full  # norms, positions and the MoE's gate stay whole
 
 
 def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:

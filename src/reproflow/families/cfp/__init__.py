@@ -46,6 +46,9 @@ def check(params: Mapping[str, Any], world_size: int) -> None:
         raise ParamError("baseline deepspeed-megatron needs DeepSpeed and megatron-core, which are not both "
                          "installed.", "pip install '.[deepspeed,megatron]' (make does), or leave "
                          "deepspeed-megatron out of baselines")
+    if "megatron" in wanted and not torch_baselines.megatron_available():
+        raise ParamError("baseline megatron needs megatron-core, which is not installed.",
+                         "pip install '.[megatron]' (make does), or leave megatron out of baselines")
 
 
 def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
@@ -90,8 +93,9 @@ FAMILY = Family(
         Param("memory_limit_gb", "float", 0.0, "search: per-device memory limit (0: none)", minimum=0.0),
         Param("baselines", "str", ",".join(BASELINES),
               "search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; ddp, "
-              "fsdp2: PyTorch's on the module; zero1-3: DeepSpeed's ZeRO stages; deepspeed-megatron: "
-              "Megatron-LM's tensor parallelism with ZeRO-1, once per tensor-parallel degree)"),
+              "fsdp2: PyTorch's on the module; megatron: Megatron-LM's tensor parallelism with DDP; zero1-3: "
+              "DeepSpeed's ZeRO stages; deepspeed-megatron: Megatron-LM's tensor parallelism with ZeRO-1; the "
+              "two Megatron ones once per tensor-parallel degree)"),
         Param("verify", "bool", True, "search: check each plan's loss and gradients against the unsharded model "
               "(one process holds the whole model: tiny sizes)"),
         Param("force", "bool", False, "profile: re-profile segments already on disk"),

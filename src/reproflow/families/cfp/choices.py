@@ -2,19 +2,23 @@
 
 MODES = ("analysis", "profile", "search", "enum")
 MODELS = ("gpt", "moe", "llama")
-# torch_baselines.py's, named here: it imports DTensor. DeepSpeed-Megatron runs once per tensor-parallel
-# degree, as a plan named by it (deepspeed-megatron-tp2, ...).
-TORCH_BASELINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3", "deepspeed-megatron")
+# torch_baselines.py's, named here: it imports DTensor. Megatron-LM and DeepSpeed-Megatron run once per
+# tensor-parallel degree, as a plan named by it (megatron-tp2, deepspeed-megatron-tp2, ...).
+TORCH_BASELINES = ("ddp", "fsdp2", "megatron", "zero1", "zero2", "zero3", "deepspeed-megatron")
 BASELINES = ("alpa", "data-parallel", "tensor-parallel", *TORCH_BASELINES)
 # The baselines a screen keeps one of each: the fastest measured stands for its kind (Alpa's integer
-# program; the hand-written plans in CFP's runtime; PyTorch's; DeepSpeed's).
-KINDS = (("alpa",), ("data-parallel", "tensor-parallel"), ("ddp", "fsdp2"),
+# program; the hand-written plans in CFP's runtime; PyTorch's; Megatron-LM's; DeepSpeed's).
+KINDS = (("alpa",), ("data-parallel", "tensor-parallel"), ("ddp", "fsdp2"), ("megatron",),
          ("zero1", "zero2", "zero3", "deepspeed-megatron"))
 
 
 def baseline_of(plan: str) -> str:
-    """The baseline a plan name runs: deepspeed-megatron for each of its TP degrees, else the name."""
-    return "deepspeed-megatron" if plan.startswith("deepspeed-megatron-tp") else plan
+    """The baseline a plan name runs: megatron or deepspeed-megatron for each of their TP degrees, else the
+    name."""
+    for base in ("megatron", "deepspeed-megatron"):
+        if plan.startswith(f"{base}-tp"):
+            return base
+    return plan
 
 
 def kind_of(plan: str) -> tuple[str, ...] | None:

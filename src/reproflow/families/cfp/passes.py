@@ -505,12 +505,14 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                      *(Measurement("traced_communication", v, "s", {"plan": u}) for u, v in traced.items())]
             plans[b] = (candidates[pick], "per-contraction" if pick == b else f"= {pick}",
                         sol.seconds + a.seconds + time.perf_counter() - t0)
-        elif b == "deepspeed-megatron":
+            if pick != b:  # block strategies, in the seed's notation: where they are CFP's, the same plan
+                choices[b] = baseline(a, pick)
+        elif b in ("megatron", "deepspeed-megatron"):
             tps = torch_baselines.tp_degrees(s.model, s.config, s.n)
             if not tps:
                 ctx.log(f"{b}: not run: no tensor-parallel degree above 1 divides the {s.n} ranks, the heads, the "
                         "vocabulary and the feed-forward width")
-            plans |= {f"{torch_baselines.MEGATRON}{t}": ({}, "", 0.0) for t in tps}
+            plans |= {f"{b}-tp{t}": ({}, "", 0.0) for t in tps}
         elif b in TORCH_BASELINES:
             plans[b] = ({}, "", 0.0)
         else:
@@ -585,16 +587,16 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 
 def _module_baseline(ctx: RunContext, params: Mapping[str, Any], s: Setup, kind: str,
                      mesh: DeviceMesh) -> tuple[torch_baselines.ModuleRunner, list[Measurement]]:
-    """DDP, FSDP2, ZeRO or DeepSpeed-Megatron on the nn.Module, and its rows: DeepSpeed's TP degree, and its
+    """DDP, FSDP2, Megatron-LM, ZeRO or DeepSpeed-Megatron on the nn.Module, and its rows: the TP degree, and its
     check's (timed with the graph plans; no memory figure: the module's activations are not tracked the way
     the graph runner tracks them)."""
     runner = torch_baselines.ModuleRunner(kind, s.model, s.config, s.batch_size, mesh)
     coords = {"plan": kind}
     rows = []
-    if runner.deepspeed:
+    if runner.mpu or runner.deepspeed:
         tp = runner.mpu.get_model_parallel_world_size() if runner.mpu else 1
-        ctx.log(f"{kind}: tensor parallel {tp} x data parallel {s.n // tp}, DeepSpeed config "
-                f"{json.dumps(runner.config)}")
+        ctx.log(f"{kind}: tensor parallel {tp} x data parallel {s.n // tp}" + (
+            f", DeepSpeed config {json.dumps(runner.config)}" if runner.deepspeed else ""))
         rows.append(Measurement("tensor_parallel", float(tp), "count", coords))
     if not params["verify"]:
         return runner, rows

@@ -1,6 +1,7 @@
-"""PyTorch's and DeepSpeed's parallelism as baselines: DistributedDataParallel, FSDP2 (fully_shard per
-layer), DeepSpeed's ZeRO stages 1, 2 and 3, and DeepSpeed-Megatron (Megatron-LM's tensor parallelism,
-megatron.py, in DeepSpeed's engine with ZeRO-1 over the data-parallel ranks).
+"""PyTorch's, Megatron-LM's and DeepSpeed's parallelism as baselines: DistributedDataParallel, FSDP2
+(fully_shard per layer), Megatron-LM's tensor parallelism (megatron.py) with DDP over the data-parallel
+ranks, DeepSpeed's ZeRO stages 1, 2 and 3, and DeepSpeed-Megatron (the same tensor parallelism in
+DeepSpeed's engine with ZeRO-1 over the data-parallel ranks).
 
 Each trains the nn.Module itself (no captured graph) on its data-parallel rank's slice of the batch with
 SGD at the runner's learning rate; the mean of the ranks' losses is the global batch's loss, and the
@@ -31,19 +32,30 @@ if TYPE_CHECKING:
     from reproflow.families.cfp.megatron import Mpu
 
 
-MEGATRON = "deepspeed-megatron-tp"  # a plan name: this prefix, then the TP degree
+# Plan names: Megatron-LM's tensor parallelism at a degree, alone (data parallelism over the rest by DDP, as
+# Megatron-LM's own) or in DeepSpeed's engine: this prefix, then the degree.
+MEGATRON, DEEPSPEED_MEGATRON = "megatron-tp", "deepspeed-megatron-tp"
+
+
+def _installed(*modules: str) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
 def deepspeed_available(megatron: bool = False) -> bool:
     """Whether DeepSpeed is installed (the zero baselines need it), and with `megatron` megatron-core too."""
-    import importlib.util
+    return _installed("deepspeed", *(["megatron.core"] if megatron else []))
 
-    return all(importlib.util.find_spec(m) is not None for m in ("deepspeed", *(["megatron.core"] if megatron else [])))
+
+def megatron_available() -> bool:
+    """Whether megatron-core is installed (the megatron baseline needs it)."""
+    return _installed("megatron.core")
 
 
 def tp_degrees(model: str, c: models.ModelConfig, n: int) -> list[int]:
-    """DeepSpeed-Megatron's tensor-parallel degrees on `n` ranks: those above 1 that divide the ranks and
-    every dimension Megatron splits (heads, vocabulary, feed-forward width)."""
+    """Megatron-LM's tensor-parallel degrees on `n` ranks: those above 1 that divide the ranks and every
+    dimension Megatron splits (heads, vocabulary, feed-forward width)."""
     widths = [c.num_heads, c.vocab_size, c.ffn if model == "llama" else 4 * c.hidden_size]
     return [t for t in range(2, n + 1) if n % t == 0 and all(w % t == 0 for w in widths)]
 
@@ -57,7 +69,7 @@ class ModuleRunner:
         self.names = [name for name, _ in self.module.named_parameters()]  # the unsharded model's order
         self.kind = kind
         self.mpu: Mpu | None = None
-        tp = int(kind.removeprefix(MEGATRON)) if kind.startswith(MEGATRON) else 1
+        tp = int(kind.rsplit("-tp", 1)[1]) if kind.startswith((MEGATRON, DEEPSPEED_MEGATRON)) else 1
         if tp > 1:
             from reproflow.families.cfp import megatron  # megatron-core: an optional extra, slow to import
 
@@ -71,8 +83,10 @@ class ModuleRunner:
         self.tokens = tokens[index * per:(index + 1) * per].to(device)
         self.targets = targets[index * per:(index + 1) * per].to(device)
         self._grads: list[torch.Tensor] | None = None
-        if kind == "ddp":
-            self.wrapped: torch.nn.Module = DistributedDataParallel(self.module)
+        if kind == "ddp" or kind.startswith(MEGATRON):
+            dp_group = self.mpu.dp if self.mpu else None
+            self.wrapped: torch.nn.Module = (DistributedDataParallel(self.module, process_group=dp_group)
+                                             if dist.get_world_size(dp_group) > 1 else self.module)
             self.optimizer = torch.optim.SGD(self.module.parameters(), lr=LR)
         elif kind == "fsdp2":
             for layer in self.module.layers:
@@ -121,7 +135,7 @@ class ModuleRunner:
 
     @property
     def deepspeed(self) -> bool:
-        return self.kind.startswith(("zero", MEGATRON))
+        return self.kind.startswith(("zero", DEEPSPEED_MEGATRON))
 
     def _own_groups(self) -> None:
         """Point DeepSpeed at this runner's groups: an engine hands its mpu to a module-level variable that
@@ -133,7 +147,10 @@ class ModuleRunner:
     def _deepspeed_grads(self) -> list[torch.Tensor]:
         from deepspeed.utils import safe_get_full_grad
 
-        grads = {name: safe_get_full_grad(p).detach().clone() for name, p in self.module.named_parameters()}
+        return self._full({name: safe_get_full_grad(p).detach().clone() for name, p in self.module.named_parameters()})
+
+    def _full(self, grads: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Gradients by parameter name, in the unsharded model's order; a tensor-parallel slice gathered."""
         if self.mpu is None:
             return [grads[name].cpu() for name in self.names]
         from reproflow.families.cfp import megatron
@@ -144,11 +161,8 @@ class ModuleRunner:
         """The full gradient of every parameter, in the unsharded model's order (after a step without update)."""
         if self.deepspeed:
             return self._grads or []
-        out = []
-        for p in self.module.parameters():
-            g = p.grad
-            out.append((g.full_tensor() if isinstance(g, DTensor) else g).cpu())  # type: ignore[union-attr]
-        return out
+        return self._full({name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+                           for name, p in self.module.named_parameters()})
 
 
 def check(runner: ModuleRunner, model: str, c: models.ModelConfig, batch_size: int) -> tuple[float, float]:
