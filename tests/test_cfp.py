@@ -73,12 +73,13 @@ def test_reshape_keeps_a_split_only_on_contiguous_chunks() -> None:
 
 def test_dynamic_program_pays_for_changing_the_partition() -> None:
     """A segment whose output is partial sums is cheaper alone, but the next segment must first reduce them:
-    the program takes it only when the measured redistribution costs less than it saves."""
+    the program takes it only when the measured redistribution costs less than it saves; the same for the
+    gradient a segment hands back."""
     a = _analysis("gpt")
 
-    def entry(k: int, strategy: int, out: int, seconds: float) -> dict:
+    def entry(k: int, strategy: int, out: int, seconds: float, grad: int = -1) -> dict:
         return {"combo": [strategy] * len(a.search_space(k)), "in": -1, "out": out, "time_s": seconds,
-                "memory_bytes": 1.0}
+                "memory_bytes": 1.0, "grad": grad}
 
     profiles = {k: {"entries": [entry(k, 0, -1, 1.0), entry(k, 1, -2, 0.7)]} for k in a.unique_segments()}
     last = len(a.segments) - 1
@@ -96,6 +97,16 @@ def test_dynamic_program_pays_for_changing_the_partition() -> None:
     assert dear.predicted_s == pytest.approx(1.0 * last + 0.7)
     with pytest.raises(Exception, match="memory_limit_gb"):
         passes.dynamic_program(a, profiles, {f"{s},{d}": 0.0 for s in (-1, -2, 0, 1, 2) for d in (-1, 0)}, 0.5)
+    # A head that is cheaper alone but hands back its input's gradient split by the hidden dim: the segment
+    # before it was profiled with a replicated gradient, so the plan pays the gather (measured: 0.2 s)
+    # and the head takes it only when the gather costs less than the 0.1 s it saves.
+    head = {k: {"entries": [entry(k, 0, -1, 1.0)] + ([entry(k, 1, -1, 0.9, grad=2)] if k == a.mapped[last] else [])}
+            for k in a.unique_segments()}
+    for gather_s, strategy in ((0.2, 0), (0.05, 1)):
+        boundary = {f"{s},{d}": gather_s if s == 2 else 0.0 for s in (-1, -2, 0, 1, 2) for d in (-1, 0)}
+        found = passes.dynamic_program(a, head, boundary, float("inf"))
+        assert found.choice[-1] == strategy
+        assert found.predicted_s == pytest.approx(len(a.segments) - 0.1 + 0.05 if strategy else len(a.segments))
 
 
 def test_baselines_are_data_and_megatron_tensor_parallel() -> None:

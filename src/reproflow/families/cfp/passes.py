@@ -223,7 +223,7 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                 mem = max(ctx.gather_floats(float(res.peak_bytes)))
                 cost = statistics.median(times)
                 entries.append({"combo": list(combo), "time_s": cost, "times_s": times, "memory_bytes": mem,
-                                "in": state, "out": _place(res.outputs[0])})
+                                "in": state, "out": _place(res.outputs[0]), "grad": _place(res.outputs[1])})
                 ctx.log(f"SegmentIdx: {k} ParallelBlock Strategy: {list(combo)} input {_name(state)} avgcost: "
                         f"{cost} mem_cost(GB): {mem / 2**30:.6f}")
         _lower_fastest(ctx, seg, mesh, entries, params, s.states)
@@ -325,25 +325,28 @@ class Found:
 
 def dynamic_program(a: Analysis, profiles: dict[int, dict[str, Any]], boundary: dict[str, float],
                     memory_limit: float, states: tuple[Any, ...] = (R, 0)) -> Found:
-    """The fastest plan under the memory limit: segments in order, state = the activation's partition
-    (`states`: the partitions segments were profiled with, the replicated one first)."""
+    """The fastest plan under the memory limit: segments in order, state = (the activation's partition, the
+    partition the last segment was profiled with: `states`, the replicated one first). Each step pays what
+    its segment's profile left out: the activation brought to the partition the segment was profiled with
+    (where the last one left partial sums or another split), and the gradient it hands back brought to the
+    partition the last segment was profiled with (its output's gradient came in as its input came in: a
+    head that splits the hidden dim leaves a split gradient to every layer before it, gathered there)."""
     t0 = time.perf_counter()
-    # state -> Pareto list of (time, memory, choice)
-    frontier: dict[Any, list[tuple[float, float, list[int]]]] = {states[0]: [(0.0, 0.0, [])]}
+    # (state, last segment's input partition) -> Pareto list of (time, memory, choice)
+    frontier: dict[Any, list[tuple[float, float, list[int]]]] = {(states[0], states[0]): [(0.0, 0.0, [])]}
     for k in range(len(a.segments)):
         nxt: dict[Any, list[tuple[float, float, list[int]]]] = {}
-        for prev, paths in frontier.items():
+        for (prev, before), paths in frontier.items():
             for e in profiles[a.mapped[k]]["entries"]:
-                enter, leave = _key(e["in"]), _key(e["out"])
+                enter, leave, grad = _key(e["in"]), _key(e["out"]), _key(e["grad"])
                 if prev in states and enter != prev:
                     continue  # profiled with exactly this input partition
-                # otherwise (partial sums, another split) redistribute to the input partition, and back for
-                # the gradient
-                move = 0.0 if prev in states else boundary[f"{prev},{enter}"] + boundary[f"{enter},{states[0]}"]
+                move = 0.0 if prev in states else boundary[f"{prev},{enter}"]
+                back = 0.0 if k == 0 or grad == before else boundary[f"{grad},{before}"]
                 for t, m, ch in paths:
-                    cand = (t + move + e["time_s"], m + e["memory_bytes"], ch + e["combo"])
+                    cand = (t + move + back + e["time_s"], m + e["memory_bytes"], ch + e["combo"])
                     if cand[1] <= memory_limit:
-                        nxt.setdefault(leave, []).append(cand)
+                        nxt.setdefault((leave, enter), []).append(cand)
         frontier = {st: _pareto(v) for st, v in nxt.items()}
     best = min((p for v in frontier.values() for p in v), default=None)
     if best is None:
@@ -411,18 +414,19 @@ def _beside_data(a: Analysis, b: graph.Block, t: int) -> int:
 
 def _profiled(path: Path, sig: str, lower_top: int, lower_repeats: int) -> bool:
     """Whether `path` holds a readable profile of the segment with signature `sig`, its `lower_top`
-    fastest combinations timed lowered `lower_repeats` times."""
+    fastest combinations timed lowered `lower_repeats` times, each with the partition of the gradient it
+    hands back (profiles before that are redone)."""
     try:
         d = json.loads(path.read_text())
         return (d.get("signature") == sig and d.get("lower_top") == lower_top
-                and d.get("lower_repeats") == lower_repeats)
+                and d.get("lower_repeats") == lower_repeats and all("grad" in e for e in d.get("entries", [])))
     except (OSError, ValueError, AttributeError):
         return False
 
 
 SEGMENT_SHAPE = {"segment": Index, "layer": str, "signature": str, "space": [Count], "seconds": float,
                  "entries": [{"combo": [Index], "time_s": float, "memory_bytes": float, "in": Either(int, [int]),
-                             "out": Either(int, [int])}]}
+                             "out": Either(int, [int]), "grad": Either(int, [int])}]}
 
 
 def _segment_profile(path: Path, sig: str, space: list[int], again: str) -> dict:
@@ -505,8 +509,12 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                      *(Measurement("traced_communication", v, "s", {"plan": u}) for u, v in traced.items())]
             plans[b] = (candidates[pick], "per-contraction" if pick == b else f"= {pick}",
                         sol.seconds + a.seconds + time.perf_counter() - t0)
-            if pick != b:  # block strategies, in the seed's notation: where they are CFP's, the same plan
-                choices[b] = baseline(a, pick)
+            # Where the plan is one of block strategies (CFP's, or a uniform plan's), it is named in the seed's
+            # notation, so that a plan that is CFP's own is known as the same plan.
+            same = [c for c in (list(found.choice), *(baseline(a, u) for u in ("data-parallel", "tensor-parallel")))
+                    if execute.assignment(a, c) == candidates[pick]]
+            if same:
+                choices[b] = same[0]
         elif b in ("megatron", "deepspeed-megatron"):
             tps = torch_baselines.tp_degrees(s.model, s.config, s.n)
             if not tps:
