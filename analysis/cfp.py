@@ -10,7 +10,9 @@ relative to CFP's. cfp_step_time.png: step time per model and plan.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -177,16 +179,21 @@ def _versus(search: pd.DataFrame, name: str, plans: tuple[str, ...], short: str,
     keys = [k for k in KEYS if k in samples.columns]
     cases = []
     same = _same_as_cfp(search, keys)
+    batches = samples["batch_size"].nunique() > 1
+
+    def place(at: Mapping[str, Any]) -> str:
+        """A case's model (mesh and batch where the rows have several; a batch read back from CSV is a float)."""
+        return (f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
+                + (f" batch {int(float(at['batch_size']))}" if batches else ""))
+
     for key, itself in same.items():  # the Alpa-style plan may be CFP's: that case compared nothing
         for plan in sorted(p for p in itself if not every and baseline_of(p) in plans):
             at = dict(zip(keys, key, strict=True))
             cases.append(Claim("cfp", statement, ratio, 1.0, at_least=1.0, paper=paper, target="cfp-search",
                                same_on_both_sides=f"{plan}'s plan is CFP's",
-                               detail=f"{at['model']} {plan}: CFP's plan itself (not compared)"))
+                               detail=f"{place(at)} {plan}: CFP's plan itself (not compared)"))
     for at, plan, measured, interval in _pairs(samples, plans, every, same):
-        where = f"{at['model']}" + (f" {at['mesh']}" if at.get("mesh", "1-D") != "1-D" else "")
-        if samples["batch_size"].nunique() > 1:
-            where += f" batch {at['batch_size']}"
+        where = place(at)
         itself = sorted(same.get(tuple(at[k] for k in keys), set()))
         label = where if len(plans) == 1 else f"{where} {plan}" + (" (the fastest" + (
             f"; {' and '.join(itself)}: CFP's plan itself" if itself else "") + ")" if every else "")

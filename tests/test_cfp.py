@@ -369,6 +369,27 @@ def test_the_fastest_baseline_is_never_cfps_own_plan(tmp_path: Path) -> None:
     assert "gpt ddp (the fastest; alpa and tensor-parallel: CFP's plan itself) 1.50x" in fastest.detail
 
 
+def test_cases_at_several_batches_are_labelled_with_the_batch_as_a_whole_number(tmp_path: Path) -> None:
+    """Rows read back from CSV hold the batch as a float; each case, compared or not, names it as written."""
+    from reproflow.reporting.report import load_analysis
+
+    base = {"mode": "search", "model": "gpt", "size": "wide", "num_layer": 0, "world_size": 2, "mesh": "",
+            "backend": "gloo", "device": "cpu", "rank": "all", "suite": "s", "experiment": "gpt-search",
+            "point": "default", "timestamp": 1}
+    times = {"cfp": 0.20, "alpa": 0.25, "ddp": 0.30}
+    rows = [{**base, "batch_size": b, "metric": m, "plan": plan, "value": t * b / 8 * (1 + 0.01 * i),
+             **({"step": i} if m == "step_s" else {})}
+            for b in (8.0, 32.0) for plan, t in times.items() for m in ("step_s", "step_time")
+            for i in range(5 if m == "step_s" else 1)]
+    rows += [{**base, "batch_size": 8.0, "metric": "model_parallel_blocks", "plan": plan, "value": 5.0,
+              "strategy": "[1, 1, 1, 1, 1]"} for plan in ("cfp", "alpa")]
+    fastest, alpa = load_analysis("cfp").claims(pd.DataFrame(rows), tmp_path)[:2]
+    assert "gpt batch 8 alpa: CFP's plan itself (not compared)" in alpa.detail
+    assert "gpt batch 32 1.25x" in alpa.detail and "batch 32.0" not in alpa.detail + fastest.detail
+    assert "gpt batch 8 ddp (the fastest; alpa: CFP's plan itself) 1.50x" in fastest.detail
+    assert "gpt batch 32 alpa (the fastest) 1.25x" in fastest.detail
+
+
 def test_a_screen_keeps_cfp_and_the_fastest_of_each_kind_and_the_claims_read_only_what_was_timed_on(
         tmp_path: Path) -> None:
     """Screened step times: CFP's plan stays, of each kind of baseline the lowest median does (ties go
