@@ -454,6 +454,28 @@ def test_megatron_alone_and_in_deepspeed_splits_every_model_and_matches_the_unsh
                 assert full / t < int(got[3]) < full  # norms, positions and the MoE's gate stay whole
 
 
+@pytest.mark.distributed
+def test_a_batch_split_gradient_handed_to_tensor_parallel_layers_is_gathered_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A data-parallel head hands a batch-split gradient back to tensor-parallel layers, which read it whole
+    through a view and a transpose in every weight's backward: one all-gather at the boundary, as the search
+    prices it, not one per reader; and the step is still the unsharded model's."""
+    import sys
+
+    from reproflow.launch.local import run_ranks
+
+    probe = [sys.executable, str(ROOT / "tests" / "cfp_collectives_probe.py"), "gpt,llama"]
+    assert run_ranks(probe, 2, tmp_path) == 0
+    out = capfd.readouterr().out
+    for model in ("gpt", "llama"):
+        got = {m[1]: (int(m[2]), int(m[3]), float(m[4]), float(m[5])) for m in re.finditer(
+            rf"^{model} (\S+) \[.*\]: all_gather=(\d+) collectives=(\d+) loss_error=(\S+) grad_error=(\S+)$",
+            out, re.M)}
+        assert set(got) == {"tp", "tp-dp-head"}, out[-3000:]
+        assert got["tp-dp-head"][0] <= got["tp"][0] + 1, got
+        assert all(g[2] < 1e-5 and g[3] < 1e-4 for g in got.values()), got
+
+
 def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:
     """1xN and Nx1 are the 1-D mesh; on 2x2 a 3-strategy block takes each strategy over all devices or
     data parallelism on axis 0 beside another strategy on axis 1, printed as the seed prints them."""

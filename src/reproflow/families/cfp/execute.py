@@ -157,6 +157,7 @@ class Runner:
             self.free_after.setdefault(i, []).append(nd)
         self.values = [distribute_tensor(v.detach().clone(), mesh, placements(p, mesh)) for v, p in
                        zip([*cap.params.values(), *cap.inputs], self.holder_places, strict=True)]
+        self.replicate_at = _read_whole(a, assign)
 
     def _wrap(self, x: Any) -> Any:
         # Factory ops (ones, arange, zeros) make plain tensors, on the device the graph was traced on:
@@ -176,13 +177,13 @@ class Runner:
         holders = iter(values)
         for i, nd in enumerate(self.nodes):
             if nd.op == "placeholder":
-                env[nd] = next(holders)
+                env[nd] = self._whole_once(nd, next(holders))
             elif nd.op == "call_function":
                 args = fx.node.map_aggregate(fx.node.map_arg(nd.args, env.__getitem__), self._wrap)
                 kwargs = fx.node.map_aggregate(fx.node.map_arg(nd.kwargs, env.__getitem__), self._wrap)
                 if nd in self.forced:
                     args = self._force(nd, list(args))
-                env[nd] = self._reduced_once(nd, nd.target(*args, **kwargs))
+                env[nd] = self._whole_once(nd, self._reduced_once(nd, nd.target(*args, **kwargs)))
                 if track:
                     live += _bytes(env[nd])
                     peak = max(peak, live)
@@ -202,6 +203,15 @@ class Runner:
                                                                            for p in value.placements):
             return value
         return value.redistribute(self.mesh, [Replicate() if isinstance(p, Partial) else p for p in value.placements])
+
+    def _whole_once(self, nd: fx.Node, value: Any) -> Any:
+        """A value several contractions read whole (each through its own view or transpose) is made whole
+        here, once: a batch-split gradient handed back to a tensor-parallel layer was gathered by each of its
+        readers, twice a layer where the search priced one all-gather at the boundary."""
+        if nd not in self.replicate_at or not isinstance(value, DTensor):
+            return value
+        want = [Replicate()] * self.mesh.ndim
+        return value if list(value.placements) == want else value.redistribute(self.mesh, want)
 
     def step(self, update: bool = True) -> StepResult:
         """One step: the graph, gradients to their parameters' partitions, and (update) SGD on the parameters."""
@@ -321,6 +331,21 @@ class Lowered:
     def seconds(self) -> float:
         """One training step; this rank's seconds."""
         return self.step().seconds
+
+
+def _read_whole(a: Analysis, assign: Assignment) -> set[fx.Node]:
+    """The values (not parameters) that two or more contraction operands read replicated, each through its
+    own chain of layout ops (views, transposes, clones) back to the value."""
+    readers: dict[fx.Node, set[fx.Node]] = {}
+    for c, s in assign.items():
+        for y, want in zip(graph.operands(c), (s.lhs, s.rhs), strict=True):
+            if y in a.param_of or any(w != R for w in (want if isinstance(want, tuple) else (want,))):
+                continue
+            root = y
+            while root.op == "call_function" and graph.op_name(root) in graph.LAYOUT:
+                root = root.args[0]
+            readers.setdefault(root, set()).add(y)
+    return {root for root, ys in readers.items() if len(ys) > 1}
 
 
 def _bytes(x: Any) -> int:
