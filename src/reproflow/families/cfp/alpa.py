@@ -234,9 +234,7 @@ def _gradient_edges(a: Analysis, t: Terms, link: Link, first: dict[fx.Node, tupl
     grads = pytree.tree_leaves(out.args[0])[-len(params):]
     strat = t.strat
     for p, g in zip(params, grads, strict=True):
-        chain = [g]
-        while chain[-1] not in strat and chain[-1].op == "call_function" and graph.op_name(chain[-1]) in graph.LAYOUT:
-            chain.append(chain[-1].all_input_nodes[0])
+        chain = graph.layout_chain(g, strat.__contains__)
         src = chain[-1]
         if p not in first or src not in strat:
             continue  # e.g. a bias gradient, a sum: left to the runtime

@@ -341,10 +341,7 @@ def _read_whole(a: Analysis, assign: Assignment) -> set[fx.Node]:
         for y, want in zip(graph.operands(c), (s.lhs, s.rhs), strict=True):
             if y in a.param_of or any(w != R for w in (want if isinstance(want, tuple) else (want,))):
                 continue
-            root = y
-            while root.op == "call_function" and graph.op_name(root) in graph.LAYOUT:
-                root = root.args[0]
-            readers.setdefault(root, set()).add(y)
+            readers.setdefault(graph.layout_chain(y)[-1], set()).add(y)
     return {root for root, ys in readers.items() if len(ys) > 1}
 
 

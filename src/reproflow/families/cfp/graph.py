@@ -138,6 +138,16 @@ def strategies(node: fx.Node, n: int) -> list[Strategy]:
     return [s for s, size in cands if size % n == 0]
 
 
+def layout_chain(x: fx.Node, stop: Callable[[fx.Node], bool] = lambda _: False) -> list[fx.Node]:
+    """x, then what it is a layout op (view, transpose, clone, ...) of, and so on back to the first node that is
+    not one or that `stop` accepts, which ends the list."""
+    chain = [x]
+    while not stop(chain[-1]) and chain[-1].op == "call_function" and op_name(chain[-1]) in LAYOUT and \
+            isinstance(chain[-1].args[0], fx.Node):
+        chain.append(chain[-1].args[0])
+    return chain
+
+
 def operands(node: fx.Node) -> tuple[fx.Node, fx.Node]:
     a, b = (node.args[1], node.args[2]) if op_name(node) == "addmm" else (node.args[0], node.args[1])
     assert isinstance(a, fx.Node) and isinstance(b, fx.Node)
@@ -444,10 +454,7 @@ def _attach(nd: fx.Node, blocks: list[Block], n: int) -> bool:
     found: dict[int, dict[fx.Node, list[Any]]] = {}
     alone: list[tuple[int, dict[fx.Node, list[Any]]]] = []
     for x in operands(nd):
-        chain = [x]
-        while not any(chain[-1] in b.known[0] for b in blocks) and chain[-1].op == "call_function" and \
-                op_name(chain[-1]) in LAYOUT and isinstance(chain[-1].args[0], fx.Node):
-            chain.append(chain[-1].args[0])
+        chain = layout_chain(x, lambda y: any(y in b.known[0] for b in blocks))
         block = next((b for b in blocks if chain[-1] in b.known[0]), None)
         if block is None:
             continue

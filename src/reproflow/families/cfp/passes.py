@@ -365,12 +365,7 @@ def _pareto(paths: list[tuple[float, float, list[int]]], keep: int = 64) -> list
 
 def _weighted(a: Analysis, c: Any) -> bool:
     """Whether a contraction multiplies by a parameter (possibly through a transpose or view)."""
-    for x in graph.operands(c):
-        while x not in a.param_names and x.op == "call_function" and graph.op_name(x) in graph.LAYOUT:
-            x = x.all_input_nodes[0]
-        if x in a.param_names:
-            return True
-    return False
+    return any(graph.layout_chain(x, a.param_names.__contains__)[-1] in a.param_names for x in graph.operands(c))
 
 
 def _feeding(a: Analysis, c: Any, layer: str, owner: dict[Any, Any]) -> set[Any]:
