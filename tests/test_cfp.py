@@ -455,11 +455,13 @@ def test_megatron_alone_and_in_deepspeed_splits_every_model_and_matches_the_unsh
 
 
 @pytest.mark.distributed
-def test_a_batch_split_gradient_handed_to_tensor_parallel_layers_is_gathered_once(
+def test_lowered_steps_gather_a_handed_back_gradient_once_and_overlap_gradient_buckets(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A data-parallel head hands a batch-split gradient back to tensor-parallel layers, which read it whole
     through a view and a transpose in every weight's backward: one all-gather at the boundary, as the search
-    prices it, not one per reader; and the step is still the unsharded model's."""
+    prices it, not one per reader; and the step is still the unsharded model's. The data-parallel plan's
+    gradients are all-reduced in buckets that the rest of the backward pass runs past (as DDP's), the step
+    the same."""
     import sys
 
     from reproflow.launch.local import run_ranks
@@ -474,6 +476,11 @@ def test_a_batch_split_gradient_handed_to_tensor_parallel_layers_is_gathered_onc
         assert set(got) == {"tp", "tp-dp-head"}, out[-3000:]
         assert got["tp-dp-head"][0] <= got["tp"][0] + 1, got
         assert all(g[2] < 1e-5 and g[3] < 1e-4 for g in got.values()), got
+        dp = re.search(rf"^{model} dp buckets=(\d+) overlapped=(\d+) loss_error=(\S+) grad_error=(\S+)$", out, re.M)
+        assert dp, out[-3000:]
+        buckets, overlapped, loss_err, grad_err = int(dp[1]), int(dp[2]), float(dp[3]), float(dp[4])
+        assert buckets >= 2 and overlapped >= max(1, buckets // 2), dp[0]  # the last come after the last matmul
+        assert loss_err < 1e-5 and grad_err < 1e-4, dp[0]
 
 
 def test_mesh_shapes_and_2d_strategies_in_the_seeds_notation() -> None:

@@ -6,8 +6,9 @@ parameter is stored with the partition its block's strategy gives it, every cont
 are redistributed to its strategy's partitions, and
 DTensor's own propagation runs everything in between, communicating where partitions disagree
 (block boundaries). Gradients are brought to their parameter's partition (the data-parallel
-all-reduce where the parameter is replicated) and an SGD update is applied, so a timed call is a
-whole training step. The peak of live local bytes is tracked as the plan's memory.
+all-reduce where the parameter is replicated, in buckets as the backward pass makes them) and an SGD
+update is applied, so a timed call is a whole training step. The peak of live local bytes is tracked
+as the plan's memory.
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ class Runner:
         self.values = [distribute_tensor(v.detach().clone(), mesh, placements(p, mesh)) for v, p in
                        zip([*cap.params.values(), *cap.inputs], self.holder_places, strict=True)]
         self.replicate_at = _read_whole(a, assign)
+        out = next(nd for nd in self.nodes if nd.op == "output")
+        self.grad_of = {nd: i for i, nd in enumerate(pytree.tree_leaves(out.args[0])[-len(cap.params):])}
 
     def _wrap(self, x: Any) -> Any:
         # Factory ops (ones, arange, zeros) make plain tensors, on the device the graph was traced on:
@@ -175,6 +178,8 @@ class Runner:
         live = peak = 0
         outputs: list[Any] = []
         holders = iter(values)
+        nparams = len(self.cap.params)
+        buckets = _Buckets(self.mesh, values[:nparams])
         for i, nd in enumerate(self.nodes):
             if nd.op == "placeholder":
                 env[nd] = self._whole_once(nd, next(holders))
@@ -184,6 +189,8 @@ class Runner:
                 if nd in self.forced:
                     args = self._force(nd, list(args))
                 env[nd] = self._whole_once(nd, self._reduced_once(nd, nd.target(*args, **kwargs)))
+                if nd in self.grad_of:
+                    buckets.add(self.grad_of[nd], env[nd])
                 if track:
                     live += _bytes(env[nd])
                     peak = max(peak, live)
@@ -192,8 +199,7 @@ class Runner:
             for x in self.free_after.get(i, ()):
                 gone = env.pop(x)
                 live -= _bytes(gone) if track and x.op != "placeholder" else 0
-        nparams = len(self.cap.params)
-        return outputs[:-nparams], self._synchronise(outputs[-nparams:], values[:nparams]), peak
+        return outputs[:-nparams], buckets.finish(outputs[-nparams:]), peak
 
     def _reduced_once(self, nd: fx.Node, value: Any) -> Any:
         """Partial sums read by several operators are summed here, once: the residual stream's sums after a
@@ -234,30 +240,6 @@ class Runner:
         """One training step; this rank's seconds (timing.slowest_steps takes the slowest rank's)."""
         return self.step().seconds
 
-    def _synchronise(self, grads: list[DTensor], params: list[DTensor]) -> list[DTensor]:
-        """Bring each gradient to its parameter's partition. Partial sums on the axes where the parameter is
-        replicated (the data-parallel gradients) are all-reduced as one flat buffer per set of such axes,
-        as DDP's buckets and XLA's combined all-reduces do; the rest are redistributed one by one."""
-        buckets: dict[tuple[int, ...], list[int]] = {}
-        for i, (g, p) in enumerate(zip(grads, params, strict=True)):
-            partial = tuple(k for k, (x, y) in enumerate(zip(g.placements, p.placements, strict=True))
-                            if isinstance(x, Partial) and isinstance(y, Replicate))
-            if partial and all(k in partial or x == y for k, (x, y) in enumerate(zip(g.placements, p.placements,
-                                                                                    strict=True))):
-                buckets.setdefault(partial, []).append(i)
-        mine = {i for b in buckets.values() for i in b}
-        out = [g if i in mine else g.redistribute(self.mesh, p.placements)
-               for i, (g, p) in enumerate(zip(grads, params, strict=True))]
-        for axes, bucket in buckets.items():
-            # Functional all-reduces: the same collectives eagerly, and ones a lowered step can hold.
-            flat = torch.cat([grads[i].to_local().reshape(-1) for i in bucket])
-            for k in axes:
-                flat = funcol.all_reduce(flat, "sum", (self.mesh, k) if self.mesh.ndim > 1 else self.mesh)
-            for i, piece in zip(bucket, flat.split([grads[i].to_local().numel() for i in bucket]), strict=True):
-                out[i] = DTensor.from_local(piece.view_as(grads[i].to_local()), self.mesh, params[i].placements,
-                                            run_check=False)
-        return out
-
     def _force(self, nd: fx.Node, args: list[Any]) -> tuple[Any, ...]:
         lhs, rhs = self.forced[nd]
         i = 1 if graph.op_name(nd) == "addmm" else 0
@@ -266,6 +248,57 @@ class Runner:
             if tuple(args[j].placements) != tuple(want):
                 args[j] = args[j].redistribute(self.mesh, want)
         return tuple(args)
+
+
+class _Buckets:
+    """Gradients brought to their parameters' partitions as the backward pass makes them. Partial sums on
+    the axes where the parameter is replicated (the data-parallel gradients) are all-reduced as flat
+    buffers, a bucket as soon as it holds its share of bytes (DDP's: 1 MiB first, then 25 MiB), so that
+    their communication overlaps the rest of the backward pass as DDP's does; the rest are redistributed
+    one by one at the end."""
+
+    FIRST, CAP = 1 << 20, 25 << 20  # DistributedDataParallel's first bucket and its bucket_cap_mb default
+
+    def __init__(self, mesh: DeviceMesh, params: Sequence[DTensor]) -> None:
+        self.mesh, self.params = mesh, params
+        self.open: dict[tuple[int, ...], list[tuple[int, DTensor]]] = {}
+        self.sent: list[tuple[list[tuple[int, DTensor]], torch.Tensor]] = []  # buckets and their all-reduces
+        self.cap = self.FIRST
+
+    def add(self, i: int, g: Any) -> None:
+        """Parameter i's gradient, just made: into its axes' bucket, all-reduced when the bucket is full."""
+        pl = self.params[i].placements
+        axes = tuple(k for k, (x, y) in enumerate(zip(g.placements, pl, strict=True))
+                     if isinstance(x, Partial) and isinstance(y, Replicate))
+        if not axes or any(k not in axes and x != y for k, (x, y) in enumerate(zip(g.placements, pl, strict=True))):
+            return
+        bucket = self.open.setdefault(axes, [])
+        bucket.append((i, g))
+        if sum(x.to_local().numel() * x.element_size() for _, x in bucket) >= self.cap:
+            self._reduce(axes)
+            self.cap = self.CAP
+
+    def _reduce(self, axes: tuple[int, ...]) -> None:
+        # Functional all-reduces: the same collectives eagerly, and ones a lowered step can hold (their
+        # waits are moved to the first reader, see Lowered); nothing reads them before finish().
+        bucket = self.open.pop(axes)
+        flat = torch.cat([g.to_local().reshape(-1) for _, g in bucket])
+        for k in axes:
+            flat = funcol.all_reduce(flat, "sum", (self.mesh, k) if self.mesh.ndim > 1 else self.mesh)
+        self.sent.append((bucket, flat))
+
+    def finish(self, grads: list[DTensor]) -> list[DTensor]:
+        """Every gradient on its parameter's partition: the last buckets reduced, the others redistributed."""
+        for axes in list(self.open):
+            self._reduce(axes)
+        bucketed = {i for bucket, _ in self.sent for i, _ in bucket}
+        out = [g if i in bucketed else g.redistribute(self.mesh, p.placements)
+               for i, (g, p) in enumerate(zip(grads, self.params, strict=True))]
+        for bucket, flat in self.sent:
+            for (i, g), piece in zip(bucket, flat.split([g.to_local().numel() for _, g in bucket]), strict=True):
+                out[i] = DTensor.from_local(piece.view_as(g.to_local()), self.mesh, self.params[i].placements,
+                                            run_check=False)
+        return out
 
 
 class Lowered:
@@ -286,7 +319,7 @@ class Lowered:
         t0 = time.perf_counter()
         # On fake tensors: DTensor decides the same local ops and collectives without running them, and
         # a step's trace takes half the time it takes on real tensors (measured on the tiny models).
-        self.graph = make_fx(self._traced, tracing_mode="fake")(*self.locals)
+        self.graph = _waits_at_readers(make_fx(self._traced, tracing_mode="fake")(*self.locals))
         self.trace_s = time.perf_counter() - t0
 
     def _traced(self, *local: torch.Tensor) -> list[torch.Tensor]:
@@ -331,6 +364,20 @@ class Lowered:
     def seconds(self) -> float:
         """One training step; this rank's seconds."""
         return self.step().seconds
+
+
+def _waits_at_readers(gm: fx.GraphModule) -> fx.GraphModule:
+    """The graph with each collective's wait moved to just before the first op that reads its result.
+    Traced, a functional collective's wait follows it at once, so a gradient bucket's all-reduce would hold
+    up the rest of the backward pass; eagerly the wait happens at the first read, as here."""
+    order = {nd: i for i, nd in enumerate(gm.graph.nodes)}
+    for nd in list(gm.graph.nodes):
+        if nd.op == "call_function" and nd.target is torch.ops._c10d_functional.wait_tensor.default:
+            readers = [u for u in (*nd.users, *nd.args[0].users) if u is not nd]
+            if readers:
+                min(readers, key=order.__getitem__).prepend(nd)
+    gm.recompile()
+    return gm
 
 
 def _read_whole(a: Analysis, assign: Assignment) -> set[fx.Node]:
