@@ -260,8 +260,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
     p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=int, default=None,
-                   help="iterations per training, the first 2 untimed (default: 7 for tiny models, 5 for the "
-                   "reference sizes)")
+                   help="iterations per training (default: 6 for tiny models, the first untimed; 5 for the "
+                   "reference sizes, the first 2 untimed)")
     p.add_argument("--train-seconds", type=float, default=None,
                    help="more iterations than --train-iters until the timed ones take this many seconds (default: "
                    "0)")
@@ -271,7 +271,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    "(default: 4 for tiny models, 1 for the reference sizes)")
     p.add_argument("--screen-iters", type=int, default=None,
                    help="tiny sizes: iterations of each Megatron-LM plan in the screen that finds the fastest, the "
-                   "first 2 untimed (default: 5)")
+                   "first untimed (default: 4)")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,
