@@ -117,7 +117,7 @@ def test_case9_allgather_rewrite_splits_dim0_within_the_host() -> None:
 
 def every_config() -> list[tuple[str, str, str, bool]]:
     configs = [("send_recv", lb, False) for lb in LOADBALANCE] + [("send_recv", "normal", True)]
-    configs += [("broadcast", lb, False) for lb in LOADBALANCE]
+    configs += [(mode, lb, False) for mode in ("broadcast", "ring_broadcast") for lb in LOADBALANCE]
     return [(case, *c) for case, c in itertools.product([*N_TO_M, *ONE_TO_M], configs)]
 
 
@@ -138,6 +138,21 @@ def test_every_receiver_gets_its_tile_exactly_once(case: str, mode: str, lb: str
     # send_recv issues each (receiver, task) once; broadcast each task once.
     expected = sum(len(t.receivers) for t in p.tasks) if mode == "send_recv" else len(p.tasks)
     assert len(p.transfers) == expected
+
+
+def test_ring_broadcast_chain_follows_the_host_order_from_the_sender() -> None:
+    # 1-to-4x2: rank 0 on host 0 sends to 8 ranks on hosts 1-4; the ring visits each host once, in order.
+    p = plan("1-to-4x2", scale=8, resharding_mode="ring_broadcast")
+    (t,) = p.transfers
+    chain = p.chain(t)
+    assert chain[0] == t.sender == 0 and sorted(chain[1:]) == sorted(t.receivers)
+    assert [p.host(r) for r in chain[1:]] == [1, 1, 2, 2, 3, 3, 4, 4]
+    # case7: senders on host 0, 8 receivers on hosts 1 and 2: the chain enters each host once.
+    many = plan("case7", scale=8, resharding_mode="ring_broadcast")
+    for t in many.transfers:
+        hosts = [many.host(r) for r in many.chain(t)]
+        assert hosts == sorted(hosts) and hosts[0] == many.host(t.sender)
+    assert "rank   0 (host 0) -> 4 -> 5 -> 8 -> 9 -> 12 -> 13 -> 16 -> 17" in p.explain()
 
 
 def test_sender_choice_per_mode() -> None:

@@ -81,7 +81,7 @@ def test_too_few_hosts_fails_the_point_and_says_how_many(tmp_path: Path) -> None
     assert "needs 4 hosts (2 source + 2 destination); the job has 1" in json.loads(failure.read_text())["error"]
 
 
-@pytest.mark.parametrize("mode", ["send_recv", "broadcast"])
+@pytest.mark.parametrize("mode", ["send_recv", "broadcast", "ring_broadcast"])
 def test_the_tile_check_finds_misplaced_tiles(tmp_path: Path, capfd: pytest.CaptureFixture[str], mode: str) -> None:
     probe = [sys.executable, str(ROOT / "tests" / "resharding_probe.py")]
     assert run_ranks([*probe, "exact", mode], 6, tmp_path / "a", host_size=2) == 0
@@ -89,6 +89,16 @@ def test_the_tile_check_finds_misplaced_tiles(tmp_path: Path, capfd: pytest.Capt
     assert run_ranks([*probe, "swap", mode], 6, tmp_path / "b", host_size=2) == 0
     # Ranks 2 and 4 each hold 24 elements of the other half.
     assert "runs=2 wrong=48" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("chunk", [20, 8, 4])
+def test_ring_broadcast_delivers_every_slice_exactly_in_uneven_chunks(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                                      chunk: int) -> None:
+    # 8x6 replicated on 4 ranks of 2 hosts: two column halves of 24 elements, each down a chain of 4
+    # receivers into a non-contiguous part of their tile, in chunks of 5 (the last 4), 2 or 1 elements.
+    probe = [sys.executable, str(ROOT / "tests" / "resharding_probe.py"), "exact", "ring_broadcast", str(chunk), "R,R"]
+    assert run_ranks(probe, 6, tmp_path, host_size=2) == 0
+    assert "runs=2 wrong=0" in capfd.readouterr().out
 
 
 def test_explain_prints_every_plan_without_running() -> None:

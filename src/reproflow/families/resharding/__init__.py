@@ -3,7 +3,8 @@
 
 A tensor sharded over a source mesh is moved to a destination mesh with another sharding. DTensor
 cannot redistribute across meshes, so the plan is reproflow's own (layout.py, plan.py, balance.py)
-and executed with point-to-point sends or sub-group broadcasts (execute.py). One point is one case
+and executed with point-to-point sends, sub-group broadcasts or broadcasts pipelined along a ring
+of point-to-point sends (execute.py). One point is one case
 in one configuration; it reports the reference's `exec_time_mean` and `exec_time_var` (seconds,
 over the runs kept) and fails when any destination rank holds a wrong tile.
 """
@@ -120,7 +121,7 @@ FAMILY = Family(
     name="resharding",
     sample_coords=('run',),
     headline="effective_bw",
-    summary="cross-mesh resharding (Alpa): 1-to-m and n-to-m cases, send_recv vs broadcast, load balancing",
+    summary="cross-mesh resharding (Alpa): 1-to-m and n-to-m cases, send_recv vs broadcasts, load balancing",
     params=(
         Param("case", "str", "case1", "reference case (1-to-NxG or caseK), or 'custom' with the five fields below",
               choices=(*CASES, CUSTOM)),
@@ -130,8 +131,11 @@ FAMILY = Family(
         Param("src_spec", "str", "", "custom case: per mesh axis R (replicate) or S<d> (shard dim d), e.g. 'S0,R'"),
         Param("dst_spec", "str", "", "custom case: destination spec, same notation"),
         Param("scale", "int", 1, "divide the tensor's dim 0 by this (1: the reference's 1-2 GiB tensors)", minimum=1),
-        Param("resharding_mode", "str", "send_recv", "send_recv (one sender per receiver) or broadcast",
-              choices=MODES),
+        Param("resharding_mode", "str", "send_recv", "send_recv (one sender per receiver), broadcast (the "
+              "backend's own, over a sub-group) or ring_broadcast (pipelined in chunks along the receivers by host, "
+              "as NCCL's ring)", choices=MODES),
+        Param("chunk_bytes", "int", 524288, "ring_broadcast: bytes a receiver forwards while the next chunk arrives",
+              minimum=4),
         Param("resharding_loadbalance_mode", "str", "normal", "how senders are chosen and tasks ordered",
               choices=LOADBALANCE),
         Param("use_local_allgather", "bool", False, "send_recv: receive 1/r, then all-gather within the host"),

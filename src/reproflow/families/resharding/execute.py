@@ -3,7 +3,10 @@
 Every rank walks the plan's transfers in issue order and does the ones it takes part in, one at a
 time, as each Alpa host worker runs its compiled send/recv or broadcast list; the global order
 makes this deadlock-free. Sub-groups for broadcasts and all-gathers are created on every rank
-before timing (Alpa creates its communicators eagerly) and kept for the rest of the job.
+before timing (Alpa creates its communicators eagerly) and kept for the rest of the job. A ring
+broadcast is built on point-to-point sends, so it runs the same way on gloo and on NCCL: the slice
+goes down the plan's chain in chunks, each receiver forwarding chunk k while chunk k+1 arrives, as
+NCCL's ring broadcast pipelines it.
 
 Timing: `runs` repetitions (reference: 13), each from a barrier of all ranks to the moment the
 slowest destination rank has its tile (Alpa syncs the destination mesh only); the first
@@ -23,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from reproflow.families.resharding.layout import Box, numel, relative
-from reproflow.families.resharding.plan import Plan
+from reproflow.families.resharding.plan import ITEMSIZE, Plan
 from reproflow.rank.context import ALL_GATHER, RunContext
 
 _GROUPS: dict[tuple[int, ...], object] = {}
@@ -55,7 +58,7 @@ class _Step:
     """One transfer as this rank sees it."""
 
     sender: int
-    peers: tuple[int, ...]  # the receivers; for broadcast the group is sender + receivers
+    peers: tuple[int, ...]  # the receivers (a ring broadcast's in chain order); a broadcast's group is sender + them
     data: torch.Tensor  # what is sent, or the buffer received into
     target: torch.Tensor | None = None  # tile slice to copy a received buffer into (non-contiguous)
 
@@ -80,16 +83,17 @@ def _prepare(ctx: RunContext, plan: Plan) -> _RankWork:
             torch.zeros([hi - lo for lo, hi in dst_box], dtype=torch.int32, device=dev)
     for t in plan.transfers:
         task = plan.tasks[t.task]
+        peers = plan.chain(t)[1:] if plan.mode == "ring_broadcast" else t.receivers
         if t.sender == me:
             assert src is not None and src_box is not None
-            work.steps.append(_Step(t.sender, t.receivers, src[relative(task.box, src_box)].contiguous()))
+            work.steps.append(_Step(t.sender, peers, src[relative(task.box, src_box)].contiguous()))
         elif me in t.receivers:
             assert work.recv is not None and recv_box is not None
             view = work.recv[relative(task.box, recv_box)]
             if view.is_contiguous():
-                work.steps.append(_Step(t.sender, t.receivers, view))
+                work.steps.append(_Step(t.sender, peers, view))
             else:
-                work.steps.append(_Step(t.sender, t.receivers, torch.empty_like(view), view))
+                work.steps.append(_Step(t.sender, peers, torch.empty_like(view), view))
     return work
 
 
@@ -101,10 +105,42 @@ def _groups(plan: Plan) -> None:
         group(g)
 
 
+# Receives posted ahead of the chunk being forwarded: enough to keep the link busy while a chunk is
+# copied on, few enough that a large slice does not hold a request per chunk.
+_RING_WINDOW = 4
+
+
+def ring_broadcast(data: torch.Tensor, chain: tuple[int, ...], rank: int, chunk_elems: int) -> None:
+    """Broadcast contiguous `data` from chain[0] to the rest of `chain`, pipelined in chunks of
+    `chunk_elems`: every rank receives each chunk from the one before it and sends it on to the
+    one after it, so each link carries each byte once."""
+    pos = chain.index(rank)
+    prev = chain[pos - 1] if pos else None
+    nxt = chain[pos + 1] if pos + 1 < len(chain) else None
+    chunks = data.view(-1).split(chunk_elems)
+    sends = []
+    if prev is None:
+        sends = [dist.isend(c, nxt) for c in chunks]
+    else:
+        recvs = [dist.irecv(c, prev) for c in chunks[:_RING_WINDOW]]
+        for k, chunk in enumerate(chunks):
+            recvs[k].wait()
+            if k + _RING_WINDOW < len(chunks):
+                recvs.append(dist.irecv(chunks[k + _RING_WINDOW], prev))
+            if nxt is not None:
+                sends.append(dist.isend(chunk, nxt))
+    for s in sends:
+        s.wait()
+
+
 def _run_once(ctx: RunContext, plan: Plan, work: _RankWork) -> None:
     broadcast = plan.mode == "broadcast"
+    ring = plan.mode == "ring_broadcast"
+    chunk = max(1, plan.chunk_bytes // ITEMSIZE)
     for step in work.steps:
-        if broadcast:
+        if ring:
+            ring_broadcast(step.data, (step.sender, *step.peers), ctx.rank, chunk)
+        elif broadcast:
             dist.broadcast(step.data, src=step.sender, group=group((step.sender, *step.peers)))
         elif step.sender == ctx.rank:
             dist.send(step.data, dst=step.peers[0])

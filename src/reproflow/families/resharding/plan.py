@@ -5,7 +5,10 @@ tile; each non-empty intersection is a unit task, held by the N replicas of its 
 needed by the M replicas of its destination tile. Scheduling (`CrossMeshCommunicator`):
 
 * send_recv: one transfer per (receiver, task), in the order dst tile -> receiver -> slice;
-* broadcast: one transfer per task from one sender to all M receivers over a sub-group;
+* broadcast: one transfer per task from one sender to all M receivers over a sub-group, with the
+  backend's own broadcast;
+* ring_broadcast: the same transfers, each pipelined in chunks along a chain of its receivers ordered
+  by host (`Plan.chain`), as NCCL's ring broadcast runs Alpa's broadcast mode (NCCL_ALGO=Ring);
 * sender choice: `normal` takes the least-loaded replica (bytes sent so far), `no_loadbalance` the
   first replica, `loadbalance_size` / `loadbalance_order` the solvers of balance.py over hosts;
 * use_local_allgather (send_recv only): where Alpa's rewrite applies, each destination device
@@ -38,7 +41,7 @@ from reproflow.families.resharding.layout import (
 from reproflow.spec.errors import ParamError
 from reproflow.spec.params import readable_size
 
-MODES = ("send_recv", "broadcast")
+MODES = ("send_recv", "broadcast", "ring_broadcast")
 LOADBALANCE = ("normal", "no_loadbalance", "loadbalance_size", "loadbalance_order")
 ORDER_ALGOS = ("greedy", "search")
 ITEMSIZE = 4  # int32, as the reference
@@ -144,9 +147,16 @@ class Plan:
     tasks: tuple[UnitTask, ...]
     transfers: tuple[Transfer, ...]
     gather_groups: tuple[tuple[int, ...], ...]
+    chunk_bytes: int  # ring_broadcast: what one pipelined step forwards
 
     def host(self, rank: int) -> int:
         return rank // self.host_size
+
+    def chain(self, t: Transfer) -> tuple[int, ...]:
+        """The ring of a broadcast: the sender, then its receivers host by host (the destination mesh's
+        hosts follow the source's), so that each byte enters and leaves each host's link once, as in
+        NCCL's ring."""
+        return (t.sender, *sorted(t.receivers, key=lambda r: (self.host(r), r)))
 
     def sent_per_host(self) -> dict[int, int]:
         """Bytes each source host sends (a broadcast counts once, as one NIC injects it)."""
@@ -178,8 +188,9 @@ class Plan:
         for k, t in enumerate(self.transfers):
             task = self.tasks[t.task]
             box = "[" + ", ".join(f"{lo}:{hi}" for lo, hi in task.box) + "]"
+            to = " -> ".join(map(str, self.chain(t)[1:])) if self.mode == "ring_broadcast" else list(t.receivers)
             lines.append(f"    {k:4d}. task {t.task:3d} {box:<32} {_size(task.nbytes):>10}  rank {t.sender:3d} "
-                         f"(host {self.host(t.sender)}) -> {list(t.receivers)}")
+                         f"(host {self.host(t.sender)}) -> {to}")
         if self.gather_groups:
             lines.append("  then all-gather within each destination host: "
                          + "; ".join(str(list(g)) for g in self.gather_groups))
@@ -264,7 +275,7 @@ def make_plan(params: Mapping[str, Any], host_size: int) -> Plan:
     if params["use_local_allgather"]:
         if mode != "send_recv":
             raise ParamError("use_local_allgather applies to resharding_mode 'send_recv' only.",
-                             "use_local_allgather = false with broadcast")
+                             "use_local_allgather = false with the broadcast modes")
         rewritten, why = allgather_rewrite(dst, p.dst_mesh, p.shape)
         recv, note = (rewritten, f"on, receive {rewritten.text(p.dst_mesh)} then all-gather") if rewritten \
             else (dst, f"requested, not applicable: {why}")
@@ -279,4 +290,4 @@ def make_plan(params: Mapping[str, Any], host_size: int) -> Plan:
                        for h in range(p.dst_mesh.hosts))
     transfers = schedule(tasks, mode, lb, host_size, params["seed"], params["order_algo"])
     return Plan(p, mode, lb, host_size, recv.text(p.dst_mesh), note, src_boxes, dst_boxes, recv_boxes, tasks,
-                transfers, groups)
+                transfers, groups, params["chunk_bytes"])
