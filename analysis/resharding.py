@@ -3,7 +3,8 @@
 Per experiment: every case and configuration with the reference's exec_time_mean / exec_time_var,
 the speed-up of each configuration over plain send_recv (the paper's baseline), the records in the
 reference's JSON shape (`1_to_m_result.json`, `n_to_m_result.json`), the 1-to-m figure (time
-against the number of receivers) and the n-to-m bar chart (time relative to send_recv).
+against the number of receivers, and send_recv's time over each broadcast's with its interval) with
+its table (`resharding_1_to_m_ratios`), and the n-to-m bar chart (time relative to send_recv).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import pandas as pd
 from reproflow.families.resharding import FAMILY
 from reproflow.families.resharding.plan import LOADBALANCE, problem
 from reproflow.launch.network import UNSHAPED
-from reproflow.reporting.claims import Claim, not_measured, pooled_ratio_interval, ratio_interval
+from reproflow.reporting.claims import (
+    Claim,
+    not_measured,
+    pooled_ratio_interval,
+    ratio_interval,
+    ratio_of_ratios_interval,
+)
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import aggregates, newest, wide, write_table
 from reproflow.spec.params import resolve
@@ -31,7 +38,10 @@ RUNS = ["runs", "warmup_runs"]
 CASE_PARAMS = ["case", "src_mesh", "dst_mesh", "shape", "src_spec", "dst_spec", "scale"]
 METRICS = ["exec_time_mean", "exec_time_var", "effective_bw", "unit_tasks", "max_host_sent_bytes", "wrong_elements"]
 BASELINE = "send_recv"
-BROADCAST = "broadcast/normal"
+RING = "ring_broadcast/normal"  # Alpa's broadcast mode as it runs: NCCL's pipelined ring
+BROADCAST = "broadcast/normal"  # the backend's own broadcast (gloo: a tree that ignores hosts)
+# Reading order of the modes in tables: the baseline, then Alpa's broadcast, then the backend's.
+MODE_ORDER = ("send_recv", "ring_broadcast", "broadcast")
 NOTE = ("speed-up = exec_time_mean of send_recv (normal, no all-gather) / exec_time_mean of the configuration, "
         "same case, same job setting: above 1 the configuration is faster than send_recv, as the paper claims "
         "for broadcast and load balancing on its 5 x p3.8xlarge cluster. Each time is the mean of the runs kept "
@@ -68,7 +78,7 @@ def _table(frame: pd.DataFrame) -> pd.DataFrame:
     table = pd.concat([table, table.apply(_layout, axis=1)], axis=1)
     table["config"] = [config_name(*c) for c in table[CONFIG].itertuples(index=False)]
     # The reference's order: send_recv first, then all-gather, then broadcast by load-balance mode.
-    table["_order"] = [(m != "send_recv", bool(g), LOADBALANCE.index(lb)) for m, lb, g in
+    table["_order"] = [(MODE_ORDER.index(m), bool(g), LOADBALANCE.index(lb)) for m, lb, g in
                        table[CONFIG].itertuples(index=False)]
     table = table.sort_values(["experiment", "case", "_order"], kind="stable").drop(columns="_order")
     keys = ["experiment", *CASE_PARAMS, *RUNS, *SETTING]
@@ -99,8 +109,25 @@ def _records(table: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _one_to_m_figure(table: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+def _one_to_m_ratios(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per 1-to-m case, send_recv's time over each broadcast's, geometric means of the kept runs with
+    the interval at the claims' level."""
+    send_recv = _samples(runs, BASELINE)
+    out = []
+    for config in (RING, BROADCAST):
+        other = _samples(runs, config)
+        for row in table[table["config"] == config].itertuples():
+            key = tuple(map(str, (row.case, *(getattr(row, k) for k in SETTING))))
+            if key in send_recv and key in other:
+                r, iv = ratio_interval(send_recv[key], other[key])
+                out.append({"case": row.case, "receivers": row.receivers, "hosts": row.dst_mesh_shape[0],
+                            "config": config, "send_recv_over": r, "low": iv[0] if iv else r,
+                            "high": iv[1] if iv else r})
+    return pd.DataFrame(out)
+
+
+def _one_to_m_figure(table: pd.DataFrame, ratios: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.0, 4.2))
     for config, sub in table.groupby("config", sort=False):
         for multi, style in ((False, "-o"), (True, "--s")):
             part = sub[(sub["dst_mesh_shape"].str[0] > 1) == multi].sort_values("receivers")
@@ -115,6 +142,18 @@ def _one_to_m_figure(table: pd.DataFrame, out_dir: Path, name: str) -> list[Path
                  f"{first['world_size']} ranks {first['backend']}/{first['device']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    for i, (config, sub) in enumerate(ratios.groupby("config", sort=False) if len(ratios) else ()):
+        sub = sub.sort_values(["receivers", "hosts"])
+        x = [m + (i - 0.5) * 0.12 for m in sub["receivers"]]
+        bx.errorbar(x, sub["send_recv_over"], yerr=[sub["send_recv_over"] - sub["low"],
+                                                    sub["high"] - sub["send_recv_over"]],
+                    fmt="o", capsize=3, label=f"send_recv / {config}")
+    bx.axhline(1.0, color="black", lw=0.8)
+    bx.set_xlabel("receiver devices M")
+    bx.set_ylabel("send_recv time / broadcast time (above 1: broadcast faster)")
+    bx.set_title("each broadcast's advantage, with its interval", fontsize=9)
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize=7)
     return save_figure(fig, out_dir, name)
 
 
@@ -140,6 +179,7 @@ def _n_to_m_figure(table: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """resharding_<experiment> tables, speed-up tables, reference JSON and figures."""
     table = _table(frame)
+    kept = _kept_runs(frame)
     written: list[Path] = []
     for (exp, *setting), sub in table.groupby(["experiment", *SETTING]):
         tag = str(exp).replace("-", "_")
@@ -167,8 +207,17 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         json_path = out_dir / f"resharding_{tag}_result.json"
         json_path.write_text(json.dumps(_records(sub), indent=4) + "\n")
         written.append(json_path)
-        figure = _one_to_m_figure if str(exp) == "1-to-m" else _n_to_m_figure
-        written += figure(sub, out_dir, f"resharding_{tag}")
+        if str(exp) == "1-to-m":
+            same = (kept[SETTING].astype(str) == [str(v) for v in setting]).all(axis=1)
+            ratios = _one_to_m_ratios(sub, kept[(kept["experiment"] == exp) & same])
+            if len(ratios):
+                written += write_table(ratios, out_dir, f"resharding_{tag}_ratios",
+                                       f"Resharding {exp}: send_recv's time over each broadcast's, per M",
+                                       "send_recv_over: geometric mean of send_recv's kept runs over the broadcast's, "
+                                       "with its interval at the claims' level (low, high); hosts: destination hosts")
+            written += _one_to_m_figure(sub, ratios, out_dir, f"resharding_{tag}")
+        else:
+            written += _n_to_m_figure(sub, out_dir, f"resharding_{tag}")
     return written
 
 
@@ -185,36 +234,99 @@ def on_loopback(rows: pd.DataFrame) -> str:
             "a host's memory")
 
 
+PAPER = "up to 10x faster than existing systems (arXiv 2211.05322 abstract); per-case numbers not published"
+
+
+def _kept_runs(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every kept run's time (`value`) of the newest rows, with its configuration's name."""
+    runs = aggregates(newest(rows))
+    runs = runs[(runs["metric"] == "run_time") & (runs["kept"].astype(str) == "True")]
+    return runs.assign(config=[config_name(m, lb, str(g) == "True") for m, lb, g in
+                               runs[CONFIG].itertuples(index=False)])
+
+
+def _samples(runs: pd.DataFrame, config: str) -> dict[tuple[str, ...], list[float]]:
+    """Per case and job setting, (case, *setting) as text, the kept run times of `config`."""
+    part = runs[runs["config"] == config]
+    return {tuple(map(str, key)): group["value"].astype(float).tolist()
+            for key, group in part.groupby(["case", *SETTING], sort=False)}
+
+
 def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """Broadcast-based resharding is faster than send/recv when one sender feeds many receivers: the
-    reference's broadcast configuration against plain send_recv, from every kept run of each case."""
-    statement = "broadcast resharding is faster than send/recv for one-to-many (1-to-m, 2 or more receivers)"
-    ratio = (f"geometric mean over 1-to-m cases of send_recv time / {BROADCAST} time (the reference's broadcast "
-             "configuration), from each kept run")
-    paper = "up to 10x faster than existing systems (arXiv 2211.05322 abstract); per-case numbers not published"
-    rows = frame[frame["experiment"] == "1-to-m"] if len(frame) else frame
+    """Alpa's broadcast against send/recv when one sender feeds many receivers, how its advantage grows
+    with the receiving hosts, and load balancing by order against none in the n-to-m cases."""
+    one = frame[frame["experiment"] == "1-to-m"] if len(frame) else frame
+    many = frame[frame["experiment"] == "n-to-m"] if len(frame) else frame
+    return [*_one_to_m_claims(one), _order_claim(many)]
+
+
+def _one_to_m_claims(rows: pd.DataFrame) -> list[Claim]:
+    faster = "broadcast resharding is faster than send/recv for one-to-many (1-to-m, 2 or more receivers)"
+    faster_ratio = (f"geometric mean over 1-to-m cases of send_recv time / {RING} time (Alpa's broadcast, "
+                    "pipelined along a ring of the receivers by host), from each kept run")
+    grows = ("broadcast's advantage over send/recv grows with the receiving hosts (1-to-m, the most receivers "
+             "against one)")
+    grows_ratio = (f"(send_recv / {RING} time at the largest M) / (the same at M = 1), geometric means of the kept "
+                   "runs")
     if rows.empty:
-        return [not_measured(FAMILY.name, statement, ratio, "no 1-to-m rows: make resharding-1-to-m",
-                             paper=paper, target="resharding-1-to-m")]
+        missing = "no 1-to-m rows: make resharding-1-to-m"
+        return [not_measured(FAMILY.name, s, r, missing, paper=PAPER, target="resharding-1-to-m")
+                for s, r in ((faster, faster_ratio), (grows, grows_ratio))]
     table = _table(rows)
-    many = set(table.loc[table["receivers"] >= 2, "case"])
-    kept = newest(rows)
-    runs = aggregates(kept)
-    runs = runs[(runs["metric"] == "run_time") & (runs["kept"].astype(str) == "True") & runs["case"].isin(many)]
-    configs = [config_name(m, lb, str(g) == "True") for m, lb, g in runs[CONFIG].itertuples(index=False)]
-    pairs, speedups = [], {}
-    for (case, *_), group in runs.assign(config=configs).groupby(["case", *SETTING], sort=False):
-        send_recv = group.loc[group["config"] == BASELINE, "value"].to_numpy(float)
-        broadcast = group.loc[group["config"] == BROADCAST, "value"].to_numpy(float)
-        if len(send_recv) and len(broadcast):
-            pairs.append((send_recv, broadcast))
-            speedups[str(case)] = ratio_interval(send_recv, broadcast)[0]
-    if not pairs:
-        return [not_measured(FAMILY.name, statement, ratio, f"no 1-to-m case with 2+ receivers run with both "
-                             f"{BASELINE} and {BROADCAST}", paper=paper, target="resharding-1-to-m")]
-    measured, interval = pooled_ratio_interval(pairs)
-    slower = [case for case, v in speedups.items() if v < 1]
-    return [Claim(FAMILY.name, statement, ratio, measured, at_least=1.0, paper=paper, target="resharding-1-to-m",
-                  interval=interval, not_applicable=on_loopback(kept[kept["case"].isin(many)]),
-                  detail=f"{len(pairs)} case(s), speed-ups {min(speedups.values()):.2f}-{max(speedups.values()):.2f}"
-                         + (f"; send_recv faster in {', '.join(slower)}" if slower else ""))]
+    receivers = dict(zip(table["case"].astype(str), table["receivers"], strict=False))
+    runs = _kept_runs(rows)
+    send_recv, ring, library = (_samples(runs, c) for c in (BASELINE, RING, BROADCAST))
+    both = [c for c in send_recv if c in ring]
+    several = [c for c in both if receivers[c[0]] >= 2]
+    loopback = on_loopback(newest(rows))
+    out = []
+    if not several:
+        out.append(not_measured(FAMILY.name, faster, faster_ratio, f"no 1-to-m case with 2+ receivers run with both "
+                                f"{BASELINE} and {RING}", paper=PAPER, target="resharding-1-to-m"))
+    else:
+        measured, interval = pooled_ratio_interval([(send_recv[c], ring[c]) for c in several])
+        speedups = {c: ratio_interval(send_recv[c], ring[c])[0] for c in several}
+        slower = [c[0] for c, v in speedups.items() if v < 1]
+        beside = [(send_recv[c], library[c]) for c in several if c in library]
+        lib = f"; the backend's broadcast ({BROADCAST}): {pooled_ratio_interval(beside)[0]:.2f}" if beside else ""
+        out.append(Claim(FAMILY.name, faster, faster_ratio, measured, at_least=1.0, paper=PAPER,
+                         target="resharding-1-to-m", interval=interval, not_applicable=loopback,
+                         detail=f"{len(several)} case(s), speed-ups {min(speedups.values()):.2f}-"
+                                f"{max(speedups.values()):.2f}" + (f"; send_recv faster in {', '.join(slower)}"
+                                                                   if slower else "") + lib))
+    if len(both) < 2 or max(receivers[c[0]] for c in both) < 2:
+        out.append(not_measured(FAMILY.name, grows, grows_ratio, f"1-to-m needs M = 1 and a larger M, both run with "
+                                f"{BASELINE} and {RING}", paper=PAPER, target="resharding-1-to-m"))
+        return out
+    low = min(both, key=lambda c: receivers[c[0]])
+    high = max(both, key=lambda c: receivers[c[0]])
+    measured, interval = ratio_of_ratios_interval((send_recv[high], ring[high]), (send_recv[low], ring[low]))
+    at = {c: ratio_interval(send_recv[c], ring[c]) for c in (low, high)}
+    detail = "; ".join(f"M = {receivers[c[0]]} ({c[0]}): {r:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+                       for c, (r, iv) in at.items())
+    out.append(Claim(FAMILY.name, grows, grows_ratio, measured, at_least=1.0, paper=PAPER, target="resharding-1-to-m",
+                     interval=interval, not_applicable=loopback, detail=detail))
+    return out
+
+
+def _order_claim(rows: pd.DataFrame) -> Claim:
+    statement = "load balancing by order is at least as fast as no load balancing (n-to-m, Alpa's broadcast)"
+    ratio = ("geometric mean over n-to-m cases of ring_broadcast/no_loadbalance time / ring_broadcast/"
+             "loadbalance_order time, from each kept run")
+    paper = ("load balancing and ordering make the n-to-m cases faster (arXiv 2211.05322 section 5.3.1; Alpa "
+             "PR #486); per-case numbers not published")
+    none: dict[tuple[str, ...], list[float]] = {}
+    order: dict[tuple[str, ...], list[float]] = {}
+    if not rows.empty:
+        runs = _kept_runs(rows)
+        none, order = (_samples(runs, f"ring_broadcast/{lb}") for lb in ("no_loadbalance", "loadbalance_order"))
+    cases = [c for c in none if c in order]
+    if not cases:
+        return not_measured(FAMILY.name, statement, ratio, "no n-to-m case run with ring_broadcast and both "
+                            "no_loadbalance and loadbalance_order: make resharding-n-to-m", paper=paper,
+                            target="resharding-n-to-m")
+    measured, interval = pooled_ratio_interval([(none[c], order[c]) for c in cases])
+    speedups = {c: ratio_interval(none[c], order[c])[0] for c in cases}
+    return Claim(FAMILY.name, statement, ratio, measured, at_least=1.0, paper=paper, target="resharding-n-to-m",
+                 interval=interval, not_applicable=on_loopback(newest(rows)),
+                 detail=", ".join(f"{c[0]} {v:.2f}" for c, v in speedups.items()))

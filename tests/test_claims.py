@@ -21,6 +21,7 @@ from reproflow.reporting.claims import (
     paired_ratio_interval,
     pooled_ratio_interval,
     ratio_interval,
+    ratio_of_ratios_interval,
     replicated_ratio_interval,
 )
 
@@ -85,6 +86,21 @@ def test_a_ratio_pooled_over_cases() -> None:
     assert pooled_ratio_interval([one]) == ratio_interval(*one)
     ratio, _ = pooled_ratio_interval([([2.0], [1.0]), ([1.0], [2.0])])  # 2x and 0.5x: a geometric mean of 1
     assert ratio == pytest.approx(1.0)
+
+
+def test_how_many_times_one_ratio_is_another() -> None:
+    """A speed-up of 6 at many receivers against 1.05 at one: the ratio of the two ratios covers the true
+    5.71 about 95 % of the time, and exact samples give it with no spread."""
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(300):
+        many = (samples(rng, 600, 0.1, 10), samples(rng, 100, 0.2, 10))
+        one = (samples(rng, 105, 0.1, 10), samples(rng, 100, 0.1, 10))
+        _, (low, high) = ratio_of_ratios_interval(many, one)
+        hits += low <= 6 / 1.05 <= high
+    assert 0.91 <= hits / 300 <= 0.98
+    assert ratio_of_ratios_interval(([6.0], [1.0]), ([2.0], [1.0])) == (pytest.approx(3.0), None)
+    assert ratio_of_ratios_interval(([6.0, 6.0], [1.0]), ([2.0], [1.0, 1.0]))[1] == (pytest.approx(3.0),) * 2
 
 
 def test_jobs_in_turns_take_the_interval_over_the_pairs() -> None:

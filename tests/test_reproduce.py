@@ -257,7 +257,7 @@ def tiny_plan(tmp_path: Path) -> Path:
                   '"all_gather"] }\n'),
         "resharding": ('[launch]\nnodes = 2\nprocs_per_node = 2\nbackend = "gloo"\ndevice = "cpu"\n[[experiment]]\n'
                        'name = "1-to-m"\nfamily = "resharding"\nparams = { scale = 128, runs = 2, warmup_runs = 1, '
-                       'case = "1-to-1x2" }\nzip = { resharding_mode = ["send_recv", "broadcast"] }\n'),
+                       'case = "1-to-1x2" }\nzip = { resharding_mode = ["send_recv", "ring_broadcast"] }\n'),
         "spatial": ('[launch]\nnodes = 1\nlauncher = "mpi"\n[[experiment]]\nname = "check"\nfamily = "spatial"\n'
                     'launch = { procs_per_node = 5 }\nparams = { model = "resnet", resnet_depth = 29, image_size = 64, '
                     'batch_size = 2, split_size = 2, spatial_size = 1, num_spatial_parts = 4, fused_layers = 2, '

@@ -23,14 +23,15 @@ def test_both_suites_pass_the_tile_check_in_every_configuration(tmp_path: Path) 
     results, reports = tmp_path / "results", tmp_path / "reports"
     proc = reproflow("run", "resharding", "--results", str(results), *TINY, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("tiles correct") == 66
+    points = 7 * 4 + 9 * 8
+    assert proc.stdout.count("tiles correct") == points
     files = list((results / "resharding").rglob("*.csv"))
-    assert len(files) == 66 and not list((results / "resharding").rglob("*.failed.json"))
+    assert len(files) == points and not list((results / "resharding").rglob("*.failed.json"))
     rows = pd.concat(pd.read_csv(f) for f in files)
     assert (rows[rows["metric"] == "wrong_elements"]["value"] == 0).all()
-    assert len(rows[rows["metric"] == "run_time"]) == 66 * 2
+    assert len(rows[rows["metric"] == "run_time"]) == points * 2
     means = rows[rows["metric"] == "exec_time_mean"]
-    assert len(means) == 66 and (means["value"] > 0).all()
+    assert len(means) == points and (means["value"] > 0).all()
     # exec_time_mean is the mean of the kept runs (the second of two here).
     kept = rows[(rows["metric"] == "run_time") & (rows["kept"].astype(str) == "True")]
     assert sorted(kept["value"].round(12)) == sorted(means["value"].round(12))
@@ -39,22 +40,33 @@ def test_both_suites_pass_the_tile_check_in_every_configuration(tmp_path: Path) 
     assert report.returncode == 0, report.stderr
     one = json.loads((reports / "resharding_1_to_m_result.json").read_text())
     many = json.loads((reports / "resharding_n_to_m_result.json").read_text())
-    assert len(one) == 7 * 3 and len(many) == 9 * 5
+    assert len(one) == 7 * 4 and len(many) == 9 * 8
+    assert {r["resharding_mode"] for r in one} == {"send_recv", "ring_broadcast", "broadcast"}
     assert set(many[0]) == {"src_mesh_shape", "dst_mesh_shape", "src_sharding_spec", "dst_sharding_spec",
                             "tensor_shape", "resharding_mode", "use_local_allgather", "resharding_loadbalance_mode",
                             "exec_time_mean", "exec_time_var"}
-    for name in ("resharding_1_to_m.png", "resharding_n_to_m.png", "resharding_n_to_m_speedup.md"):
+    for name in ("resharding_1_to_m.png", "resharding_n_to_m.png", "resharding_n_to_m_speedup.md",
+                 "resharding_1_to_m_ratios.md"):
         assert (reports / name).stat().st_size > 0
     speedup = pd.read_csv(reports / "resharding_n_to_m_speedup.csv")
     assert list(speedup["case"]) == [f"case{i}" for i in range(1, 10)]
+    ratios = pd.read_csv(reports / "resharding_1_to_m_ratios.csv")
+    assert len(ratios) == 7 * 2 and (ratios["low"] <= ratios["send_recv_over"]).all()
 
-    # The claims alone, again from the rows: the six cases with 2+ receivers, send_recv against broadcast.
+    # The claims alone, again from the rows: the six cases with 2+ receivers, send_recv against the ring;
+    # M = 8 against M = 1; the nine n-to-m cases, no load balancing against by order.
     again = reproflow("report", "--results", str(results), "--out", str(reports), "--claims-only")
     assert again.returncode == 0, again.stderr
-    verdict = r"^(holds|does not hold|inconclusive) +resharding +broadcast resharding is faster"
-    assert re.search(verdict, again.stdout, re.M)
-    claim = pd.read_csv(reports / "claims.csv").set_index("family").loc["resharding"]
-    assert claim["where"].startswith("6 case(s)") and claim["threshold"] == ">= 1"
+    for statement in ("broadcast resharding is faster", "broadcast's advantage over send/recv grows",
+                      "load balancing by order is at least"):
+        assert re.search(rf"^(holds|does not hold|inconclusive) +resharding +{statement}", again.stdout, re.M)
+    claims = pd.read_csv(reports / "claims.csv")
+    claims = claims[claims["family"] == "resharding"].set_index("claim")
+    faster, grows, order = (claims.loc[claims.index.str.startswith(s)].iloc[0] for s in
+                            ("broadcast resharding", "broadcast's advantage", "load balancing"))
+    assert faster["where"].startswith("6 case(s)") and "the backend's broadcast" in faster["where"]
+    assert grows["where"].startswith("M = 1 (1-to-1x1)") and "M = 8 (1-to-4x2)" in grows["where"]
+    assert order["where"].count("case") == 9 and {c["threshold"] for c in (faster, grows, order)} == {">= 1"}
 
 
 def test_seed_command_runs_one_case_and_skips_it_next_time(tmp_path: Path) -> None:
@@ -104,8 +116,8 @@ def test_ring_broadcast_delivers_every_slice_exactly_in_uneven_chunks(tmp_path: 
 def test_explain_prints_every_plan_without_running() -> None:
     proc = reproflow("run", "resharding", "--explain")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("\n  case ") == 66 and "cannot plan" not in proc.stdout
-    assert "unit tasks: 64 = 64 x (1 -> 1, 512 KiB)" in proc.stdout  # case4 at the local scale
+    assert proc.stdout.count("\n  case ") == 7 * 4 + 9 * 8 and "cannot plan" not in proc.stdout
+    assert "unit tasks: 64 = 64 x (1 -> 1, 256 KiB)" in proc.stdout  # case4 at the local scale
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -235,7 +235,9 @@ time_limit = "00:05:00"
 [[experiment]]
 name = "two-hosts"
 family = "resharding"
-zip = { resharding_mode = ["send_recv", "send_recv", "broadcast"], use_local_allgather = [false, true, false] }
+[experiment.zip]
+resharding_mode = ["send_recv", "send_recv", "broadcast", "ring_broadcast"]
+use_local_allgather = [false, true, false, false]
 [experiment.params]
 case = "custom"
 src_mesh = "1x2"
@@ -245,6 +247,7 @@ src_spec = "R,S0"
 dst_spec = "S0,R"
 runs = 3
 warmup_runs = 1
+chunk_bytes = 64
 """
 
 
@@ -261,11 +264,11 @@ def test_resharding_meshes_sit_on_separate_nodes(tmp_path, write_suite):
     log = (tmp_path / f"reproflow-resharding-two-hosts_{job}.out").read_text()
     assert state["state"] == "COMPLETED", log[-3000:]
     # Source mesh on the first node, destination on the second: the hosts of the plan are real nodes.
-    assert log.count("hosts: 0=node1 1=node2") == 3
+    assert log.count("hosts: 0=node1 1=node2") == 4
     rows = rows_of(results)
     assert set(rows["nodelist"]) == {"node1,node2"} and set(rows["world_size"]) == {4}
     assert (rows[rows["metric"] == "wrong_elements"]["value"] == 0).all()
-    assert len(rows[rows["metric"] == "exec_time_mean"]) == 3
+    assert len(rows[rows["metric"] == "exec_time_mean"]) == 4
 
 
 ACESO_PROFILE = """

@@ -222,7 +222,26 @@ def pooled_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
         la, lb = _logs(numerator, denominator)
         diffs.append(la.mean() - lb.mean())
         parts += [(x.var(ddof=1) / len(x) / len(pairs) ** 2, len(x) - 1) for x in (la, lb) if len(x) > 1]
-    ratio = float(np.exp(np.mean(diffs)))
+    return _welch(float(np.mean(diffs)), parts, level)
+
+
+def ratio_of_ratios_interval(first: tuple[Sequence[float], Sequence[float]],
+                             second: tuple[Sequence[float], Sequence[float]],
+                             level: float | None = None) -> tuple[float, tuple[float, float] | None]:
+    """How many times the first ratio of geometric means (numerator samples over denominator samples)
+    is the second's, with its `level` confidence interval: Welch's t on the difference of the two log
+    ratios, degrees of freedom by Welch-Satterthwaite over the four samples."""
+    level = current_level() if level is None else level
+    (a, b), (c, d) = _logs(*first), _logs(*second)
+    parts = [(x.var(ddof=1) / len(x), len(x) - 1) for x in (a, b, c, d) if len(x) > 1]
+    return _welch(float(a.mean() - b.mean() - c.mean() + d.mean()), parts, level)
+
+
+def _welch(log_ratio: float, parts: Sequence[tuple[float, int]],
+           level: float) -> tuple[float, tuple[float, float] | None]:
+    """exp(log_ratio) and its t interval from the parts of its squared standard error, each with its
+    degrees of freedom; no interval without parts."""
+    ratio = math.exp(log_ratio)
     if not parts:
         return ratio, None
     se2 = sum(v for v, _ in parts)
