@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import tarfile
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from reproflow.launch.retry import (
 )
 from reproflow.reporting.report import load_results
 from reproflow.store.files import append_line, atomic_write
-from reproflow.store.provenance import REDACTED, redact_environment
+from reproflow.store.provenance import NOT_RECORDED, REDACTED, redact_environment
 from reproflow.store.results import QUARANTINE, point_file_problem
 
 pytestmark = pytest.mark.distributed
@@ -150,26 +151,79 @@ def test_a_failed_health_gate_is_recorded_and_its_points_left_out(write_suite, t
     assert set(load_results(tmp_path / "good")["health_gate"]) == {"pass"}
 
 
-def test_the_environment_is_recorded_with_secrets_redacted(write_suite, tmp_path):
+def test_the_environment_is_recorded_with_secrets_redacted_and_archived_redacted_again(write_suite, tmp_path):
+    """A job whose environment holds a Slurm token, a token as a package index's user name, a password
+    after another query parameter and a connection string (also repeated in SLURM_EXPORT_ENV, as sbatch
+    --export does): neither its environment file nor the archive holds any of them; an environment file
+    written before these rules is redacted again in the archive, one that cannot be read is left out."""
     suite, results = write_suite(SUITE), tmp_path / "results"
-    secrets = {"HF_TOKEN": "hf_abc123", "AWS_SECRET_ACCESS_KEY": "wJalr/XUtnF", "WANDB_API_KEY": "k3y",
-               "DB_URL": "postgres://me:pa55word@db:5432/x", "PLAIN_SETTING": "visible"}
-    proc = reproflow("run", str(suite), "--results", str(results), "--set", "collective=all_reduce", env=secrets)
+    secrets = {"SLURM_JWT": "eyJhbGciOi.jwt-part", "PIP_INDEX_URL": "https://ghp_tok3n@pypi.example/simple",
+               "DB_URL": "postgres://db/x?user=me&password=pa55word",
+               "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=AzK3y==;"}
+    exported = "NONE," + ",".join(f"{k}={v}" for k, v in secrets.items() if k != "AZURE_STORAGE_CONNECTION_STRING")
+    env = {**secrets, "SLURM_EXPORT_ENV": exported, "NCCL_SOCKET_IFNAME": "lo", "PLAIN_SETTING": "visible"}
+    proc = reproflow("run", str(suite), "--results", str(results), "--set", "collective=all_reduce", env=env)
     assert proc.returncode == 0, proc.stderr
     (record,) = (results / "tiny" / "env").glob("*.json")
-    env = json.loads(record.read_text())["environment"]
-    assert env["PLAIN_SETTING"] == "visible" and env["DB_URL"] == f"postgres://me:{REDACTED}@db:5432/x"
-    assert env["HF_TOKEN"] == env["AWS_SECRET_ACCESS_KEY"] == env["WANDB_API_KEY"] == REDACTED
-    everything = "".join(p.read_text(errors="replace") for p in results.rglob("*") if p.is_file())
-    assert not any(v in everything for v in ("hf_abc123", "wJalr/XUtnF", "k3y", "pa55word"))
+    recorded = json.loads(record.read_text())["environment"]
+    assert recorded["NCCL_SOCKET_IFNAME"] == "lo" and recorded["SLURM_JWT"] == REDACTED
+    assert recorded["PLAIN_SETTING"] == recorded["PIP_INDEX_URL"] == recorded["DB_URL"] == NOT_RECORDED
+    assert "PIP_INDEX_URL=https://<redacted>@pypi.example" in recorded["SLURM_EXPORT_ENV"]
+    assert "&password=<redacted>" in recorded["SLURM_EXPORT_ENV"]
+    leaked = ("eyJhbGciOi", "jwt-part", "ghp_tok3n", "pa55word", "AzK3y")
+
+    def holding_secrets(texts: dict[str, str]) -> list[str]:
+        return [name for name, text in texts.items() if any(v in text for v in leaked)]
+
+    assert not holding_secrets({str(p): p.read_text(errors="replace") for p in results.rglob("*") if p.is_file()})
+    # Records of an older version, written with the secrets in them, and a torn one.
+    old = json.loads(record.read_text())
+    old["environment"] = {**old["environment"], **secrets}
+    (record.parent / "old-node1.json").write_text(json.dumps(old))
+    (record.parent / "torn-node2.json").write_text('{"environment": {"HF_TOKEN": "hf_sec')
+    archive = tmp_path / "share.tar.gz"
+    proc = reproflow("archive", "--out", str(archive), "--results", str(results), "--reports", str(tmp_path / "r"),
+                     "--logs", str(tmp_path / "l"))
+    assert proc.returncode == 0, proc.stderr
+    assert "left out results/tiny/env/torn-node2.json: not a readable environment record" in proc.stderr
+    with tarfile.open(archive) as tar:
+        texts = {m.name: tar.extractfile(m).read().decode(errors="replace")  # type: ignore[union-attr]
+                 for m in tar.getmembers() if m.isfile()}
+    assert "share/results/tiny/env/old-node1.json" in texts and not holding_secrets(texts)
+    assert "hf_sec" not in "".join(texts.values())
+    manifest = json.loads(texts["share/MANIFEST.json"])
+    assert list(manifest["left_out"]) == ["results/tiny/env/torn-node2.json"]
 
 
-def test_redaction_keeps_ordinary_names():
-    env = redact_environment({"PWD": "/x", "MASTER_PORT": "1", "MONKEY": "m", "SSH_AUTH_SOCK": "s", "KEY": "k",
-                              "GITHUB_TOKEN": "t", "NCCL_IB_HCA": "mlx5", "SLURM_EXPORT_ENV": "NONE,A=1,HF_TOKEN=x"})
-    assert env == {"GITHUB_TOKEN": REDACTED, "KEY": REDACTED, "MASTER_PORT": "1", "MONKEY": "m",
-                   "NCCL_IB_HCA": "mlx5", "PWD": "/x", "SSH_AUTH_SOCK": REDACTED,
-                   "SLURM_EXPORT_ENV": f"NONE,A=1,HF_TOKEN={REDACTED}"}
+@pytest.mark.parametrize(("value", "shown"), [
+    ("https://ghp_x@host/simple", f"https://{REDACTED}@host/simple"),
+    ("https://:tok@host/x", f"https://:{REDACTED}@host/x"),
+    ("postgres://me:pw@db:5432/x", f"postgres://me:{REDACTED}@db:5432/x"),
+    ("http://h/?user=a&password=p&x=1", f"http://h/?user=a&password={REDACTED}&x=1"),
+    ("https://acct.blob/c?sv=2022&sig=AbC%2B", f"https://acct.blob/c?sv=2022&sig={REDACTED}"),
+    ("AccountName=a;AccountKey=k==;EndpointSuffix=core", f"AccountName=a;AccountKey={REDACTED};EndpointSuffix=core"),
+    ('PASSWORD="two words" next', f"PASSWORD={REDACTED} next"),
+    ("run --token t -v --db-password 'a b'", f"run --token {REDACTED} -v --db-password {REDACTED}"),
+    ("Authorization: Bearer abc.def", f"Authorization: Bearer {REDACTED}"),
+    ("NONE,A=1,HF_TOKEN=x", f"NONE,A=1,HF_TOKEN={REDACTED}"),
+    ("/usr/bin:/bin", "/usr/bin:/bin"),
+    ("srun --mpi=pmi2 -N 2 --export=NONE,MONKEY=1", "srun --mpi=pmi2 -N 2 --export=NONE,MONKEY=1"),
+])
+def test_secrets_inside_recorded_values_are_redacted(value, shown):
+    assert redact_environment({"SLURM_EXPORT_ENV": value})["SLURM_EXPORT_ENV"] == shown
+
+
+def test_only_variables_that_explain_a_measurement_keep_their_values():
+    secret_names = ["SLURM_JWT", "CI_JOB_JWT", "GITHUB_PAT", "DB_PASS", "MYSQL_PWD", "LDAP_PW", "AWS_ACCESS_KEYS",
+                    "AUTHORIZATION", "BEARER", "AZURE_STORAGE_SAS", "MY_CONNECTION_STRING", "SENTRY_DSN",
+                    "HF_TOKEN", "KEY", "SSH_AUTH_SOCK", "NCCL_SECRET", "AccountKey"]
+    kept = {"NCCL_IB_HCA": "mlx5", "NCCL_IB_QPS_PER_CONNECTION": "4", "FI_PROVIDER": "efa", "OMP_NUM_THREADS": "1",
+            "SLURM_JOB_ID": "7", "MASTER_PORT": "1", "PATH": "/usr/bin", "REPROFLOW_IMAGE": "x.sqsh"}
+    env = redact_environment({**kept, **{n: "s3cret" for n in secret_names}, "MONKEY": "m", "PIP_INDEX_URL": "u"})
+    assert {n: env[n] for n in kept} == kept
+    assert {n: env[n] for n in secret_names} == dict.fromkeys(secret_names, REDACTED)
+    assert env["MONKEY"] == env["PIP_INDEX_URL"] == NOT_RECORDED
+    assert redact_environment(env) == env  # a record redacted before stays as it is
 
 
 def _append_many(path: str, writer: int) -> None:

@@ -231,10 +231,14 @@ def cmd_archive(args: argparse.Namespace) -> int:
     """Write one .tar.gz of suites, scripts, results, logs and the report."""
     from reproflow.store.archive import write_archive
 
-    path, files = write_archive(Path(args.out), project_root(), Path(args.results), Path(args.reports),
-                                Path(args.logs))
+    path, files, left_out = write_archive(Path(args.out), project_root(), Path(args.results), Path(args.reports),
+                                          Path(args.logs))
     print(f"reproflow: {path} ({files} files, {path.stat().st_size / 2**20:.1f} MiB): workflows/, sbatch/, "
-          f"results/, logs/, reports/ and MANIFEST.json (sizes and SHA-256 of every file)")
+          f"results/, logs/, reports/ and MANIFEST.json (sizes and SHA-256 of every file; environment records "
+          f"redacted again)")
+    for name in left_out:
+        print(f"reproflow: left out {name}: not a readable environment record, so it cannot be checked for "
+              "secrets (MANIFEST.json names it)", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import reproflow
 from reproflow.spec.errors import ReproflowError
-from reproflow.store.provenance import git_commit
+from reproflow.store.provenance import git_commit, redact_record
 
 
 def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
@@ -33,29 +33,54 @@ def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
     return found
 
 
-def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int]:
-    """Write `out` (.tar.gz) atomically; returns its path and the number of files in it."""
+def _is_environment_record(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 4 and parts[0] == "results" and parts[2] == "env" and parts[3].endswith(".json")
+
+
+def _redacted(path: Path) -> bytes | None:
+    """An environment record redacted again by today's rules (it may come from an older version); None for
+    one that cannot be read, which is left out."""
+    try:
+        return redact_record(path.read_bytes().decode()).encode()
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int, list[str]]:
+    """Write `out` (.tar.gz) atomically; returns its path, the number of files in it and the environment
+    records left out because they could not be read (and so not checked for secrets)."""
     prefix = out.name.removesuffix(".tar.gz").removesuffix(".tgz")
     members = _members([(root / "workflows", "workflows"), (root / "sbatch", "sbatch"),
                               (results, "results"), (logs, "logs"), (reports, "reports")])
     if not any(name.startswith(("results/", "reports/")) for _, name in members):
         raise ReproflowError(f"nothing measured to archive: {results} and {reports} are empty or missing. Run "
                              "`reproflow reproduce` (or a suite and `reproflow report`) first.")
-    manifest = {"reproflow_version": reproflow.__version__, "git_commit": git_commit(str(root)),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "files": {name: {"bytes": path.stat().st_size,
-                                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest()} for path, name in members}}
+    files: dict[str, dict[str, object]] = {}
+    left_out: list[str] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
+
+    def add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
+        info = tarfile.TarInfo(f"{prefix}/{name}")
+        info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
+        tar.addfile(info, io.BytesIO(data))
+
     with tarfile.open(partial, "w:gz") as tar:
         for path, name in members:
-            tar.add(path, arcname=f"{prefix}/{name}", recursive=False)
-        data = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        info = tarfile.TarInfo(f"{prefix}/MANIFEST.json")
-        info.size, info.mtime = len(data), int(time.time())
-        tar.addfile(info, io.BytesIO(data))
+            data = _redacted(path) if _is_environment_record(name) else path.read_bytes()
+            if data is None:
+                left_out.append(name)
+                continue
+            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            add_bytes(tar, name, data, path.stat().st_mtime)
+        manifest = {"reproflow_version": reproflow.__version__, "git_commit": git_commit(str(root)),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files,
+                    "left_out": {name: "an environment record that is not valid JSON, so it cannot be checked "
+                                       "for secrets" for name in left_out}}
+        add_bytes(tar, "MANIFEST.json", json.dumps(manifest, indent=1, sort_keys=True).encode(), time.time())
     partial.replace(out)
-    return out, len(members) + 1
+    return out, len(files) + 1, left_out
 
 
 def unpack_results(archive: Path, into: Path) -> Path:

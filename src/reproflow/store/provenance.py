@@ -125,29 +125,97 @@ def machine_name() -> str:
     return platform.processor() or platform.machine()
 
 
-# Names whose values are not written down: tokens, passwords, keys of cloud and tracking services.
-_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|COOKIE|SESSION|SIGNATURE|"
-                          r"(^|_)(API_?)?KEY($|_)|(^|_)AUTH($|_)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@/\s]+@")
-
-
+# What is recorded of a job's environment: the variables that explain a measurement (communication
+# libraries, fabrics, threading, MPI and the scheduler's placement, the container runtime, Python's and
+# reproflow's own). Any other variable is named without its value, since a shared results folder or
+# archive must not carry what a user's shell happened to hold (a package index's token, a cloud key).
+_RECORDED_PREFIXES = ("NCCL_", "NVSHMEM_", "CUDA_", "CUDNN_", "CUBLAS_", "NVIDIA_", "FI_", "UCX_", "OMP_", "GOMP_",
+                      "KMP_", "MKL_", "OPENBLAS_", "OMPI_", "PMIX_", "PMI_", "MV2_", "MPICH_", "I_MPI_", "HYDRA_",
+                      "SLURM_", "SLURMD_", "ENROOT_", "PYXIS_", "APPTAINER_", "SINGULARITY_", "REPROFLOW_",
+                      "TORCH_", "TORCHELASTIC_", "PYTORCH_", "GLOO_", "TRITON_", "MALLOC_", "LC_")
+_RECORDED_NAMES = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                   "GROUP_RANK", "NODE_RANK", "HOSTNAME", "PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH",
+                   "PYTHONHASHSEED", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LANG", "TZ", "PWD",
+                   "SHELL", "TMPDIR", "GLIBC_TUNABLES", "MAX_JOBS", "container"}
+NOT_RECORDED = "<not recorded>"
 REDACTED = "<redacted>"
 
+# Words of a name (split at '_', '-', '.' and camelCase) that mark a secret: SLURM_JWT, GITHUB_PAT, DB_PASS,
+# MYSQL_PWD, AWS_ACCESS_KEYS, AZURE_STORAGE_SAS, SENTRY_DSN, AccountKey, sig (a SAS URL's signature), ...
+_SECRET_WORDS = {"pass", "pwd", "pw", "key", "keys", "apikey", "accountkey", "accesskey", "secretkey", "privatekey",
+                 "auth", "authorization", "bearer", "jwt", "pat", "sas", "dsn", "sig", "signature", "session",
+                 "private", "cookie", "cookies", "credential", "credentials", "creds", "passphrase"}
+_SECRET_PARTS = ("secret", "token", "passw", "jwt", "credential", "connectionstring", "connection_string",
+                 "connstr", "conn_str")
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
-# NAME=value inside a value: Slurm's SLURM_EXPORT_ENV repeats what `sbatch --export=...,API_TOKEN=x` set.
-_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=([^,\s]*)")
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, parameter or key of this name holds a secret (by the words of the name)."""
+    words = [w.lower() for w in _WORD.findall(name)]
+    joined = "_".join(words)
+    return any(w in _SECRET_WORDS for w in words) or any(p in joined or p in name.lower() for p in _SECRET_PARTS)
 
 
-def _redact_value(value: str) -> str:
-    value = _URL_PASSWORD.sub(rf"\1{REDACTED}@", value)
-    return _ASSIGNMENT.sub(lambda m: f"{m[1]}={REDACTED}" if _SECRET_NAME.search(m[1]) else m[0], value)
+# The user information of a URL (`https://tok@host`, `https://:tok@host`, `postgres://me:pw@db`): a name
+# with no password is a token, so it goes too; a user name before a colon stays.
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s?#]*)(?P<pw>:[^/@\s?#]*)?@")
+# NAME=value inside a value, ended by a blank or a separator of query strings, option lists and
+# connection strings (`?user=a&password=x`, `A=1,HF_TOKEN=x`, `AccountKey=x;`), and `--name value` of a
+# command line; a quoted value runs to its closing quote. Slurm's SLURM_EXPORT_ENV repeats what
+# `sbatch --export=...,API_TOKEN=x` set.
+_QUOTED_OR_WORD = r"(?:\"[^\"]*\"?|'[^']*'?|[^,;&\s\"']*)"
+_ASSIGNMENT = re.compile(rf"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=(?P<value>{_QUOTED_OR_WORD})")
+_OPTION = re.compile(rf"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)\s+(?!-)(?P<value>{_QUOTED_OR_WORD})")
+# An HTTP credential inside a value: `Authorization: Bearer x`, `Basic x`, `token x`.
+_SCHEME_CREDENTIAL = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+def _redact_userinfo(m: re.Match[str]) -> str:
+    if m["pw"] is None:
+        return f"{m['scheme']}{REDACTED}@" if m["user"] else m[0]
+    return f"{m['scheme']}{m['user']}:{REDACTED}@"
+
+
+def redact_value(value: str) -> str:
+    """`value` with URL user information, secret-named assignments and options and HTTP credentials
+    replaced."""
+    value = _URL_USERINFO.sub(_redact_userinfo, value)
+    value = _SCHEME_CREDENTIAL.sub(lambda m: f"{m[1]} {REDACTED}", value)
+    for pattern, sep in ((_ASSIGNMENT, "="), (_OPTION, " ")):
+        value = pattern.sub(lambda m, sep=sep: f"{m['name']}{sep}{REDACTED}" if is_secret_name(m["name"]) else m[0],
+                            value)
+    return value
+
+
+def is_recorded(name: str) -> bool:
+    """Whether a variable's value is written into the job's environment file."""
+    return name in _RECORDED_NAMES or name.startswith(_RECORDED_PREFIXES)
 
 
 def redact_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with <redacted> for the values of secret-looking names, for such NAME=value pairs inside other
-    values, and for passwords inside URLs."""
-    return {name: REDACTED if _SECRET_NAME.search(name) else _redact_value(value)
-            for name, value in sorted(env.items())}
+    """Every name of `env`; the values of the variables that explain a measurement with their secrets
+    redacted, <redacted> for secret names, <not recorded> for the rest."""
+    def shown(name: str, value: str) -> str:
+        if value in (REDACTED, NOT_RECORDED):  # a record redacted before (an archive redacts again)
+            return value
+        if is_secret_name(name):
+            return REDACTED
+        return redact_value(value) if is_recorded(name) else NOT_RECORDED
+    return {name: shown(name, value) for name, value in sorted(env.items())}
+
+
+def redact_record(text: str) -> str:
+    """An environment file's text with its environment redacted again (by today's rules, as an archive
+    needs for files written by older versions); text that is not such a record is refused."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("environment"), dict):
+        raise ValueError("no 'environment' object")
+    record["environment"] = redact_environment({str(k): str(v) for k, v in record["environment"].items()})
+    return json.dumps(record, indent=1) + "\n"
 
 
 def _proc_field(path: str, name: str) -> str:
