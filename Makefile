@@ -50,6 +50,9 @@ help:
 
 # constraints.txt pins every package; the images install through the same file.
 $(BIN)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 11) else 'reproflow needs Python 3.11 or newer \
+	(its lock, torch 2.13 and DeepSpeed are resolved for it); $(PYTHON) is ' + sys.version.split()[0] + \
+	'. Install python3.11 and run: make PYTHON=python3.11 ...')"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

@@ -165,7 +165,7 @@ def scale(out: Path, budget: float, layers: list[int]) -> int:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
-    frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     frame.to_csv(path, index=False)
     print(to_markdown(frame.drop(columns=["timestamp"])))
     print(f"bench: wrote {path}")

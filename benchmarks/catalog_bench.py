@@ -120,7 +120,7 @@ def main() -> int:
     step("compare two nights as folders", ["compare", str(first[1]), str(last[1]), "--out", str(out)], 2 * POINTS)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows).assign(host_cpus=len(os.sched_getaffinity(0)),
-                                      timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                                      timestamp=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     table.to_csv(Path(args.out) / "catalog.csv", index=False, float_format="%.4g")
     print(f"bench: {Path(args.out) / 'catalog.csv'}")
     if not args.work:

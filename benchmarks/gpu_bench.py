@@ -93,7 +93,7 @@ def main() -> int:
     frame["of_published_best"] = frame["reproflow_tflops"] / frame["published_best_tflops"]
     for key, value in machine().items():
         frame[key] = value
-    frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "gemm.csv", index=False)

@@ -45,7 +45,7 @@ def main() -> int:
     frame["ratio"] = frame["reproflow"] / frame["bare"]
     frame["goal"] = GOAL
     frame["meets_goal"] = frame["ratio"] >= GOAL
-    frame["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     frame.to_csv(out / "param_ratios.csv", index=False)
     raw.unlink()
     cols = ["benchmark", "case", "reproflow_mode", "reproflow", "bare", "unit", "ratio", "meets_goal"]

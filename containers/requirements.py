@@ -2,7 +2,7 @@
 
 The images install these (versions from constraints.txt, through PIP_CONSTRAINT) before the project's
 source is copied in, so that layer is rebuilt only when pyproject.toml changes; `make containers`
-prepares their wheels the same way. Standard library only (Python 3.11+; tomli on 3.10): it runs in a bare base image.
+prepares their wheels the same way. Standard library only (Python 3.11+): it runs in a bare base image.
 
     python3 containers/requirements.py pyproject.toml megatron deepspeed mpi
 """
@@ -10,11 +10,7 @@ prepares their wheels the same way. Standard library only (Python 3.11+; tomli o
 from __future__ import annotations
 
 import sys
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+import tomllib
 
 
 def requirements(pyproject: str, extras: list[str]) -> list[str]:

@@ -229,6 +229,7 @@ def test_committed_small_profile_suite_is_what_reproduce_generates() -> None:
     """workflows/aceso-small-profile.toml (rendered to sbatch/) holds the experiments `reproflow aceso
     reproduce small --sizes reference` generates per model."""
     import tomllib
+
     from conftest import ROOT
 
     from reproflow.families.aceso.pipeline import profile_suite

@@ -11,15 +11,11 @@ clear sentence instead of a traceback deep in the code that uses it.
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from reproflow.spec.errors import ParamError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10, as in the param GPU image
-    import tomli as tomllib
 
 
 class Count:

@@ -81,7 +81,7 @@ def make_rows(
     provenance: Provenance,
 ) -> list[dict[str, Any]]:
     """Rows in the shared schema from (repeat, measurement) pairs."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    stamp = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     measurements = list(measurements)
     # Every row carries the file's row count, so a file cut at a line boundary is still seen as torn.
     prov = provenance.columns() | {"point_rows": len(measurements), "timestamp": stamp}
@@ -126,7 +126,7 @@ def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 def write_failure(csv_path: Path, point_label: str, error: str, job_id: str, run_id: str = "") -> None:
     """Record why a point failed, next to where its rows would be."""
     record = {"point": point_label, "error": error, "job_id": job_id, "run_id": run_id,
-              "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+              "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n")
 
 
@@ -201,7 +201,7 @@ def quarantine(results: Path, path: Path, problem: str) -> Path:
     os.replace(path, target)
     atomic_write(target.with_suffix(".why.json"), json.dumps({
         "file": str(path), "problem": problem,
-        "quarantined": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}, indent=1) + "\n")
+        "quarantined": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}, indent=1) + "\n")
     return target
 
 

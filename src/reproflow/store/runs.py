@@ -39,12 +39,12 @@ SUBMITTED = "submitted (its jobs' rows tell the rest)"
 
 def now() -> str:
     """This moment in UTC, as every timestamp of the results."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def new_run_id() -> str:
     """A run id that sorts by start time and stays unique across hosts: 20261126-171500-3fa2c1."""
-    return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    return f"{_dt.datetime.now(_dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 def row_run_id(job_id: str) -> str:

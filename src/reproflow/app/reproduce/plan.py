@@ -4,11 +4,10 @@ tables with the steps that measure them), read from workflows/reproduce/targets.
 from __future__ import annotations
 
 import shlex
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 from reproflow.spec.errors import ReproflowError
 
