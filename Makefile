@@ -167,6 +167,10 @@ gpu-image-here: venv
 	$(WITH_CLUSTER) $(BIN)/reproflow doctor --image $(abspath $(IMAGES))/reproflow-gpu.sqsh \
 		--results $(abspath $(IMAGES))/doctor-results
 
+# Only the project's own folders: RESULTS, REPORTS and LOGS may come from the environment (a cluster's
+# shared results folder), and what they name is the user's to remove.
 clean:
-	rm -rf $(RESULTS) $(REPORTS) $(LOGS) reproflow-archive.tar.gz
+	@for d in $(foreach v,RESULTS REPORTS LOGS,"$($(v))"); do case "$$d" in results|reports|logs|./results|./reports|./logs) ;; \
+	  *) echo "make clean: leaves $$d alone (named by RESULTS, REPORTS or LOGS, not the project's own folder)";; esac; done
+	rm -rf -- results reports logs reproflow-archive.tar.gz
 	find benchmarks/results -mindepth 1 -maxdepth 1 ! -name gpu -exec rm -rf {} + 2>/dev/null || true

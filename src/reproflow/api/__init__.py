@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import get_family
 from reproflow.spec.paths import project_root
-from reproflow.spec.suite import Experiment, Suite, named_suite, override_strings
+from reproflow.spec.suite import NAME_RE, Experiment, Suite, named_suite, override_strings
 from reproflow.store import events
 
 if TYPE_CHECKING:
@@ -162,6 +162,10 @@ def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
     job ids (none when run here). Reruns skip the points already measured."""
     from reproflow.store.files import atomic_write
 
+    if not NAME_RE.fullmatch(name):  # checked before anything is written: a name with '/' would lead out
+        raise ReproflowError(f"the generated suite's name {name[:80]!r} cannot name a file: it comes from the "
+                             "options given (models, sizes, meshes such as --mesh 2x2); give values of letters, "
+                             "digits, 'x', ',' and '.' only.")
     suite = where.results / f"{name}.toml"
     suite.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(suite, text)

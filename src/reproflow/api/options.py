@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from reproflow.api import Placement
+from reproflow.spec.params import whole
 
 
 def suite_options(p: argparse.ArgumentParser, with_suite: bool = True) -> None:
@@ -25,7 +26,7 @@ def suite_options(p: argparse.ArgumentParser, with_suite: bool = True) -> None:
 def run_options(p: argparse.ArgumentParser, with_suite: bool = False) -> None:
     """The options of `reproflow run`; family commands that are run shorthands add them without the suite."""
     suite_options(p, with_suite)
-    p.add_argument("--procs", type=int, default=None, help="ranks to start (default: the suite's launch)")
+    p.add_argument("--procs", type=whole(1), default=None, help="ranks to start (default: the suite's launch)")
     p.add_argument("--network", default=None, metavar="RATE",
                    help="emulate each host's link at RATE each way, e.g. 1gbit (root and iproute2); '' for "
                    "loopback (default: the suite's launch.network)")

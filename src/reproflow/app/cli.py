@@ -16,7 +16,7 @@ from reproflow import __version__, api
 from reproflow.api import options
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import PACKAGE, families, family_names
-from reproflow.spec.params import canonical
+from reproflow.spec.params import canonical, number, whole
 from reproflow.spec.paths import project_root
 from reproflow.spec.suite import Suite, load_suite, named_suite
 
@@ -340,13 +340,6 @@ def _targets_help() -> str:
     return "\n".join(f"  {t.name:<20} {t.title}" for t in plan.targets.values())
 
 
-def _count(text: str) -> int:
-    """argparse type: a whole number >= 0."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return int(text)
-
-
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults that say something (not None, False or an empty list)."""
 
@@ -393,8 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
                        description="Submit one Slurm job per experiment with submitit; each task is one rank.")
     options.suite_options(p)
-    p.add_argument("--nodes", type=int, default=None, help="nodes per job (default: the suite's launch)")
-    p.add_argument("--procs", type=int, default=None, help="ranks per node (default: the suite's launch)")
+    p.add_argument("--nodes", type=whole(1), default=None, help="nodes per job (default: the suite's launch)")
+    p.add_argument("--procs", type=whole(1), default=None, help="ranks per node (default: the suite's launch)")
     p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
     p.add_argument("--image", default="", help="squash file from `make containers` (empty: the host environment)")
     p.add_argument("--runtime", choices=("pyxis", "apptainer", "oci"), default="pyxis",
@@ -402,14 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the sbatch scripts (one task per node)")
     p.add_argument("--mounts", default="", help="folders bound into the container, src:dst,... (default: results)")
     p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
-    p.add_argument("--max-parallel", type=int, default=0, help="with --array: at most this many tasks at once")
+    p.add_argument("--max-parallel", type=whole(0), default=0, help="with --array: at most this many tasks at once")
     p.add_argument("--after", action="append", default=[], metavar="JOBID",
                    help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the jobs and classify how each ended: infrastructure (node failure, preemption, "
                         "communicator or health-gate failure), experiment (exception, out of memory, invalid "
                         "result), time limit or cancelled; exit 1 unless all completed")
-    p.add_argument("--retries", type=_count, default=0,
+    p.add_argument("--retries", type=whole(0), default=0,
                    help="with --wait implied: resubmit infrastructure failures up to this many times, without the "
                         "nodes that failed (same rank count; rows get attempt and retry_of). Experiment failures "
                         "are never retried")
@@ -424,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("pyxis", "oci", "apptainer"), default="pyxis",
                    help="container runtime the jobs will use (with --image)")
     p.add_argument("--results", default="results", help="results folder the jobs will write")
-    p.add_argument("--nodes", type=int, default=2, help="nodes to read the results folder from")
+    p.add_argument("--nodes", type=whole(1), default=2, help="nodes to read the results folder from")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("status", help="measured points and Slurm job states", formatter_class=fmt,
@@ -499,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
     p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
     p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
-    p.add_argument("--limit", type=_count, default=0, help="at most this many runs (0: all)")
+    p.add_argument("--limit", type=whole(0), default=0, help="at most this many runs (0: all)")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",
@@ -520,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default="",
                    help="set the runs against a published figure of workflows/reference/limits.toml "
                         "(e.g. param-gemm-fp32-gpu), matched by the parameters it was published at")
-    p.add_argument("--fail-below", type=float, default=None,
+    p.add_argument("--fail-below", type=number(), default=None,
                    help="exit 1 when a metric's speed against the first run is below this with its whole "
                    "interval (0.95: more than 5 %% slower); default: off")
     p.set_defaults(func=cmd_compare)

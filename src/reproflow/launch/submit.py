@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -59,6 +60,10 @@ def run_rank(worker_argv: list[str]) -> int:
     return code
 
 
+# A Slurm job id as afterok takes it: a job, an array task (1234_5) or a heterogeneous component (1234+1).
+_JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
+
+
 @dataclass
 class SubmititExecutor:
     """Submit experiments to Slurm with submitit (`reproflow submit`)."""
@@ -81,6 +86,18 @@ class SubmititExecutor:
     attempt: int = 1
     retry_of: str = ""
     exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Checked before anything reaches a job script, where a newline would end the #SBATCH lines.
+        for name in ("nodes", "procs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ReproflowError(f"{name} {value!r}: give a whole number >= 1, or leave it out for the "
+                                     "suite's launch.")
+        for job in self.after:
+            if not _JOB_ID.fullmatch(job):
+                raise ReproflowError(f"--after {job[:40]!r} is not a Slurm job id. Give the ids sbatch or "
+                                     "`reproflow submit` printed (e.g. --after 1234 or --after 1234,1235).")
 
     def folder(self, suite: Suite) -> Path:
         """Where submitit keeps pickles and logs of this suite's jobs."""

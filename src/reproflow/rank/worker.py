@@ -39,6 +39,7 @@ from reproflow.rank.context import RunContext
 from reproflow.rank.health import Gate, health_gate
 from reproflow.spec.errors import NOT_APPLICABLE, NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.spec.family import Family, Measurement, get_family
+from reproflow.spec.params import whole
 from reproflow.spec.suite import Experiment, Point, load_suite, parse_overrides
 from reproflow.store import events
 from reproflow.store.files import atomic_write
@@ -280,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="project checkout, for the git commit column")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="fix a parameter for every point (repeatable)")
-    parser.add_argument("--point", type=int, default=None,
+    parser.add_argument("--point", type=whole(0), default=None,
                         help="run only the point with this 0-based index (one task of a job array)")
     args = parser.parse_args(argv)
     try:

@@ -94,13 +94,45 @@ def check(doc: Any, shape: Any, where: str = "") -> None:
         raise ParamError(f"the field {where!r} must be {_NAMES[shape]}, not {json.dumps(doc)[:60]}.")
 
 
+# Deeper than any document reproflow reads (a suite's matrix of int-lists is 4 levels), shallow enough
+# that nothing recursing over a document runs out of stack.
+MAX_DEPTH = 32
+
+
+def _depth(doc: Any) -> int:
+    """How many lists and tables deep `doc` goes (iteratively: it is checked before anything recurses)."""
+    deepest, stack = 0, [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return deepest
+
+
+def parse(text: str, toml: bool) -> Any:
+    """TOML or JSON text as Python data; ValueError with a reason a person can act on for what either
+    parser refuses, an integer of more digits than Python converts, and nesting deeper than MAX_DEPTH."""
+    try:
+        doc = tomllib.loads(text) if toml else json.loads(text)
+    except RecursionError:
+        raise ValueError(f"it is nested deeper than {MAX_DEPTH} lists or tables") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's 4300-digit limit, whose message suggests raising it
+            raise ValueError("it holds an integer of more than 4300 digits") from None
+        raise
+    if _depth(doc) > MAX_DEPTH:
+        raise ValueError(f"it is nested deeper than {MAX_DEPTH} lists or tables")
+    return doc
+
+
 def read(path: Path, what: str, shape: Any) -> dict:
     """The JSON (or, for a .toml file, TOML) object in `path`, checked against `shape`; ParamError saying
     what the file should be."""
     toml = Path(path).suffix == ".toml"
     try:
         text = Path(path).read_text(encoding="utf-8")
-        doc = tomllib.loads(text) if toml else json.loads(text)
+        doc = parse(text, toml)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ParamError(f"{path} cannot be read as {'TOML' if toml else 'JSON'} ({exc}).", what) from None
     try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ KINDS = ("int", "float", "str", "bool", "size", "int-lists")
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG])?(?:I?B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+_LARGEST = 2**63 - 1  # what torch, numpy and Slurm take as a count or a size
 
 
 def parse_size(value: object) -> int:
@@ -51,6 +54,35 @@ def readable_size(nbytes: float, spec: str = "g", iec: bool = False) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:{spec}} {unit}iB" if iec else f"{nbytes / scale:{spec}}{unit}"
     return f"{nbytes:g} B" if iec else f"{nbytes:g}"
+
+
+def whole(minimum: int = 1) -> Callable[[str], int]:
+    """argparse type: a whole number from `minimum` up to a 64-bit integer's largest; anything else is
+    refused naming the value and the range (`--procs -2` or `--procs 0` never mean the default)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value <= _LARGEST:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number >= {minimum}")
+        return value
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def number(minimum: float = 0.0) -> Callable[[str], float]:
+    """argparse type: a finite number >= `minimum` (nan, inf and 1e400 are refused)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number >= {minimum:g}")
+        return value
+    parse.__name__ = f"number >= {minimum:g}"
+    return parse
 
 
 @dataclass(frozen=True)
@@ -95,6 +127,10 @@ class Param:
         if self.choices is not None and out not in self.choices:
             raise ParamError(f"{value!r} is not a valid choice.", self.allowed())
         if self.kind in ("int", "float", "size"):
+            if not math.isfinite(out):
+                raise ParamError(f"{value!r} is not a finite number.", self.allowed())
+            if self.kind != "float" and abs(out) > _LARGEST:
+                raise ParamError(f"{value!r} does not fit in a 64-bit integer.", self.allowed())
             if self.minimum is not None and out < self.minimum:
                 raise ParamError(f"{value!r} is below the minimum.", self.allowed())
             if self.maximum is not None and out > self.maximum:
@@ -116,7 +152,10 @@ class Param:
         if self.kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise wrong
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond a double's range
+                raise ParamError(f"{value!r} is beyond a double's range.", self.allowed()) from None
         if self.kind == "str":
             if not isinstance(value, str):
                 raise wrong

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from reproflow.spec.documents import tomllib
+from reproflow.spec.documents import parse, tomllib
 from reproflow.spec.errors import ParamError, ReproflowError, SuiteError
 from reproflow.spec.family import Family, get_family
 from reproflow.spec.params import Param, canonical, resolve
@@ -34,7 +34,7 @@ from reproflow.spec.params import Param, canonical, resolve
 LAUNCHERS = ("torchrun", "mpi")
 # Used with fullmatch: `$` would let a trailing newline through into a rendered #SBATCH line.
 _TIME_RE = re.compile(r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The results folder's own folders beside the suites' (torn files moved aside, the runs' manifests).
 RESULTS_FOLDERS = ("quarantine", "runs")
 PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
@@ -262,9 +262,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ReproflowError(f"--set {item!r} is not key=value, e.g. --set iters=5 or --set end_size=1M.")
         try:
-            value = tomllib.loads(f"v = {raw}")["v"]
+            value = parse(f"v = {raw}", toml=True)["v"]
         except tomllib.TOMLDecodeError:
             value = raw
+        except ValueError as exc:
+            raise ReproflowError(f"--set {key.strip()}: the value cannot be read: {exc}.") from None
         out[key.strip()] = value
     return out
 
@@ -302,11 +304,13 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
     if not path.is_file():
         raise ReproflowError(f"suite file {path} does not exist. `reproflow list` shows the suites.")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = parse(path.read_text(encoding="utf-8"), toml=True)
     except UnicodeDecodeError as exc:
         raise SuiteError(path, "(encoding)", f"is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, "(syntax)", f"is not valid TOML: {exc}.") from None
+    except ValueError as exc:
+        raise SuiteError(path, "(syntax)", f"cannot be read: {exc}.") from None
     _check_keys(path, "", data, _TOP_KEYS)
     meta = _table(path, "suite", data.get("suite", {}))
     _check_keys(path, "suite.", meta, _SUITE_KEYS)
@@ -314,13 +318,13 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
         if not isinstance(value, str):
             raise SuiteError(path, f"suite.{key}", f"must be a string, not {value!r}.")
     name = meta.get("name", path.stem)
-    if not _NAME_RE.fullmatch(name):
+    if not NAME_RE.fullmatch(name):
         raise SuiteError(path, "suite.name", f"{name!r} cannot name a folder or a Slurm job.",
                          "up to 128 letters, digits, '_', '.', '-', starting with a letter or digit")
     if name in RESULTS_FOLDERS:
         raise SuiteError(path, "suite.name", f"{name!r} is a folder every results folder has for itself.",
                          f"any other name ({', '.join(RESULTS_FOLDERS)} are taken)")
-    if meta.get("container") and not _NAME_RE.fullmatch(meta["container"]):
+    if meta.get("container") and not NAME_RE.fullmatch(meta["container"]):
         raise SuiteError(path, "suite.container", f"{meta['container']!r} is not an image name.",
                          "an image flavour of containers/reproflow.Dockerfile: gpu or cpu")
     base = parse_launch(path, "launch.", _table(path, "launch", data.get("launch", {})), Launch())
@@ -337,7 +341,7 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
             if not isinstance(exp.get(key), str):
                 raise SuiteError(path, where + key, f"is required and must be a string, got {exp.get(key)!r}.")
         ename = exp["name"]
-        if not _NAME_RE.fullmatch(ename) or ename in seen:
+        if not NAME_RE.fullmatch(ename) or ename in seen:
             raise SuiteError(path, where + "name", f"{ename!r} is a duplicate or cannot name a folder.",
                              "unique names of letters, digits, '_', '.', '-'")
         seen.add(ename)

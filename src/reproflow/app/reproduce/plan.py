@@ -4,11 +4,11 @@ tables with the steps that measure them), read from workflows/reproduce/targets.
 from __future__ import annotations
 
 import shlex
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow.spec.documents import parse
 from reproflow.spec.errors import ReproflowError
 
 PLAN = Path("workflows") / "reproduce" / "targets.toml"
@@ -79,8 +79,8 @@ class Plan:
 def load_plan(path: Path) -> Plan:
     """Read and check the plan; errors name the entry and the field."""
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = parse(path.read_text(encoding="utf-8"), toml=True)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ReproflowError(f"cannot read the reproduction plan {path}: {exc}") from None
     steps: dict[str, Step] = {}
     for i, raw in enumerate(data.get("step", [])):

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from reproflow.api.options import generated_suite_options, placement
 from reproflow.families.aceso.settings import KINDS
+from reproflow.spec.params import number, whole
 
 T = TypeVar("T")
 
@@ -128,16 +129,17 @@ def cmd_results(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-name", required=True, choices=("gpt", "t5", "resnet", "scale-layer"))
     p.add_argument("--model-size", default="", help="e.g. 1_3B, 770M, 1B (scale-layer: none)")
-    p.add_argument("--num-layers", type=int, default=None, help="default: the size's depth; required for scale-layer")
-    p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--micro-batch-size", type=int, nargs="+", default=None,
+    p.add_argument("--num-layers", type=whole(1), default=None,
+                   help="default: the size's depth; required for scale-layer")
+    p.add_argument("--global-batch-size", type=whole(1), required=True)
+    p.add_argument("--micro-batch-size", type=whole(1), nargs="+", default=None,
                    help="profiled micro-batch sizes (default: 16 32 48 64 for resnet, else 1 2 4 8)")
-    p.add_argument("--num-nodes", type=int, required=True)
-    p.add_argument("--num-gpus-per-node", type=int, required=True)
-    p.add_argument("--memory-limit", type=float, default=28000, help="MB per GPU")
-    p.add_argument("--max-tp", type=int, default=None, help="default: GPUs per node (4 for GPT-350M)")
-    p.add_argument("--start-num-stages", type=int, default=1)
-    p.add_argument("--end-num-stages", type=int, default=None, help="default: min(GPUs, 16)")
+    p.add_argument("--num-nodes", type=whole(1), required=True)
+    p.add_argument("--num-gpus-per-node", type=whole(1), required=True)
+    p.add_argument("--memory-limit", type=number(), default=28000, help="MB per GPU")
+    p.add_argument("--max-tp", type=whole(1), default=None, help="default: GPUs per node (4 for GPT-350M)")
+    p.add_argument("--start-num-stages", type=whole(1), default=1)
+    p.add_argument("--end-num-stages", type=whole(1), default=None, help="default: min(GPUs, 16)")
     p.add_argument("--profiled-time-path", type=Path, required=True, help="the profiled database folder")
     p.add_argument("--config-save-path", type=Path, required=True, help="where config JSONs go")
     p.add_argument("--model", dest="cost_model", choices=KINDS, default="runtime",
@@ -153,24 +155,24 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p = tools.add_parser("search", help="iterative bottleneck alleviation, one search per pipeline depth",
                          formatter_class=formatter, description=cmd_search.__doc__)
     _common(p)
-    p.add_argument("--max-num-hops", type=int, default=7)
-    p.add_argument("--time-budget-total", type=float, default=10, help="seconds per pipeline depth")
-    p.add_argument("--num-of-saved-configs", type=int, default=1)
-    p.add_argument("--op-group-size", type=int, default=1, help="ops moved together by an op migration")
-    p.add_argument("--peak-mem-in-backward", type=float, default=0.0,
+    p.add_argument("--max-num-hops", type=whole(1), default=7)
+    p.add_argument("--time-budget-total", type=number(), default=10, help="seconds per pipeline depth")
+    p.add_argument("--num-of-saved-configs", type=whole(1), default=1)
+    p.add_argument("--op-group-size", type=whole(1), default=1, help="ops moved together by an op migration")
+    p.add_argument("--peak-mem-in-backward", type=number(), default=0.0,
                    help="MB added to a stage's memory when choosing what to recompute")
-    p.add_argument("--finetune-after-trial", type=int, default=0,
+    p.add_argument("--finetune-after-trial", type=whole(0), default=0,
                    help="rounds of op-level tp/dp and algo tuning after each trial")
     p.add_argument("--sort-metric", choices=("max_stage_time", "total_gpu_time"), default="max_stage_time",
                    help="order in which a hop's results are searched further")
     p.add_argument("--log-path", type=Path, default=None, help="summary CSV folder (default: --config-save-path)")
     p.add_argument("--config-suffix", default="", help="file-name suffix (default: the start time)")
-    p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
+    p.add_argument("--processes", type=whole(0), default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--from-results", type=Path, default=None,
                    help="first write the database at --profiled-time-path from these profiler results")
-    p.add_argument("--megatron-memory-limit", type=float, default=None,
+    p.add_argument("--megatron-memory-limit", type=number(), default=None,
                    help="MB per GPU for the Megatron-LM plan (default: --memory-limit)")
-    p.add_argument("--megatron-micro-batch-size", type=int, nargs="+", default=None,
+    p.add_argument("--megatron-micro-batch-size", type=whole(1), nargs="+", default=None,
                    help="micro-batch sizes of the Megatron-LM plan (default: --micro-batch-size)")
     p.add_argument("--force", action="store_true", help="search again even if this database and these options "
                    "were searched before")
@@ -186,16 +188,16 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                          formatter_class=formatter, description=cmd_profile.__doc__)
     p.add_argument("--prof-model-name", required=True, choices=("gpt", "t5", "resnet", "scale-layer"))
     p.add_argument("--prof-model-size", required=True, help="e.g. tiny, 1_3B, 770M, 1B, scale-layer")
-    p.add_argument("--prof-tp-size", type=int, nargs="+", default=[1, 2], help="TP sizes (local ranks each)")
-    p.add_argument("--prof-mbs-list", type=int, nargs="+", default=[1, 2, 4, 8], help="micro-batch sizes")
-    p.add_argument("--prof-seq-len", type=int, default=0, help="sequence length or image side; 0: the size's")
-    p.add_argument("--prof-warmup-times", type=int, default=3)
-    p.add_argument("--prof-repeat-times", type=int, default=10)
-    p.add_argument("--prof-repeat-seconds", type=float, default=0.0,
+    p.add_argument("--prof-tp-size", type=whole(1), nargs="+", default=[1, 2], help="TP sizes (local ranks each)")
+    p.add_argument("--prof-mbs-list", type=whole(1), nargs="+", default=[1, 2, 4, 8], help="micro-batch sizes")
+    p.add_argument("--prof-seq-len", type=whole(0), default=0, help="sequence length or image side; 0: the size's")
+    p.add_argument("--prof-warmup-times", type=whole(1), default=3)
+    p.add_argument("--prof-repeat-times", type=whole(1), default=10)
+    p.add_argument("--prof-repeat-seconds", type=number(), default=0.0,
                    help="more timed passes over the ops than --prof-repeat-times until they take this many seconds")
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
-    p.add_argument("--prof-num-nodes", type=int, default=1,
+    p.add_argument("--prof-num-nodes", type=whole(1), default=1,
                    help="nodes the ops are timed on (each with the largest --prof-tp-size ranks); 2 or more: "
                    "P2P between nodes too")
     p.add_argument("--network", default="", metavar="RATE",
@@ -213,13 +215,13 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="config JSONs, or a search's --config-save-path (its best config / Megatron-LM plan)")
     p.add_argument("--plan", nargs="+", choices=("aceso", "megatron"), default=["aceso"],
                    help="for a search folder: which configs to train; for a file: its runtime column")
-    p.add_argument("--num-nodes", type=int, default=1)
-    p.add_argument("--num-gpus-per-node", type=int, default=0, help="ranks per node (default: the config's GPUs)")
-    p.add_argument("--train-iters", type=int, default=5, help="iterations (then one more with op timers)")
-    p.add_argument("--train-seconds", type=float, default=0.0,
+    p.add_argument("--num-nodes", type=whole(1), default=1)
+    p.add_argument("--num-gpus-per-node", type=whole(0), default=0, help="ranks per node (default: the config's GPUs)")
+    p.add_argument("--train-iters", type=whole(1), default=5, help="iterations (then one more with op timers)")
+    p.add_argument("--train-seconds", type=number(), default=0.0,
                    help="more iterations than --train-iters until the timed ones take this many seconds")
-    p.add_argument("--seq-len", type=int, default=0, help="sequence length or image side the database used")
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--seq-len", type=whole(0), default=0, help="sequence length or image side the database used")
+    p.add_argument("--dropout", type=number(), default=0.1)
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
     p.add_argument("--tp-impl", nargs="+", choices=("reproflow", "megatron-core"), default=["reproflow"],
                    help="tensor-parallel linear layers: reproflow's and/or megatron-core's (one run each)")
@@ -247,29 +249,29 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--model", dest="cost_model", choices=KINDS, default=None,
                    help="performance model (default: runtime for small, reference for large and scale, whose "
                    "database has no optimizer tables)")
-    p.add_argument("--num-nodes", type=int, default=0,
+    p.add_argument("--num-nodes", type=whole(0), default=0,
                    help="small: nodes (default: 1; tiny models: 2 emulated hosts)")
-    p.add_argument("--num-gpus-per-node", type=int, default=0,
+    p.add_argument("--num-gpus-per-node", type=whole(0), default=0,
                    help="small: GPUs (local ranks) per node (default: 4; tiny models: 1 per emulated host)")
     p.add_argument("--network", default=None, metavar="RATE",
                    help="small, run here: each emulated host's link at RATE each way (default: 1gbit for tiny "
                    "models; '' for loopback)")
-    p.add_argument("--memory-limit", type=float, default=None,
+    p.add_argument("--memory-limit", type=number(), default=None,
                    help="MB per GPU for the search and the plan (default: the artifact's, per model)")
-    p.add_argument("--time-budget-total", type=float, default=None,
+    p.add_argument("--time-budget-total", type=number(), default=None,
                    help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
-    p.add_argument("--processes", type=int, default=0, help="parallel searches (default: one per depth)")
-    p.add_argument("--train-iters", type=int, default=None,
+    p.add_argument("--processes", type=whole(0), default=0, help="parallel searches (default: one per depth)")
+    p.add_argument("--train-iters", type=whole(1), default=None,
                    help="iterations per training (default: 6 for tiny models, the first untimed; 5 for the "
                    "reference sizes, the first 2 untimed)")
-    p.add_argument("--train-seconds", type=float, default=None,
+    p.add_argument("--train-seconds", type=number(), default=None,
                    help="more iterations than --train-iters until the timed ones take this many seconds (default: "
                    "0)")
-    p.add_argument("--train-rounds", type=int, default=None,
+    p.add_argument("--train-rounds", type=whole(1), default=None,
                    help="rounds in which Aceso's config and the Megatron-LM plan train in turns (ABBA, one job); "
                    "the speed-up's interval is over the rounds, so it spans the machine's drift between them "
                    "(default: 4 for tiny models, 1 for the reference sizes)")
-    p.add_argument("--screen-iters", type=int, default=None,
+    p.add_argument("--screen-iters", type=whole(1), default=None,
                    help="tiny sizes: iterations of each Megatron-LM plan in the screen that finds the fastest, the "
                    "first untimed (default: 4)")
     p.add_argument("--until", choices=("search", "train"), default="train",
@@ -298,8 +300,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                          formatter_class=formatter, description=cmd_megatron_lm.__doc__)
     p.add_argument("--config", type=Path, required=True, help="a uniform GPT plan JSON")
     p.add_argument("--megatron-dir", type=Path, default=Path("/opt/Megatron-LM"), help="Megatron-LM checkout")
-    p.add_argument("--num-nodes", type=int, default=1)
-    p.add_argument("--train-iters", type=int, default=5)
+    p.add_argument("--num-nodes", type=whole(1), default=1)
+    p.add_argument("--train-iters", type=whole(1), default=5)
     p.add_argument("--log-path", type=Path, default=Path("aceso-logs"), help="root of the runtime CSVs")
     p.add_argument("--run", action="store_true", help="run it (default: print the command)")
     p.set_defaults(func=cmd_megatron_lm)

@@ -20,6 +20,7 @@ from reproflow import api
 from reproflow.api.options import generated_suite_options, placement
 from reproflow.families.cfp.choices import BASELINES, MODELS
 from reproflow.spec.errors import ReproflowError
+from reproflow.spec.params import number, whole
 from reproflow.spec.suite import suite_toml
 
 PASSES = ("analysis", "profile", "search")
@@ -71,25 +72,25 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--model", default="gpt", help=f"model(s), comma-separated: {', '.join(MODELS)}")
     p.add_argument("--size", default="tiny",
                    help="model size (tiny or wide for CPUs; the reference's: see reproflow list)")
-    p.add_argument("--num_layer", type=int, default=0, help="layers (0: the size's)")
-    p.add_argument("--batch_size", type=int, default=8, help="global batch size")
-    p.add_argument("--nproc", type=int, default=4, help="ranks (devices of the mesh)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks spread over (here: emulated hosts)")
+    p.add_argument("--num_layer", type=whole(0), default=0, help="layers (0: the size's)")
+    p.add_argument("--batch_size", type=whole(1), default=8, help="global batch size")
+    p.add_argument("--nproc", type=whole(1), default=4, help="ranks (devices of the mesh)")
+    p.add_argument("--nodes", type=whole(1), default=1, help="nodes the ranks spread over (here: emulated hosts)")
     p.add_argument("--network", default="", metavar="RATE",
                    help="run here: each emulated host's link at RATE each way, e.g. 1gbit (root and iproute2)")
     p.add_argument("--mesh", default="", help="device mesh shapes, comma-separated: '' (1-D, the default) or AxB "
                                               "with A*B = nproc, e.g. 1x4,2x2,4x1 (1xN and Nx1 are the 1-D mesh)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps before each measurement")
-    p.add_argument("--repeats", type=int, default=2, help="profile: timed steps per combination")
-    p.add_argument("--lower_top", type=int, default=4,
+    p.add_argument("--warmup", type=whole(1), default=1, help="untimed steps before each measurement")
+    p.add_argument("--repeats", type=whole(1), default=2, help="profile: timed steps per combination")
+    p.add_argument("--lower_top", type=whole(1), default=4,
                    help="profile: the fastest combinations per segment and input partition timed again lowered")
-    p.add_argument("--lower_repeats", type=int, default=5,
+    p.add_argument("--lower_repeats", type=whole(1), default=5,
                    help="profile: timed steps of each combination timed again lowered (in turns; the median is read)")
-    p.add_argument("--runs", type=int, default=3, help="search: timed steps of each plan")
-    p.add_argument("--screen", type=int, default=0,
+    p.add_argument("--runs", type=whole(1), default=3, help="search: timed steps of each plan")
+    p.add_argument("--screen", type=whole(0), default=0,
                    help="search: timed steps of every plan first; then only CFP's plan and the fastest of each "
                         "kind of baseline take the --runs steps (0: every plan takes them)")
-    p.add_argument("--memory_limit_gb", type=float, default=0.0, help="search: memory limit per device (0: none)")
+    p.add_argument("--memory_limit_gb", type=number(), default=0.0, help="search: memory limit per device (0: none)")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="search: plans run beside CFP's (alpa: per-contraction strategies by an integer program; "
                         "ddp, fsdp2: PyTorch's DistributedDataParallel and fully_shard on the module; zero1-3: "

@@ -9,6 +9,7 @@ from reproflow.api import options
 from reproflow.families.resharding.cases import N_TO_M, ONE_TO_M
 from reproflow.families.resharding.plan import LOADBALANCE, MODES
 from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.params import whole
 
 
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -20,8 +21,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                                         "-e SUITE --set ...`.")
     parser.add_argument("--suite", required=True, choices=("1-to-m", "n-to-m"),
                         help="1-to-m: one source device to a destination mesh; n-to-m: the multi-device cases")
-    parser.add_argument("--n-nodes", type=int, default=1, help="1-to-m: hosts of the destination mesh")
-    parser.add_argument("--gpu-per-node", type=int, default=1, help="1-to-m: devices per destination host")
+    parser.add_argument("--n-nodes", type=whole(1), default=1, help="1-to-m: hosts of the destination mesh")
+    parser.add_argument("--gpu-per-node", type=whole(1), default=1, help="1-to-m: devices per destination host")
     parser.add_argument("--case", default=None, help="n-to-m: " + ", ".join(N_TO_M))
     parser.add_argument("--resharding-mode", required=True, choices=MODES)
     parser.add_argument("--resharding-loadbalance-mode", required=True, choices=LOADBALANCE)

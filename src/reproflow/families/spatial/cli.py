@@ -22,6 +22,7 @@ from reproflow import api
 from reproflow.api.options import generated_suite_options, placement
 from reproflow.families.spatial.layout import SLICES, Layout
 from reproflow.spec.errors import ReproflowError
+from reproflow.spec.params import number, whole
 from reproflow.spec.suite import suite_toml
 
 
@@ -89,32 +90,33 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p = sub.add_parser("spatial", help="spatial parallelism (MPI4DL): ResNet / AmoebaNet over image tiles",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", choices=("resnet", "amoebanet"), help="ResNet-110-v2 or AmoebaNet-D")
-    p.add_argument("--batch-size", type=int, default=32, help="input batch size")
-    p.add_argument("--parts", type=int, default=1, help="micro-batches per step (pipelined)")
-    p.add_argument("--split-size", type=int, default=2, help="number of model partitions")
+    p.add_argument("--batch-size", type=whole(1), default=32, help="input batch size")
+    p.add_argument("--parts", type=whole(1), default=1, help="micro-batches per step (pipelined)")
+    p.add_argument("--split-size", type=whole(1), default=2, help="number of model partitions")
     p.add_argument("--num-spatial-parts", default="4", help="image tiles per spatial stage (one count, or one per "
                    "stage, all equal)")
-    p.add_argument("--spatial-size", type=int, default=1, help="partitions that use spatial parallelism")
-    p.add_argument("--times", type=int, default=1, help="GEMS replication factor (an epoch is 10/times batches)")
-    p.add_argument("--image-size", type=int, default=32, help="image side for the synthetic benchmark (power of two)")
-    p.add_argument("--num-epochs", type=int, default=1, help="number of epochs")
-    p.add_argument("--resnet-depth", type=int, default=110, help="ResNet-v2 depth, 9n + 2 (110: ResNet-110)")
-    p.add_argument("--num-layers", type=int, default=18, help="AmoebaNet normal cells (multiple of 3)")
-    p.add_argument("--num-filters", type=int, default=416, help="AmoebaNet filters")
-    p.add_argument("--num-classes", type=int, default=10, help="number of classes")
+    p.add_argument("--spatial-size", type=whole(1), default=1, help="partitions that use spatial parallelism")
+    p.add_argument("--times", type=whole(1), default=1, help="GEMS replication factor (an epoch is 10/times batches)")
+    p.add_argument("--image-size", type=whole(1), default=32,
+                   help="image side for the synthetic benchmark (power of two)")
+    p.add_argument("--num-epochs", type=whole(1), default=1, help="number of epochs")
+    p.add_argument("--resnet-depth", type=whole(1), default=110, help="ResNet-v2 depth, 9n + 2 (110: ResNet-110)")
+    p.add_argument("--num-layers", type=whole(1), default=18, help="AmoebaNet normal cells (multiple of 3)")
+    p.add_argument("--num-filters", type=whole(1), default=416, help="AmoebaNet filters")
+    p.add_argument("--num-classes", type=whole(1), default=10, help="number of classes")
     p.add_argument("--balance", default=None, help="layers per partition, comma-separated, summing to the model's "
                    "layers (ResNet-110 38, depth 9n + 2: 3n + 2; AmoebaNet num-layers + 6)")
     p.add_argument("--halo-D2", action="store_true", help="design 2: halo exchange once per group of blocks")
-    p.add_argument("--fused-layers", type=int, default=1, help="halo-D2: ResNet blocks sharing one exchange")
-    p.add_argument("--local-DP", type=int, default=1, help="replicas of each layer-parallel partition")
+    p.add_argument("--fused-layers", type=whole(1), default=1, help="halo-D2: ResNet blocks sharing one exchange")
+    p.add_argument("--local-DP", type=whole(1), default=1, help="replicas of each layer-parallel partition")
     p.add_argument("--slice-method", default="square", help="square, vertical or horizontal")
-    p.add_argument("--app", type=int, default=3, help="3: synthetic data (the only one available)")
+    p.add_argument("--app", type=whole(1), default=3, help="3: synthetic data (the only one available)")
     p.add_argument("--enable-evaluation", action="store_true", help="inference only")
     p.add_argument("--backend", default="mpi", help="mpi (mpi4py, started by mpirun), gloo or nccl")
     p.add_argument("--precision", default="fp32", help="fp32, or fp_16 (inference)")
     p.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) or adam")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="learning rate")
-    p.add_argument("--steps", type=int, default=0, help="steps per epoch (0: the reference's 10 / times)")
+    p.add_argument("--learning-rate", type=number(), default=1e-3, help="learning rate")
+    p.add_argument("--steps", type=whole(0), default=0, help="steps per epoch (0: the reference's 10 / times)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the check of one step against the unsplit model (rank 0 runs the whole model once)")
     p.add_argument("--compare", action="store_true", help="layer parallelism alone, then each slice method with and "
