@@ -283,7 +283,7 @@ def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Pa
             write_run(tmp_path / f"night{night}", night, busbw=10.0, latency=5.0, commit="c", device="a CPU",
                       run_id=record["run_id"])
             ids.append(record["run_id"])
-    index = catalog.open_index()
+    index = catalog.connect(catalog.index_path())
     runs = [open_run(run_id, index, tmp_path) for run_id in (ids[0], ids[2])]
     assert compare(*runs)["verdict"].eq(SAME).any()
     read = {Path(folder).name for (folder,) in index.execute("SELECT DISTINCT folder FROM files")}
@@ -318,3 +318,15 @@ def test_an_archive_is_unpacked_only_when_it_holds_files_and_folders_inside_it(
         with pytest.raises(ReproflowError, match=f"holds '{re.escape(name)}', which is not a file or a folder"):
             open_run(str(bad), index, tmp_path / "scratch")
     assert not (tmp_path / "outside.csv").exists()
+    # Too many members, or too many bytes in all: refused before anything is unpacked.
+    from reproflow.store import archive
+
+    (tmp_path / "junk").write_bytes(b"garbage, not gzip")
+    for limit, value in (("MAX_MEMBERS", 2), ("MAX_BYTES", 10)):
+        with monkeypatch.context() as patch:
+            patch.setattr(archive, limit, value)
+            with pytest.raises(ReproflowError, match=r"more than .* members or .* GiB"):
+                archive.unpack_results(good, tmp_path / f"limit-{limit}")
+        assert not list((tmp_path / f"limit-{limit}").rglob("*.csv"))
+    with pytest.raises(ReproflowError, match=r"not a readable \.tar\.gz archive"):
+        archive.unpack_results(tmp_path / "junk", tmp_path / "j")

@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import BAD_INPUTS, ROOT
+from conftest import BAD_INPUTS, ROOT, reproflow
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reproflow.app import cli
 from reproflow.families.aceso.layout import load_config, model_ops
 from reproflow.families.aceso.models import model
-from reproflow.families.aceso.plans import config_from_counts, write_json
+from reproflow.families.aceso.plans import config_from_counts, read_config, write_json
 from reproflow.families.cfp.passes import _segment_profile
 from reproflow.launch.render import render_sbatch
 from reproflow.launch.submit import SubmititExecutor
@@ -353,6 +353,93 @@ def test_generated_cfp_profiles_load_or_name_the_field(data, tmp_path):
     path.write_text(text)
     with no_traceback(ParamError):
         _segment_profile(path, "abc", [2, 3], "profile again")
+
+
+TINY = """
+[launch]
+backend = "gloo"
+device = "cpu"
+{launch}
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = {{ procs_per_node = 1 }}
+params = {{ begin_size = "1K", end_size = "1K", warmup_iters = 1, iters = {iters} }}
+matrix = {{ collective = ["all_reduce"]{matrix} }}
+"""
+SEQUENCE = "[" + ", ".join(map(str, range(1, 101))) + "]"
+LISTED = {  # name: (suite's [launch] lines, iters, more matrix keys, command after the suite, words of the error)
+    "a list nested 500 deep": ("", "[" * 500 + "1" + "]" * 500, "", ["render"], "nested deeper than 32"),
+    "a 5000-digit integer": ("", "1" * 5000, "", ["render"], "an integer of more than 4300 digits"),
+    "--set of a 5000-digit integer": ("", "2", "", ["run", "--dry-run", "--set", "iters=" + "1" * 5000],
+                                      "--set iters: the value cannot be read"),
+    "launch.timeout_s = nan": ("timeout_s = nan", "2", "", ["render"], "'launch.timeout_s': nan is not a finite"),
+    "--set iters=inf": ("", "2", "", ["run", "--dry-run", "--set", "iters=inf"], "'iters': inf has the wrong"),
+    "an integer beyond 64 bits": ("", str(2**64), "", ["render"], "does not fit in a 64-bit integer"),
+    "a sweep of 80,000 points": ("", "2", f", root = {SEQUENCE}, step_bytes = {SEQUENCE}, check = [true, false], "
+                                 "dtype = ['float32', 'bfloat16'], blocking = [true, false]", ["render"],
+                                 "makes 80,000 points (1 x 100 x 100 x 2 x 2 x 2), more than 10,000"),
+    "--procs -2": ("", "2", "", ["run", "--procs", "-2"], "argument --procs: '-2' is not a whole number >= 1"),
+    "--procs 0": ("", "2", "", ["run", "--procs", "0"], "argument --procs: '0' is not a whole number >= 1"),
+    "--after with a line break": ("", "2", "", ["submit", "--dry-run", "--after", "12\n#SBATCH --export=ALL"],
+                                  "--after '12\\n#SBATCH --export=ALL' is not a Slurm job id"),
+}
+
+
+@COUNTED
+@pytest.mark.parametrize("name", LISTED)
+def test_each_listed_bad_input_gets_one_line_naming_the_field(name, write_suite):
+    """The inputs a security review fed to this project's commands, each to the command that reads it."""
+    launch, iters, matrix, command, words = LISTED[name]
+    suite = write_suite(TINY.format(launch=launch, iters=iters, matrix=matrix))
+    verb, *rest = command
+    proc = reproflow(verb, str(suite), *rest, timeout=120)
+    _count("tracebacks" if "Traceback" in proc.stderr else "")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
+
+
+@COUNTED
+def test_damaged_files_of_a_results_folder_and_the_catalog_are_set_aside(tmp_path):
+    """A point file that is not UTF-8 is quarantined with the reason; a damaged index is built again; a
+    generated suite's name leading out is refused before anything is written; a deep JSON config is
+    refused naming the file."""
+    results = tmp_path / "results"
+    good = reproflow("run", str(_tiny(tmp_path)), "--results", str(results))
+    assert good.returncode == 0, good.stderr
+    (point,) = (results / "tiny").rglob("collective=all_reduce-*.csv")
+    point.write_bytes(point.read_bytes().replace(b"all_reduce", b"all_r\xff\xfeuce", 1))
+    report = reproflow("report", "--results", str(results), "--out", str(tmp_path / "out"))
+    _count("tracebacks" if "Traceback" in report.stderr else "")
+    assert report.returncode == 0 and "(not UTF-8 text (byte" in report.stderr, report.stderr[-2000:]
+    assert (results / "quarantine" / point.relative_to(results)).is_file()
+
+    from reproflow.reporting import catalog
+
+    index = catalog.index_path()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_bytes(b"not a database, a file some crash left here" * 100)
+    runs = reproflow("runs", "--results", str(results))
+    _count("tracebacks" if "Traceback" in runs.stderr else "")
+    assert runs.returncode == 0 and "is damaged (file is not a database); removed, and built again" in runs.stderr
+    assert "1 run(s) listed" in runs.stdout and index.name == f"index-v{catalog.INDEX_VERSION}.sqlite"
+
+    mesh = reproflow("cfp", "all", "--model", "gpt", "--mesh", "../../x", "--results", str(tmp_path / "cfp" / "r"))
+    _count("tracebacks" if "Traceback" in mesh.stderr else "")
+    assert mesh.returncode == 2 and "cannot name a file" in mesh.stderr and not (tmp_path / "cfp").exists()
+
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    _count()
+    with pytest.raises(ParamError, match="nested deeper than 32"):
+        read_config(deep)
+
+
+def _tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(launch="", iters="2", matrix="").replace('["all_reduce"]', '["all_reduce", "reduce"]'))
+    return path
 
 
 @COUNTED

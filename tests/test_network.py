@@ -16,7 +16,7 @@ import pytest
 from conftest import reproflow
 
 from reproflow.launch.local import LocalExecutor
-from reproflow.launch.network import OWNERS, UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.launch.network import OWNERS, PREFIX_ENV, UNSHAPED, EmulatedNetwork, parse_rate
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import load_suite
 
@@ -119,3 +119,18 @@ def test_where_it_cannot_be_built_the_run_says_why_and_goes_unshaped(
     assert "not mpirun's; it runs on loopback, unshaped (1gbit not applied)" in out
     assert "emulating a network needs root" in out
     assert LocalExecutor(tmp_path, tmp_path, network="")._network(exp, contextlib.ExitStack()) is None
+
+
+def test_the_emulated_subnet_overlaps_no_route_of_the_machine(monkeypatch):
+    """A /24 taken by a route (a live run's network, or a real one) is passed over; a bad prefix is refused."""
+    listing = subprocess.run(["ip", "-o", "-4", "route", "show"], capture_output=True, text=True).stdout
+    taken = [m for m in re.findall(r"^(\d+)\.(\d+)\.(\d+)\.0/24", listing, re.M) if int(m[2]) < 250]
+    if not taken:
+        pytest.skip("no /24 route on this machine to avoid")
+    a, b, c = taken[0]
+    monkeypatch.setenv(PREFIX_ENV, f"{a}.{b}")
+    chosen = EmulatedNetwork(1, 100.0, tag=c)._free_subnet()
+    assert chosen.startswith(f"{a}.{b}.") and chosen != f"{a}.{b}.{c}"
+    monkeypatch.setenv(PREFIX_ENV, "10.300")
+    with pytest.raises(ReproflowError, match=r"REPROFLOW_NETWORK_PREFIX='10\.300': give the first two octets"):
+        EmulatedNetwork(1, 100.0)._free_subnet()

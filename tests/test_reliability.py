@@ -26,7 +26,7 @@ from reproflow.launch.retry import (
 from reproflow.reporting.report import load_results
 from reproflow.store.files import append_line, atomic_write
 from reproflow.store.provenance import NOT_RECORDED, REDACTED, redact_environment
-from reproflow.store.results import QUARANTINE, point_file_problem
+from reproflow.store.results import QUARANTINE, point_file_problem, quarantine
 
 pytestmark = pytest.mark.distributed
 
@@ -151,6 +151,16 @@ def test_a_failed_health_gate_is_recorded_and_its_points_left_out(write_suite, t
     assert set(load_results(tmp_path / "good")["health_gate"]) == {"pass"}
 
 
+def test_two_jobs_quarantining_the_same_torn_file_both_go_on(tmp_path):
+    """The second finder of a torn file finds it moved already: it gets the same place, not an error."""
+    torn = tmp_path / "s" / "e" / "p.csv"
+    torn.parent.mkdir(parents=True)
+    torn.write_text("schema_version,suite")
+    first = quarantine(tmp_path, torn, "cut short")
+    assert quarantine(tmp_path, torn, "cut short") == first and first.is_file()
+    assert json.loads(first.with_suffix(".why.json").read_text())["problem"] == "cut short"
+
+
 def test_the_environment_is_recorded_with_secrets_redacted_and_archived_redacted_again(write_suite, tmp_path):
     """A job whose environment holds a Slurm token, a token as a package index's user name, a password
     after another query parameter and a connection string (also repeated in SLURM_EXPORT_ENV, as sbatch
@@ -229,6 +239,20 @@ def test_only_variables_that_explain_a_measurement_keep_their_values():
 def _append_many(path: str, writer: int) -> None:
     for i in range(50):
         append_line(Path(path), json.dumps({"writer": writer, "i": i}))
+
+
+def test_lines_are_appended_where_the_file_system_has_no_flock(tmp_path, monkeypatch):
+    """Lustre mounted without -o flock answers flock with ENOSYS: the line is appended all the same."""
+    import errno
+    import fcntl
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    for i in range(3):
+        append_line(tmp_path / "jobs.jsonl", json.dumps({"i": i}))
+    assert [json.loads(line)["i"] for line in (tmp_path / "jobs.jsonl").read_text().splitlines()] == [0, 1, 2]
 
 
 def test_twenty_writers_appending_to_one_file_lose_no_line(tmp_path):

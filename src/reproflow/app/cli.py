@@ -245,7 +245,6 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Set later runs against the first; exit 1 when a metric is slower beyond --fail-below."""
     import tempfile
-    from contextlib import closing
 
     from reproflow.reporting import catalog
     from reproflow.reporting.compare import Reference, open_run, write_comparison
@@ -257,15 +256,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.fail_below is not None and not 0 < args.fail_below <= 1:
         raise ReproflowError(f"--fail-below {args.fail_below}: give the speed below which a metric fails, "
                              "between 0 and 1 (0.95: more than 5 % slower, the whole interval).")
-    with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch, closing(catalog.open_index()) as index:
-        try:
-            first: list[Reference] = [Reference(_published(args.reference))] if args.reference else []
-            match = first[0].match if first else tuple(f for f in args.match.split(",") if f)
-            runs = [*first, *(open_run(source, index, Path(scratch), match, by_point=bool(first))
-                              for source in args.runs)]
-            paths, text, slower = write_comparison(runs, Path(args.out), args.fail_below)
-        finally:
-            catalog.forget(index, Path(scratch))
+    def compare(index: Any) -> tuple[list[Path], str, int]:
+        with tempfile.TemporaryDirectory(prefix="reproflow-compare-") as scratch:
+            try:
+                first: list[Reference] = [Reference(_published(args.reference))] if args.reference else []
+                match = first[0].match if first else tuple(f for f in args.match.split(",") if f)
+                runs = [*first, *(open_run(source, index, Path(scratch), match, by_point=bool(first))
+                                  for source in args.runs)]
+                return write_comparison(runs, Path(args.out), args.fail_below)
+            finally:
+                catalog.forget(index, Path(scratch))
+
+    paths, text, slower = catalog.using_index(compare)
     print(text)
     print(f"reproflow: {', '.join(str(p) for p in paths)}")
     if slower:
@@ -288,7 +290,6 @@ def _published(name: str) -> Any:
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the catalog's runs, newest first, with their headline figures."""
     import datetime as _dt
-    from contextlib import closing
 
     from reproflow.reporting import catalog
 
@@ -303,10 +304,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print("reproflow: no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
               "theirs; or give a results folder with --results")
         return 0
-    with closing(catalog.open_index()) as index:
-        read = catalog.refresh(index, folders)
-        table = catalog.runs_table(index, folders, suite=args.suite, cluster=args.cluster, since=args.since,
-                                   until=args.until, limit=args.limit)
+    def listing(index: Any) -> tuple[int, Any]:
+        return catalog.refresh(index, folders), catalog.runs_table(
+            index, folders, suite=args.suite, cluster=args.cluster, since=args.since, until=args.until,
+            limit=args.limit)
+
+    read, table = catalog.using_index(listing)
     for _, run in table.iterrows():
         print(f"{run['run']}  {run['start'][:19].replace('T', ' ')}  {run['state']}  {run['cluster'] or '-'}  "
               f"{run['points']} point(s), {run['failed']} failed  {run['hardware'] or '-'} on {run['nodes'] or '-'}"
@@ -317,16 +320,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if run["headline"]:
             print(f"    {run['headline']}")
         print(f"    {run['folder']}")
-    print(f"reproflow: {len(table)} run(s) listed from {len(folders)} results folder(s); index {catalog_path()} "
+    print(f"reproflow: {len(table)} run(s) listed from {len(folders)} results folder(s); index {catalog.index_path()} "
           f"({read} file(s) read again)")
     return 0
-
-
-def catalog_path() -> Path:
-    """Where the catalog's index is."""
-    from reproflow.store.runs import catalog_home
-
-    return catalog_home() / "index.sqlite"
 
 
 def _targets_help() -> str:

@@ -13,6 +13,7 @@ unshaped. Latency is not shaped: that needs the kernel's netem, which is not alw
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from typing import IO
 from reproflow.spec.errors import ReproflowError
 
 UNSHAPED = "loopback, unshaped"
+# Emulated hosts' addresses: a /24 of PREFIX.0.0/16 that no route of the machine overlaps.
+PREFIX, PREFIX_ENV = "10.213", "REPROFLOW_NETWORK_PREFIX"
 # One file per live network, locked while its run lives (/run is emptied at boot, as the links are).
 OWNERS = Path("/run/reproflow/networks")
 # Bits only, as tc writes them (its "mbps" means megabytes): 200, 200mbit, 1gbit, 100 Mbit/s.
@@ -50,10 +53,7 @@ class EmulatedNetwork:
     tag: str = field(default_factory=lambda: str(os.getpid()))  # names: rf<pid>br, rf<pid>v<host>, rf<pid>h<host>
     _made: list[list[str]] = field(default_factory=list)
     _owner: IO[str] | None = None
-
-    @property
-    def subnet(self) -> str:
-        return f"10.213.{int(self.tag) % 250}"
+    subnet: str = ""  # the first three octets of its /24, chosen on entry (_free_subnet)
 
     def address(self, host: int) -> str:
         """The address of emulated host `host` (rank 0's host holds the rendezvous)."""
@@ -116,9 +116,32 @@ class EmulatedNetwork:
             except (FileNotFoundError, BlockingIOError):  # not this namespace's, or alive
                 continue
 
+    def _free_subnet(self) -> str:
+        """A /24 under PREFIX (or REPROFLOW_NETWORK_PREFIX) that no route of this machine overlaps, but
+        the default one: a live run's network, or a real route (a VPN's 10.0.0.0/8) it would shadow."""
+        prefix = os.environ.get(PREFIX_ENV, PREFIX)
+        try:
+            ipaddress.ip_network(f"{prefix}.0.0/16")
+        except ValueError:
+            raise ReproflowError(f"{PREFIX_ENV}={prefix[:40]!r}: give the first two octets of a private IPv4 range "
+                                 f"no route of this machine uses, e.g. {PREFIX} or 172.30.") from None
+        listing = subprocess.run(["ip", "-o", "-4", "route", "show"], capture_output=True, text=True,
+                                 check=False).stdout
+        routes = [ipaddress.ip_network(r, strict=False) for r in re.findall(r"^(\d+\.\d+\.\d+\.\d+(?:/\d+)?)",
+                                                                           listing, re.M)]
+        start = int(self.tag) % 250
+        for third in [*range(start, 250), *range(start)]:
+            candidate = ipaddress.ip_network(f"{prefix}.{third}.0/24")
+            if not any(candidate.overlaps(route) for route in routes):
+                return f"{prefix}.{third}"
+        covering = ", ".join(str(r) for r in routes if r.overlaps(ipaddress.ip_network(f"{prefix}.0.0/16")))
+        raise OSError(f"every {prefix}.x.0/24 overlaps a route of this machine ({covering}); set {PREFIX_ENV} to "
+                      "the first two octets of a private range no route uses, e.g. 172.30")
+
     def __enter__(self) -> EmulatedNetwork:
         bridge = f"rf{self.tag}br"
         self._sweep()
+        self.subnet = self._free_subnet()
         OWNERS.mkdir(parents=True, exist_ok=True)
         self._owner = open(OWNERS / self.tag, "w")
         fcntl.flock(self._owner, fcntl.LOCK_EX)

@@ -20,12 +20,16 @@ import math
 import os
 import sqlite3
 import statistics
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
+from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
@@ -36,6 +40,7 @@ MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "contain
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
             "nccl_version")
 KEY = ["suite", "experiment", "point", "coords", "metric"]
+T = TypeVar("T")
 MATCH_KEY = ["family", "match", "metric"]  # compare --match: points matched by the named fields only
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER);
@@ -71,20 +76,50 @@ class Selection:
         return f"{prefix}folder = ?", (self.folder,)
 
 
-def open_index() -> sqlite3.Connection:
-    """The catalog's index (index.sqlite in the catalog's folder)."""
-    return connect(catalog_home() / "index.sqlite")
+def index_path() -> Path:
+    """The catalog's index: one file per index version in the catalog's folder, so that two versions of
+    reproflow sharing a home keep their own instead of deleting each other's."""
+    return catalog_home() / f"index-v{INDEX_VERSION}.sqlite"
+
+
+def using_index(work: Callable[[sqlite3.Connection], T]) -> T:
+    """`work` done on the catalog's index. An index SQLite finds damaged is removed and built again from
+    the results folders, once (it holds nothing they do not); a locked one is an error, never removed."""
+    path = index_path()
+    for attempt in (1, 2):
+        try:
+            with closing(connect(path)) as con:
+                return work(con)
+        except sqlite3.OperationalError as exc:  # locked, or not writable: never removed
+            raise ReproflowError(f"the catalog's index {path} cannot be used ({exc}): another reproflow may hold "
+                                 "it, or its folder's file system has no working locks (NFS without lockd). Set "
+                                 "REPROFLOW_CATALOG to a folder on a local disk (the index is rebuilt there from "
+                                 "the results folders).") from None
+        except sqlite3.DatabaseError as exc:  # not a database, or a malformed page
+            if attempt == 2:
+                raise ReproflowError(f"the catalog's index {path} is still damaged after it was built again "
+                                     f"({exc}); check the disk of {path.parent}, or set REPROFLOW_CATALOG to a "
+                                     "folder on another.") from None
+            print(f"reproflow: the catalog's index {path} is damaged ({exc}); removed, and built again from the "
+                  "results folders", file=sys.stderr)
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+    raise AssertionError("unreachable")
 
 
 def connect(path: Path) -> sqlite3.Connection:
     """The index at `path`, made (or made again, when written by another version) where needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     con = sqlite3.connect(path, timeout=120)
-    if con.execute("PRAGMA user_version").fetchone()[0] not in (0, INDEX_VERSION):
+    try:
+        if con.execute("PRAGMA user_version").fetchone()[0] not in (0, INDEX_VERSION):
+            con.close()
+            path.unlink()
+            con = sqlite3.connect(path, timeout=120)
+        con.executescript(_SCHEMA)
+    except sqlite3.Error:
         con.close()
-        path.unlink()
-        con = sqlite3.connect(path, timeout=120)
-    con.executescript(_SCHEMA)
+        raise
     return con
 
 

@@ -10,7 +10,6 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -55,8 +54,9 @@ def read_results(results: Path) -> Loaded:
     health gate are set aside; a file of an unknown schema version is an error."""
     frames, quarantined = [], []
     for path in result_files(results):
-        head = path.open().readline()
-        if not head.startswith("schema_version,"):
+        with path.open("rb") as fh:  # bytes: a file that is not UTF-8 is quarantined below, with the reason
+            head = fh.readline()
+        if not head.startswith(b"schema_version,"):
             raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
                                  f"CSVs (profiles, logs, tables) out of the results folder {results}.")
         problem = point_file_problem(path)
@@ -185,8 +185,7 @@ def against_limits(frame: pd.DataFrame) -> pd.DataFrame:
 def against_reference(published: Published, results: Path, out_dir: Path) -> tuple[Section, list[Path]]:
     """The page's section setting the newest rows under `results` against a published figure of the
     reference table, and its table `reference_<name>.csv` / `.md`."""
-    with closing(catalog.open_index()) as index:
-        table = against_published(published, index, results)
+    table = catalog.using_index(lambda index: against_published(published, index, results))
     counts = table["verdict"].value_counts()
     judged = ", ".join(f"{n} {verdict}" for verdict, n in counts.items() if verdict != NOT_MEASURED)
     here = table[table["verdict"] != NOT_MEASURED]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -214,6 +216,20 @@ def parse_launch(path: Path, where: str, table: Mapping[str, Any], base: Launch)
     return replace(base, **values)
 
 
+MAX_POINTS_ENV = "REPROFLOW_MAX_POINTS"
+
+
+def max_points() -> int:
+    """The most points one experiment may sweep: 10,000, or what REPROFLOW_MAX_POINTS says."""
+    raw = os.environ.get(MAX_POINTS_ENV, "")
+    if not raw:
+        return 10_000
+    if not raw.isdigit():
+        raise ReproflowError(f"{MAX_POINTS_ENV}={raw[:40]!r}: give a whole number of points, or unset it for "
+                             "10,000.")
+    return int(raw)
+
+
 def _expand(path: Path, where: str, fam: Family, exp: Mapping[str, Any]) -> list[tuple[dict, tuple[str, ...]]]:
     fixed = dict(_table(path, where + "params", exp.get("params", {})))
     matrix = _table(path, where + "matrix", exp.get("matrix", {}))
@@ -243,6 +259,12 @@ def _expand(path: Path, where: str, fam: Family, exp: Mapping[str, Any]) -> list
     lengths = {k: len(v) for k, v in zipped.items()}
     if len(set(lengths.values())) > 1:
         raise SuiteError(path, where + "zip", f"lists must have equal lengths, got {lengths}.")
+    sizes = [len(v) for v in matrix.values()] + ([next(iter(lengths.values()))] if lengths else [])
+    count, limit = math.prod(sizes), max_points()
+    if count > limit:  # counted before a point is built: four 100-value keys would be 10^8 of them
+        raise SuiteError(path, where + ("matrix" if matrix else "zip"),
+                         f"makes {count:,} points ({' x '.join(map(str, sizes))}), more than {limit:,}.",
+                         f"fewer values, or {MAX_POINTS_ENV}=<points> in the environment to allow more")
     zip_rows = [dict(zip(zipped, vals, strict=True)) for vals in zip(*zipped.values(), strict=True)] or [{}]
     matrix_rows = [dict(zip(matrix, vals, strict=True)) for vals in itertools.product(*matrix.values())]
     swept = tuple(matrix) + tuple(zipped)

@@ -83,21 +83,38 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
     return out, len(files) + 1, left_out
 
 
+# What an archive to compare may unpack to: a year of nightly runs is ~100,000 point files of a few KiB;
+# more is a mistake or a bomb (a million members, or a member claiming terabytes).
+MAX_MEMBERS, MAX_BYTES = 1_000_000, 64 * 2**30
+
+
 def unpack_results(archive: Path, into: Path) -> Path:
     """Unpack an archive written by `write_archive` under `into`; returns its results folder.
 
     Only files and folders inside `into` are unpacked; an archive holding anything else (a link, a device,
-    a path leading out) is refused. Checked here because Pythons before 3.11.4 (Debian 12's 3.11.2) have no
-    extraction filters; where tarfile has them, its "data" filter applies as well.
+    a path leading out), more than MAX_MEMBERS members or MAX_BYTES in all is refused before anything is
+    written. Checked here because Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters;
+    where tarfile has them, its "data" filter applies as well.
     """
     root = into.resolve()
-    with tarfile.open(archive) as tar:
-        for member in tar.getmembers():
-            if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
-                raise ReproflowError(f"{archive}: the archive holds {member.name!r}, which is not a file or a folder "
-                                     "inside it (a link, a device, or a path leading out). Give an archive written "
-                                     "by `reproflow archive`, or the results folder itself.")
-        tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    members, total = [], 0
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:  # one by one: the limits stop a bomb before its index is read whole
+                total += member.size
+                if len(members) == MAX_MEMBERS or total > MAX_BYTES:
+                    raise ReproflowError(f"{archive}: the archive holds more than {MAX_MEMBERS:,} members or "
+                                         f"{MAX_BYTES / 2**30:g} GiB; it is not one `reproflow archive` wrote. "
+                                         "Unpack it yourself and give its results folder.")
+                if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
+                    raise ReproflowError(f"{archive}: the archive holds {member.name!r}, which is not a file or a "
+                                         "folder inside it (a link, a device, or a path leading out). Give an "
+                                         "archive written by `reproflow archive`, or the results folder itself.")
+                members.append(member)
+            tar.extractall(into, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ReproflowError(f"{archive}: not a readable .tar.gz archive ({exc}). Give an archive written by "
+                             "`reproflow archive`, or the results folder itself.") from None
     found = sorted(into.glob("*/results"))
     if not found:
         raise ReproflowError(f"{archive}: this archive holds no results/ folder. Give an archive written by "

@@ -156,8 +156,10 @@ def point_file_problem(path: Path) -> str:
 def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
     """A point CSV's rows (column -> text) and '', or no rows and why the file is not whole."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return [], f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
+    except OSError as exc:
         return [], f"unreadable: {exc}"
     if not text.endswith("\n"):
         return [], "the last line is cut short (no final newline)"
@@ -198,7 +200,10 @@ def quarantine(results: Path, path: Path, problem: str) -> Path:
     """Move a torn point file to `<results>/quarantine/` (same relative path) with a note of why."""
     target = results / QUARANTINE / path.relative_to(results)
     target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(path, target)
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:  # another job found the same torn file and moved it first
+        return target
     atomic_write(target.with_suffix(".why.json"), json.dumps({
         "file": str(path), "problem": problem,
         "quarantined": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}, indent=1) + "\n")
