@@ -17,6 +17,7 @@ from reproflow.families.param_comms.nccl_tests import (
     argv,
     parse_json,
     parse_text,
+    reduced_maximum,
     runtime_check,
     sweep_length,
 )
@@ -98,6 +99,76 @@ def test_damaged_text_gives_a_clear_error_and_no_rows(damage, words):
 def test_damaged_json_gives_a_clear_error(damage, words):
     with pytest.raises(ToolOutputError, match=words):
         parse_json(damage((DATA / "all_reduce_perf.json").read_text()))
+
+
+LOWERED = 268435456  # a top below the 1G asked for, as where the GPU cannot hold the sweep (-e 8G on 24 GB)
+ALL_REDUCE_JSON = (DATA / "all_reduce_perf.json").read_text()
+
+
+def _rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
+
+
+def _lowered_text(text: str) -> str:
+    """The run as nccl-tests prints it when it lowers the sweep's top for memory (common.cu): the header
+    still announces 1G, then the '# Reducing maxBytes' line, and the rows stop at the new top."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "# nThread" in line) + 1
+    lines[at:at] = ["#", f"# Reducing maxBytes to {LOWERED} due to memory limitation"]
+    return "\n".join(x for x in lines if not (x.split() and x.split()[0].isdigit() and int(x.split()[0]) > LOWERED))
+
+
+def _lowered_json(text: str) -> str:
+    doc = json.loads(text)
+    return json.dumps(doc | {"results": [r for r in doc["results"] if r["size"] <= LOWERED]})
+
+
+def test_a_sweep_lowered_for_memory_is_a_complete_run():
+    text = parse_text(_lowered_text(ALL_REDUCE))
+    assert text.rows[-1].size_bytes == LOWERED and len(text.rows) == len(_rows(ALL_REDUCE)) - 2
+    doc = parse_json(_lowered_json(ALL_REDUCE_JSON), reduced_maximum(_lowered_text(ALL_REDUCE)))
+    assert [r.size_bytes for r in doc.rows] == [r.size_bytes for r in text.rows]
+    with pytest.raises(ToolOutputError, match="lowered the sweep for memory, which only its text output says"):
+        parse_json(_lowered_json(ALL_REDUCE_JSON))
+
+
+def _each_row_twice(text: str, other: str = "") -> str:
+    """Every row again after the sweep: a second dtype (-d all) when `other` names it, else a second cycle."""
+    rows = _rows(text)
+    again = [r.replace(" float ", f" {other} ") if other else r for r in rows]
+    return text.replace(rows[-1], "\n".join([rows[-1], *again]))
+
+
+@pytest.mark.parametrize(("form", "words"), [
+    (lambda t: _each_row_twice(t, "half"), r"2 data types or operations \(float/sum, half/sum: -d all or -o all\)"),
+    (_each_row_twice, r"its sizes repeat: the sweep ran several times \(-N, or two runs in one log\)"),
+    (lambda t: "\n".join("0: " + x for x in t.splitlines()), "srun --label prefixes"),
+    (lambda t: t.replace("  time   algbw", "  cputime   algbw"), "a -C 1 run"),
+    (lambda t: t.replace("503.10", "nan", 1), "'nan' is not a finite number"),
+    (lambda t: t.replace("503.10", "inf", 1), "'inf' is not a finite number"),
+])
+def test_text_of_another_run_shape_is_refused_saying_what(form, words):
+    with pytest.raises(ToolOutputError, match=words):
+        parse_text(form(ALL_REDUCE))
+
+
+def _json_with(text: str, change) -> str:
+    doc = json.loads(text)
+    change(doc["results"])
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(("form", "words"), [
+    (lambda t: _json_with(t, lambda rs: rs[3]["out_of_place"].update(time="nan")),
+     r"results\[3\]\.out_of_place\.time is 'nan', not a finite number"),
+    (lambda t: _json_with(t, lambda rs: rs[3]["in_place"].update(bus_bw=float("inf"))), "not a finite number"),
+    (lambda t: _json_with(t, lambda rs: [r[p].update(cpu_time=r[p].pop("time")) for r in rs
+                                         for p in ("out_of_place", "in_place")]), "a -C 1 run"),
+    (lambda t: _json_with(t, lambda rs: rs.extend(json.loads(t)["results"])), "its sizes repeat"),
+])
+def test_json_of_another_run_shape_is_refused_saying_what(form, words):
+    with pytest.raises(ToolOutputError, match=words):
+        parse_json(form(ALL_REDUCE_JSON))
 
 
 def test_sweep_length_follows_the_tools_loop():

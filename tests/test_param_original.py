@@ -11,6 +11,7 @@ from conftest import ROOT, reproflow
 
 from reproflow.families.param_comms import FAMILY
 from reproflow.families.param_comms.original import argv, parse_comms, runtime_check
+from reproflow.rank.tools import ToolOutputError
 from reproflow.spec.errors import ParamError, SuiteError
 from reproflow.spec.params import resolve
 from reproflow.spec.suite import load_suite
@@ -47,6 +48,47 @@ def test_param_busbw_uses_the_same_factor_as_reproflow():
 )
 def test_damaged_output_gives_a_clear_error_and_no_rows(damage, words):
     with pytest.raises(match=words):
+        parse_comms(damage(ALL_REDUCE))
+
+
+def _pair_mode(text: str) -> str:
+    """The recorded run as comms.py prints it with --pair: nElementsPairPerRank after nElementsPerRank."""
+    out = []
+    for line in text.splitlines():
+        if "COMMS-RES " in line:
+            line = line.replace("size (B)", "total-size (B)").replace("nElementsPerRank", "nElementsPerRank"
+                                                                         "  nElementsPairPerRank")
+        elif "COMMS-RES-" in line:
+            head, size, elements, *rest = line.split()
+            line = "\t".join([head, size, elements, str(int(elements) * 2), *rest])
+        out.append(line)
+    return "\n".join(out)
+
+
+def _with_tflops(text: str) -> str:
+    """The recorded run as comms-compute mode prints it: a TFlops column at the end."""
+    return "\n".join(line + ("   TFlops" if "COMMS-RES " in line else "   0.01234" if "COMMS-RES-" in line else "")
+                     for line in text.splitlines())
+
+
+@pytest.mark.parametrize("form", [_pair_mode, _with_tflops, lambda t: _with_tflops(_pair_mode(t))],
+                         ids=["pair", "comms-compute", "pair-comms-compute"])
+def test_other_modes_columns_are_read_by_their_header(form):
+    rows = parse_comms(form(ALL_REDUCE))
+    assert [(r.size_bytes, r.elements_per_rank, r.algbw, r.busbw) for r in rows] == \
+        [(r.size_bytes, r.elements_per_rank, r.algbw, r.busbw) for r in parse_comms(ALL_REDUCE)]
+    assert rows[0].stats_us["latency_p50_us"] == 1536.6 and rows[0].stats_us["latency_max_us"] == 1612.3
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    (lambda t: _pair_mode(t).replace("nElementsPairPerRank", ""), r"expected 9 numbers .* got 10"),
+    (lambda t: t.replace("1574.4", "nan"), "not a finite number"),
+    (lambda t: t.replace("0.730       0.730", "inf       inf"), "not a finite number"),
+    (lambda t: t.replace("Latency(us):p50", "pingLatency(us):p50"), "a pt2pt run"),
+    (lambda t: "\n".join(x for x in t.splitlines() if "COMMS-RES " not in x), "no 'COMMS-RES  size"),
+])
+def test_a_wrong_mode_or_value_is_refused_saying_what(damage, words):
+    with pytest.raises(ToolOutputError, match=words):
         parse_comms(damage(ALL_REDUCE))
 
 

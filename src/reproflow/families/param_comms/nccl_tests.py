@@ -12,6 +12,7 @@ Text output and `-J` JSON output (nccl-tests 2.18 and later) parse to the same r
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -80,13 +81,22 @@ def sweep_length(minimum: int, maximum: int, factor: int, step: int) -> int:
 
 
 def _check_complete(rows: list[NcclRow], expected: int, what: str) -> None:
-    if len(rows) != expected:
+    if len(rows) < expected:
         raise ToolOutputError(f"{what}: its sweep has {expected} sizes but {len(rows)} result rows: the output is "
                               "truncated, or the run stopped early")
+    if len(rows) > expected:
+        kinds = sorted({(r.dtype, r.redop) for r in rows})
+        why = (f"it holds {len(kinds)} data types or operations ({', '.join('/'.join(k) for k in kinds[:4])}: "
+               "-d all or -o all); reproflow runs one of each per point" if len(kinds) > 1 else
+               "its sizes repeat: the sweep ran several times (-N, or two runs in one log); give one")
+        raise ToolOutputError(f"{what}: {len(rows)} result rows for a sweep of {expected} sizes: {why}")
 
 
 _HEADER = re.compile(r"#\s*nThread \d+ nGpus \d+ minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\)")
 _VERSION = re.compile(r"#\s*nccl-tests version (\S+)(?: nccl-headers=\d+ nccl-library=(\d+))?")
+# nccl-tests lowers the sweep's top when the GPU cannot hold it (common.cu), after the header announced it.
+_REDUCED = re.compile(r"#\s*Reducing maxBytes to (\d+) due to memory limitation")
+_LABEL = re.compile(r"^\s*\d+:\s+[#\d]", re.M)  # srun --label's "0: " before each line
 
 
 def _nccl_version(code: int) -> str:
@@ -98,18 +108,36 @@ def _number(field: str, line: int) -> float | None:
     if field == "N/A":
         return None
     try:
-        return float(field)
+        value = float(field)
     except ValueError:
         raise ToolOutputError(f"line {line}: {field!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ToolOutputError(f"line {line}: {field!r} is not a finite number")
+    return value
+
+
+def reduced_maximum(text: str) -> int | None:
+    """The sweep's top as nccl-tests lowered it for memory (its '# Reducing maxBytes' line), or None."""
+    match = _REDUCED.search(text)
+    return int(match.group(1)) if match else None
 
 
 def parse_text(text: str) -> NcclRun:
-    """The rows nccl-tests printed, checked against the sweep its header announced."""
+    """The rows nccl-tests printed, checked against the sweep its header announced (or lowered)."""
+    if _LABEL.search(text):
+        raise ToolOutputError("its lines carry srun --label prefixes ('0: ...'): give the output of a run without "
+                              "--label, or with the prefixes removed")
     header = _HEADER.search(text)
     if header is None:
         raise ToolOutputError("no '# nThread ... minBytes ... maxBytes ... step:' line: this is not nccl-tests "
                               "output, or it stopped before its sweep")
+    if re.search(r"^#.*\bcputime\b", text, re.M):
+        raise ToolOutputError("a -C 1 run (its 'cputime' column is CPU time): reproflow takes nccl-tests' GPU "
+                              "time; run without -C")
     minimum, maximum, step = int(header.group(1)), int(header.group(2)), int(header.group(3))
+    lowered = reduced_maximum(text)
+    if lowered is not None:
+        maximum, minimum = lowered, min(minimum, lowered)
     factor, stepbytes = (step, 0) if header.group(4) == "factor" else (1, step)
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -137,17 +165,32 @@ def parse_text(text: str) -> NcclRun:
     return NcclRun(rows, named)
 
 
-def parse_json(text: str) -> NcclRun:
-    """The rows of nccl-tests' `-J` file, checked against the sweep its config announced."""
+def _finite(value: object, where: str) -> float:
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number):
+        raise ToolOutputError(f"nccl-tests JSON: {where} is {value!r}, not a finite number")
+    return number
+
+
+def parse_json(text: str, lowered: int | None = None) -> NcclRun:
+    """The rows of nccl-tests' `-J` file, checked against the sweep its config announced, or up to
+    `lowered` where the run's text said nccl-tests lowered the sweep for memory (the JSON does not)."""
     try:
         doc = json.loads(text)
         config = doc["config"]
-        expected = sweep_length(int(config["minimum_bytes"]), int(config["maximum_bytes"]),
+        maximum = int(config["maximum_bytes"]) if lowered is None else lowered
+        expected = sweep_length(min(int(config["minimum_bytes"]), maximum), maximum,
                                 int(config.get("step_factor", 1)), int(config.get("step_bytes", 0)))
+        if any("cpu_time" in (r.get("out_of_place") or {}) for r in doc["results"]):
+            raise ToolOutputError("nccl-tests JSON of a -C 1 run (cpu_time): reproflow takes nccl-tests' GPU time; "
+                                  "run without -C")
         rows = []
-        for r in doc["results"]:
-            timings = {p: Timing(float(r[p]["time"]), float(r[p]["alg_bw"]), float(r[p]["bus_bw"]),
-                                 None if r[p].get("nwrong") in (None, "N/A") else float(r[p]["nwrong"]))
+        for i, r in enumerate(doc["results"]):
+            timings = {p: Timing(_finite(r[p]["time"], f"results[{i}].{p}.time"),
+                                 _finite(r[p]["alg_bw"], f"results[{i}].{p}.alg_bw"),
+                                 _finite(r[p]["bus_bw"], f"results[{i}].{p}.bus_bw"),
+                                 None if r[p].get("nwrong") in (None, "N/A") else
+                                 _finite(r[p]["nwrong"], f"results[{i}].{p}.nwrong"))
                        for p in PLACEMENTS}
             rows.append(NcclRow(int(r["size"]), int(r["count"]), str(r["type"]), str(r["redop"]),
                                 int(str(r["root"]).strip()), timings))
@@ -155,8 +198,14 @@ def parse_json(text: str) -> NcclRun:
         raise ToolOutputError(f"nccl-tests JSON is not complete JSON ({exc.msg} at character {exc.pos}): the run "
                               "stopped while writing it") from None
     except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ToolOutputError):
+            raise
         raise ToolOutputError(f"nccl-tests JSON lacks or garbles a field ({exc!r}): not a -J file of nccl-tests "
                               "2.18 or later") from None
+    if lowered is None and len(rows) < expected:
+        raise ToolOutputError(f"nccl-tests JSON: its sweep has {expected} sizes but {len(rows)} result rows: the "
+                              "output is truncated, the run stopped early, or nccl-tests lowered the sweep for "
+                              "memory, which only its text output says (read both)")
     _check_complete(rows, expected, "nccl-tests JSON")
     version = doc.get("nccl_version")
     return NcclRun(rows, "unknown" if version is None else f"NCCL {_nccl_version(int(version))}")
@@ -206,7 +255,8 @@ def run(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
             text = parse_text(result.output)
             if not os.path.exists(json_path):
                 raise ToolOutputError(f"{binary.name} wrote no -J file: nccl-tests before 2.18 has no JSON output")
-            return NcclRun(parse_json(Path(json_path).read_text()).rows, text.version)
+            lowered = reduced_maximum(result.output)
+            return NcclRun(parse_json(Path(json_path).read_text(), lowered).rows, text.version)
 
         parsed = read_output(ctx, parse if ctx.rank == 0 else None, "nccl-tests")
     if parsed is None:

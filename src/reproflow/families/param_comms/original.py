@@ -10,6 +10,7 @@ environment, not torchrun, because torchrun takes param's --b / --e for its own 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Mapping
@@ -51,14 +52,34 @@ class CommsRow:
 
 _ALL_SIZES = re.compile(r"allSizes:\s*\[([\d,\s]*)\]")
 _RESULT = re.compile(r"^\s*COMMS-RES-(?P<collective>[a-z_]+)-(?P<dtype>[A-Za-z0-9]+)(?:-\S+)?\s+(?P<rest>.*)$")
+# The column header comms.py prints before its results: pair mode (--pair) adds nElementsPairPerRank after
+# nElementsPerRank, comms-compute mode (a GEMM kernel beside) adds TFlops at the end.
+_HEADER = re.compile(r"^\s*COMMS-RES\s+(?:total-)?size \(B\).*$", re.M)
+
+
+def _columns(text: str) -> tuple[bool, bool]:
+    """(pair mode, TFlops column) from comms.py's header; a run of another mode is refused naming it."""
+    header = _HEADER.search(text)
+    if header is None:
+        raise ToolOutputError("no 'COMMS-RES  size (B) ...' header line: the result columns cannot be told apart "
+                              "(comms.py prints it before its first result)")
+    line = header.group(0)
+    if "pingLatency" in line:
+        raise ToolOutputError("a pt2pt run (ping latency and uni/bi-directional bandwidth columns): reproflow reads "
+                              "collectives' results; run comms.py with --collective")
+    return "nElementsPairPerRank" in line, "TFlops" in line
 
 
 def parse_comms(text: str) -> list[CommsRow]:
-    """Rows of a param comms.py run (rank 0's output), checked against the sizes param announced."""
+    """Rows of a param comms.py run (rank 0's output), checked against the sizes param announced; the
+    columns read by the header's mode (plain, pair, with TFlops)."""
     announced = _ALL_SIZES.search(text)
     if announced is None:
         raise ToolOutputError("no 'allSizes: [...]' line: this is not comms.py output, or it stopped before its sweep")
     sizes = [int(s) for s in announced.group(1).replace(",", " ").split()]
+    pair, tflops = _columns(text)
+    expected = 9 + pair + tflops
+    mode = " (pair mode)" * pair + " (with the TFlops of comms-compute mode)" * tflops
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         match = _RESULT.match(line)
@@ -69,11 +90,14 @@ def parse_comms(text: str) -> list[CommsRow]:
             values = [float(f) for f in fields]
         except ValueError:
             raise ToolOutputError(f"line {number}: non-numeric field in {line.strip()!r}") from None
-        if len(values) not in (9, 10):  # 10 with the TFlops column of comms-compute mode
-            raise ToolOutputError(f"line {number}: expected 9 numbers after the tag, got {len(values)}: "
-                                  f"{line.strip()!r}")
+        if len(values) != expected:
+            raise ToolOutputError(f"line {number}: expected {expected} numbers after the tag{mode}, got "
+                                  f"{len(values)}: {line.strip()!r}")
+        if not all(math.isfinite(v) for v in values):
+            raise ToolOutputError(f"line {number}: a value that is not a finite number in {line.strip()!r}")
+        stats = values[2 + pair:7 + pair]
         rows.append(CommsRow(match.group("collective"), match.group("dtype"), int(values[0]), int(values[1]),
-                             dict(zip(STATS_COLUMNS, values[2:7], strict=True)), values[7], values[8]))
+                             dict(zip(STATS_COLUMNS, stats, strict=True)), values[7 + pair], values[8 + pair]))
     got = [r.size_bytes for r in rows]
     if got != sizes:
         raise ToolOutputError(f"param announced {len(sizes)} sizes {sizes[:3]}... but printed {len(got)} result lines "
