@@ -106,7 +106,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_testnodedown(node, error) -> None:
     FAULTS.extend(node.workeroutput.get("faults", []))
     for kind, count in node.workeroutput.get("bad_inputs", {}).items():
-        BAD_INPUTS[kind] += count
+        BAD_INPUTS[kind] = BAD_INPUTS.get(kind, 0) + count
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -118,8 +118,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
         tr.write_line(f"{f['fault']}: {'survived' if f['survived'] else 'NOT SURVIVED'}, {f['rows_lost']} rows lost, "
                       f"{'HUNG' if f['hung'] else 'no hang'}, {f['seconds']:.1f} s")
     if BAD_INPUTS["inputs"]:
-        tr.write_line(f"bad inputs: {BAD_INPUTS['inputs']} generated, {BAD_INPUTS['tracebacks']} tracebacks, "
-                      f"{BAD_INPUTS['injections']} injections")
+        kinds = ", ".join(f"{k.removeprefix('kind:')} {n}" for k, n in sorted(BAD_INPUTS.items())
+                          if k.startswith("kind:"))
+        tr.write_line(f"bad inputs: {BAD_INPUTS['inputs']} generated ({kinds}), {BAD_INPUTS['tracebacks']} "
+                      f"tracebacks, {BAD_INPUTS['injections']} injections")
     injected = len(FAULTS) + BAD_INPUTS["inputs"]
     survived = sum(f["survived"] for f in FAULTS) + BAD_INPUTS["inputs"] - BAD_INPUTS["failed"]
     tr.write_line(f"{injected} faults injected, {survived} survived, {sum(f['rows_lost'] for f in FAULTS)} rows lost, "

@@ -53,25 +53,27 @@ value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dict
 COUNTED = pytest.mark.xdist_group("bad-inputs")
 
 
-def _count(kind: str = "") -> None:
+def _count(kind: str, outcome: str = "") -> None:
+    """One generated input of `kind` (for the summary line); `outcome` tracebacks or injections if it failed."""
     BAD_INPUTS["inputs"] += 1
-    if kind:
-        BAD_INPUTS[kind] += 1
+    BAD_INPUTS[f"kind:{kind}"] = BAD_INPUTS.get(f"kind:{kind}", 0) + 1
+    if outcome:
+        BAD_INPUTS[outcome] += 1
         BAD_INPUTS["failed"] += 1
 
 
 @contextlib.contextmanager
-def no_traceback(*allowed: type[BaseException]):
+def no_traceback(kind: str, *allowed: type[BaseException]):
     """Count one generated input; any exception but the `allowed` clear errors counts as a traceback."""
     try:
         yield
     except allowed:
-        _count()
+        _count(kind)
     except BaseException:
-        _count("tracebacks")
+        _count(kind, "tracebacks")
         raise
     else:
-        _count()
+        _count(kind)
 
 
 # ---- suite files -> rendered sbatch scripts, run in bash ------------------------------------------------
@@ -107,7 +109,22 @@ def _injected() -> bool:
     return False
 
 
+class Raw(str):
+    """TOML text written as it is: values a Python object cannot carry into the file (a 5000-digit integer)."""
+
+
+# The inputs that break parsers rather than checks: nesting past any stack, integers past Python's
+# conversion limit or 64 bits, non-finite numbers.
+extreme = st.one_of(st.integers(33, 600).map(lambda d: Raw("[" * d + "1" + "]" * d)),
+                    st.integers(4301, 6000).map(lambda n: Raw("9" * n)),
+                    st.sampled_from([Raw("nan"), Raw("inf"), Raw("-inf"), Raw(str(2**64)), Raw("1e400")]))
+# An experiment of four 100-value keys: 10^8 points, refused before one is built.
+HUGE_SWEEP = {k: list(range(1, 101)) for k in ("iters", "warmup_iters", "step_factor", "root")}
+
+
 def toml_value(v: object) -> str:
+    if isinstance(v, Raw):
+        return str(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -150,15 +167,16 @@ FIELDS = [("suite", "name"), ("suite", "description"), ("suite", "hardware"), ("
 
 
 @st.composite
-def suites(draw) -> tuple[str, str]:
+def suites(draw) -> tuple[str, str | bytes]:
     """(directory name, suite text): a valid suite with 1-3 fields replaced by hostile values, or raw junk."""
     dirname = draw(st.one_of(st.just("plain"), hostile).filter(
         lambda s: s not in ("", ".", "..") and "/" not in s and "\0" not in s and len(s.encode("utf-8",
                                                                                              "replace")) < 100))
-    if draw(st.integers(0, 9)) == 0:
-        return dirname, draw(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(
-            lambda b: b.decode("latin-1"))))
+    if draw(st.integers(0, 9)) == 0:  # junk, bytes that are not UTF-8 among it
+        return dirname, draw(st.one_of(st.text(max_size=200), st.binary(max_size=200)))
     doc = base_suite()
+    if draw(st.integers(0, 19)) == 0:
+        doc["experiment"][0]["matrix"] |= HUGE_SWEEP
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(FIELDS))
         node: object = doc
@@ -167,8 +185,13 @@ def suites(draw) -> tuple[str, str]:
                                                                    (isinstance(node, list) and len(node) > key)) \
                 else None
         if isinstance(node, dict):
-            node[path[-1]] = draw(value)
-    return dirname, toml_doc(doc)
+            node[path[-1]] = draw(st.one_of(value, extreme))
+    text = toml_doc(doc)
+    if draw(st.integers(0, 9)) == 0:  # a whole suite with bytes that are not UTF-8 in it
+        at = draw(st.integers(0, len(text)))
+        return dirname, text[:at].encode() + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"])) + \
+            text[at:].encode()
+    return dirname, text
 
 
 @COUNTED
@@ -189,14 +212,14 @@ def test_generated_suites_load_or_name_the_field_and_never_inject(case, tmp_path
     except ReproflowError as exc:
         message = str(exc)
         assert "field '" in message or "does not exist" in message, message
-        _count()
+        _count("suite files")
         return
     except BaseException:
-        _count("tracebacks")
+        _count("suite files", "tracebacks")
         raise
     calls = run_script(script, folder)
     injected = _injected()
-    _count("injections" if injected else "")
+    _count("suite files", "injections" if injected else "")
     assert not injected, script
     suites_seen = [c[c.index("--suite") + 1] for c in calls if "--suite" in c]
     assert suites_seen and set(suites_seen) == {str(path.resolve())}, calls
@@ -204,7 +227,9 @@ def test_generated_suites_load_or_name_the_field_and_never_inject(case, tmp_path
 
 # ---- CLI values ------------------------------------------------------------------------------------------
 
-arg = hostile.filter(lambda s: "\0" not in s and not s.startswith("-"))
+# Values as a shell passes them: hostile text, option-like words, numbers no count or size takes.
+arg = st.one_of(hostile, st.sampled_from(["-2", "0", "-", "--", "-x", "--help-me", "nan", "inf", "1e400", "9" * 5000,
+                                          "1" * 30])).filter(lambda s: "\0" not in s)
 options = st.lists(st.one_of(*(st.tuples(st.just(o), arg) for o in (
     "--set", "--procs", "-e", "--results", "--partition", "--image", "--mounts", "--nodes", "--retries",
     "--max-parallel", "--after"))), max_size=3)
@@ -228,7 +253,7 @@ def test_generated_cli_values_give_one_clear_error(command, suite, opts, tmp_pat
     if command == "report":
         argv += ["--out", str(tmp_path / "out")]
     err = io.StringIO()
-    with no_traceback(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with no_traceback("command lines"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         try:
             code = cli.main(argv)
         except SystemExit as exc:  # argparse: usage and the option at fault
@@ -271,10 +296,10 @@ def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, par
         text = executor.dry_run(suite, suite.experiments[0])
     except ReproflowError as exc:
         assert "--image" in str(exc) or "--mounts" in str(exc) or "--partition" in str(exc)
-        _count()
+        _count("submitit job scripts")
         return
     except BaseException:
-        _count("tracebacks")
+        _count("submitit job scripts", "tracebacks")
         raise
     folder = Path(tempfile.mkdtemp(dir=tmp_path))
     (folder / "stubs.sh").write_text(STUBS + 'srun() { printf "%s\\0" "$REPROFLOW_IMAGE" "$@" >> "$ARGV_OUT"; '
@@ -284,7 +309,7 @@ def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, par
     env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(folder / "stubs.sh"), "ARGV_OUT": str(folder / "argv")}
     subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
     injected = _injected()
-    _count("injections" if injected else "")
+    _count("submitit job scripts", "injections" if injected else "")
     assert not injected, text
     recorded = (folder / "argv").read_bytes().decode(errors="replace").split("\0")
     assert recorded[0] == "/" + image and f"--container-image=/{image}" in recorded, recorded
@@ -336,7 +361,7 @@ def test_generated_aceso_configs_load_or_name_the_field(data, good_config, tmp_p
     text = data.draw(mutated(good_config))
     path = Path(tempfile.mkdtemp(dir=tmp_path)) / "config.json"
     path.write_text(text)
-    with no_traceback(ParamError):
+    with no_traceback("Aceso configs", ParamError):
         load_config(path, SEQ)
 
 
@@ -351,7 +376,7 @@ def test_generated_cfp_profiles_load_or_name_the_field(data, tmp_path):
     text = data.draw(mutated(SEGMENT))
     path = Path(tempfile.mkdtemp(dir=tmp_path)) / "segment_0.json"
     path.write_text(text)
-    with no_traceback(ParamError):
+    with no_traceback("CFP profiles", ParamError):
         _segment_profile(path, "abc", [2, 3], "profile again")
 
 
@@ -394,7 +419,7 @@ def test_each_listed_bad_input_gets_one_line_naming_the_field(name, write_suite)
     suite = write_suite(TINY.format(launch=launch, iters=iters, matrix=matrix))
     verb, *rest = command
     proc = reproflow(verb, str(suite), *rest, timeout=120)
-    _count("tracebacks" if "Traceback" in proc.stderr else "")
+    _count("listed inputs", "tracebacks" if "Traceback" in proc.stderr else "")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
@@ -411,7 +436,7 @@ def test_damaged_files_of_a_results_folder_and_the_catalog_are_set_aside(tmp_pat
     (point,) = (results / "tiny").rglob("collective=all_reduce-*.csv")
     point.write_bytes(point.read_bytes().replace(b"all_reduce", b"all_r\xff\xfeuce", 1))
     report = reproflow("report", "--results", str(results), "--out", str(tmp_path / "out"))
-    _count("tracebacks" if "Traceback" in report.stderr else "")
+    _count("results folders", "tracebacks" if "Traceback" in report.stderr else "")
     assert report.returncode == 0 and "(not UTF-8 text (byte" in report.stderr, report.stderr[-2000:]
     assert (results / "quarantine" / point.relative_to(results)).is_file()
 
@@ -421,17 +446,17 @@ def test_damaged_files_of_a_results_folder_and_the_catalog_are_set_aside(tmp_pat
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_bytes(b"not a database, a file some crash left here" * 100)
     runs = reproflow("runs", "--results", str(results))
-    _count("tracebacks" if "Traceback" in runs.stderr else "")
+    _count("results folders", "tracebacks" if "Traceback" in runs.stderr else "")
     assert runs.returncode == 0 and "is damaged (file is not a database); removed, and built again" in runs.stderr
     assert "1 run(s) listed" in runs.stdout and index.name == f"index-v{catalog.INDEX_VERSION}.sqlite"
 
     mesh = reproflow("cfp", "all", "--model", "gpt", "--mesh", "../../x", "--results", str(tmp_path / "cfp" / "r"))
-    _count("tracebacks" if "Traceback" in mesh.stderr else "")
+    _count("results folders", "tracebacks" if "Traceback" in mesh.stderr else "")
     assert mesh.returncode == 2 and "cannot name a file" in mesh.stderr and not (tmp_path / "cfp").exists()
 
     deep = tmp_path / "config.json"
     deep.write_text("[" * 5000 + "]" * 5000)
-    _count()
+    _count("Aceso configs")
     with pytest.raises(ParamError, match="nested deeper than 32"):
         read_config(deep)
 

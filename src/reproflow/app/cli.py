@@ -547,6 +547,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ReproflowError, ParamError) as exc:
         print(f"reproflow: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path given that the system refuses: too long, not permitted, a folder for a file
+        if exc.filename is None:
+            raise
+        print(f"reproflow: error: {str(exc.filename)[:200]}: {exc.strerror}. Check the path given.", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("reproflow: interrupted; finished points are kept", file=sys.stderr)
         return 130

@@ -323,10 +323,12 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
     """
     path = Path(path)
     overrides = dict(overrides or {})
-    if not path.is_file():
-        raise ReproflowError(f"suite file {path} does not exist. `reproflow list` shows the suites.")
     try:
+        if not path.is_file():
+            raise ReproflowError(f"suite file {str(path)[:200]} does not exist. `reproflow list` shows the suites.")
         data = parse(path.read_text(encoding="utf-8"), toml=True)
+    except OSError as exc:
+        raise ReproflowError(f"suite file {str(path)[:200]} cannot be read ({exc.strerror}).") from None
     except UnicodeDecodeError as exc:
         raise SuiteError(path, "(encoding)", f"is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     except tomllib.TOMLDecodeError as exc:
@@ -399,11 +401,15 @@ def load_suite(path: str | Path, overrides: Mapping[str, Any] | None = None, onl
 def find_suite(name_or_path: str, workflows: Path) -> Path:
     """A suite given by path or by name (`param-comms` -> workflows/param-comms.toml)."""
     given = Path(name_or_path)
-    if given.suffix == ".toml" or given.exists():
-        return given
-    candidate = workflows / f"{name_or_path}.toml"
-    if candidate.is_file():
-        return candidate
+    try:
+        if given.suffix == ".toml" or given.exists():
+            return given
+        candidate = workflows / f"{name_or_path}.toml"
+        if candidate.is_file():
+            return candidate
+    except OSError as exc:  # a name longer than a file name can be, say
+        raise ReproflowError(f"the suite {name_or_path[:80]!r} cannot be looked up ({exc.strerror}). Give a suite's "
+                             "name (`reproflow list` shows them) or its file.") from None
     names = ", ".join(sorted(p.stem for p in workflows.glob("*.toml"))) or "(none)"
     raise ReproflowError(f"no suite named '{name_or_path}' in {workflows}. Suites there: {names}.")
 
