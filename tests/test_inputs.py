@@ -1,7 +1,10 @@
-"""Bad input: generated hostile suite files, CLI values, Aceso configs and CFP profiles give one clear
-error (never a traceback), run nothing, and inject nothing into the job scripts they render.
+"""Bad input: generated hostile suite files (bytes that are not UTF-8, nesting and integers past the
+parsers, non-finite numbers, huge sweeps), command-line values, Aceso configs, CFP profiles, results
+folders (point files, failure, job and environment records, run manifests) fed to report, status, runs
+and compare, archives, and the job script's container branches give one clear error (never a
+traceback), run nothing, and inject nothing into the job scripts they render.
 
-Every generated input is counted in the fault-injection summary. Rendered scripts are run for real
+Every generated input is counted, by kind, in the fault-injection summary. Rendered scripts are run for real
 in bash, with `srun` and `scontrol` replaced by shell functions that record their arguments: a
 value that escaped its quoting would run `touch <marker>`; a value that kept it arrives at srun
 byte for byte.
@@ -483,3 +486,164 @@ def test_ranks_beyond_the_gpus_share_them_only_without_nccl():
     assert [gpu_of(r, 1, "gloo") for r in (0, 1, 2)] == [0, 0, 0]
     with pytest.raises(ReproflowError, match=r"no GPU of its own.*launch.backend = 'gloo'"):
         gpu_of(1, 1, "nccl")
+
+
+# ---- results folders, run manifests and archives fed to report, status, runs and compare -------------------
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A real results folder: two points of a 1-rank suite, its environment record and run manifest."""
+    where = tmp_path_factory.mktemp("measured")
+    proc = reproflow("run", str(_tiny(where)), "--results", str(where / "results"))
+    assert proc.returncode == 0, proc.stderr
+    return where / "results"
+
+
+junk = st.one_of(st.binary(max_size=300), hostile.map(str.encode), extreme.map(str.encode),
+                 st.sampled_from([b"\xff\xfe\x00", b'{"environment": {"A": 1}', b"[]", b"null", b'"x"', b"{}",
+                                  b"schema_version,suite\n", b"[" * 5000, b"9" * 5000, b"nan", b'{"run_id": NaN}']))
+
+
+@st.composite
+def damaged_folder(draw) -> list[tuple[str, bytes, str]]:
+    """Changes to a results folder: (glob of the file, new bytes or a change, how): replaced, cut, appended,
+    a line changed, or a file added where reproflow looks (point CSV, failure record, job record, manifest)."""
+    changes = []
+    for _ in range(draw(st.integers(1, 3))):
+        target = draw(st.sampled_from(["t/c/*.csv", "t/env/*.json", "runs/*.json", "t/c/new.csv",
+                                       "t/c/x.failed.json", "t/jobs.jsonl", "runs/new.json", "t/events.jsonl"]))
+        how = draw(st.sampled_from(["replace", "cut", "append", "line"]))
+        changes.append((target, draw(junk), how))
+    return changes
+
+
+def _damage(folder: Path, changes: list[tuple[str, bytes, str]]) -> None:
+    for target, data, how in changes:
+        found = sorted(folder.glob(target)) or [folder / target]
+        path = found[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = path.read_bytes() if path.is_file() else b""
+        if how == "replace" or not old:
+            path.write_bytes(data)
+        elif how == "cut":
+            path.write_bytes(old[: len(data) % max(len(old), 1)])
+        elif how == "append":
+            path.write_bytes(old + data)
+        else:  # one line of the file replaced: a row, a field of a record
+            lines = old.split(b"\n")
+            lines[len(data) % len(lines)] = data
+            path.write_bytes(b"\n".join(lines))
+
+
+@COUNTED
+@settings(SETTINGS, max_examples=120)
+@given(changes=damaged_folder(), command=st.sampled_from(["report", "status", "runs", "compare"]))
+def test_generated_results_folders_give_a_report_or_one_clear_error(changes, command, measured, tmp_path):
+    import shutil
+
+    folder = Path(tempfile.mkdtemp(dir=tmp_path)) / "results"
+    shutil.copytree(measured, folder)
+    _damage(folder, changes)
+    argv = {"report": ["report", "--results", str(folder), "--out", str(folder.parent / "out")],
+            "status": ["status", "--results", str(folder)],
+            "runs": ["runs", "--results", str(folder)],
+            "compare": ["compare", str(measured), str(folder), "--out", str(folder.parent / "cmp")]}[command]
+    err = io.StringIO()
+    with no_traceback("results folders"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code in (0, 1, 2), (argv, err.getvalue())
+
+
+def _archive(where: Path, measured: Path, kind: str) -> Path:
+    """An archive to compare: a good one changed in one way a hostile or broken file could be."""
+    import tarfile
+
+    path = where / f"{kind}.tar.gz"
+    if kind in ("junk", "cut"):
+        good = _archive(where, measured, "good")
+        path.write_bytes(b"\x1f\x8b junk" if kind == "junk" else good.read_bytes()[: good.stat().st_size // 2])
+        return path
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(measured, arcname="share/results")
+        if kind == "good":
+            return path
+        member = tarfile.TarInfo({"absolute": "/tmp/reproflow-planted.csv", "leading-out": "../../planted.csv",
+                                  "link": "share/results/t/c/link.csv", "device": "share/results/t/dev",
+                                  "fifo": "share/results/t/fifo", "hardlink": "share/results/t/hard.csv"}[kind])
+        member.type = {"link": tarfile.SYMTYPE, "device": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE,
+                       "hardlink": tarfile.LNKTYPE}.get(kind, tarfile.REGTYPE)
+        member.linkname = "/etc/passwd" if kind in ("link", "hardlink") else ""
+        tar.addfile(member, io.BytesIO(b"") if member.type == tarfile.REGTYPE else None)
+    return path
+
+
+ARCHIVES = ["absolute", "leading-out", "link", "device", "fifo", "hardlink", "junk", "cut"]
+
+
+@COUNTED
+@pytest.mark.parametrize("kind", ARCHIVES)
+def test_hostile_archives_are_refused_naming_the_member(kind, measured, tmp_path):
+    err = io.StringIO()
+    with no_traceback("archives"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(["compare", str(measured), str(_archive(tmp_path, measured, kind)), "--out",
+                         str(tmp_path / "cmp")])
+    assert code == 2 and ("not a file or a folder inside it" in err.getvalue()
+                          or "not a readable .tar.gz archive" in err.getvalue()), err.getvalue()
+    assert not Path("/tmp/reproflow-planted.csv").exists() and not (tmp_path.parent / "planted.csv").exists()
+
+
+# ---- the job script's container branches (Pyxis, OCI, Apptainer) with hostile images and mounts --------------
+
+CONTAINER_STUBS = r"""srun() {
+    if [ "$1" = --help ]; then echo "--container-image"; return 0; fi
+    printf '%s\0' "$@" >> "$ARGV_OUT"; printf 'END\0' >> "$ARGV_OUT"
+    case " $* " in *" bash -c "*) echo "node1 4.1.2" ;; esac
+}
+scontrol() { echo node1; }
+unsquashfs() { local d=""; while [ $# -gt 0 ]; do [ "$1" = -d ] && d=$2; shift; done; mkdir -p "$d/etc"; }
+"""
+file_name = hostile.filter(lambda s: s not in ("", ".", "..") and "/" not in s and "\0" not in s
+                           and len(s.encode("utf-8", "surrogateescape")) < 120)
+
+
+@COUNTED
+@settings(SETTINGS, max_examples=90)
+@given(runtime=st.sampled_from(["pyxis", "oci", "apptainer"]), name=file_name,
+       mounts=hostile.filter(lambda s: "\0" not in s))
+def test_container_branches_pass_hostile_images_and_mounts_as_data(runtime, name, mounts, tmp_path):
+    """The rendered script run in bash with a squash file whose name carries a payload and hostile
+    CONTAINER_MOUNTS: nothing runs that the values spell, and the image reaches srun or apptainer byte
+    for byte."""
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    try:
+        image = folder / (name + ".sqsh")
+        image.write_bytes(b"hsqs" + bytes(36) + (64).to_bytes(8, "little") + bytes(16))  # magic, bytes_used
+    except (OSError, UnicodeEncodeError):
+        _count("container branches")
+        return
+    (folder / "oci.conf").write_text("")
+    (folder / "stubs.sh").write_text(CONTAINER_STUBS + 'apptainer() { printf "%s\\0" apptainer "$@" >> '
+                                                       '"$ARGV_OUT"; printf "END\\0" >> "$ARGV_OUT"; }\n')
+    script = folder / "job.sbatch"
+    script.write_text(render_sbatch(load_suite(_tiny(folder)), ROOT))
+    env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(folder / "stubs.sh"), "ARGV_OUT": str(folder / "argv"),
+           "HOME": str(folder), "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_SUBMIT_DIR": str(folder), "SLURM_CONF": str(folder / "slurm.conf"), "IMAGE": str(image),
+           "CONTAINER_RUNTIME": runtime, "CONTAINER_MOUNTS": mounts}
+    subprocess.run(["bash", str(script)], env={k: v.encode("utf-8", "surrogateescape") for k, v in env.items()},
+                   capture_output=True, timeout=60)
+    injected = _injected()
+    _count("container branches", "injections" if injected else "")
+    assert not injected, (runtime, name, mounts)
+    recorded = (folder / "argv").read_bytes().decode("utf-8", "surrogateescape").split("\0") \
+        if (folder / "argv").exists() else []
+    image_text, mounts = str(image), mounts or f"{folder}:{folder}"  # empty: the script's default
+    if runtime == "pyxis":
+        given = [recorded[i + 1] for i, a in enumerate(recorded[:-1]) if a == "--container-image"]
+        assert given and set(given) == {image_text}, recorded[:20]
+        assert {recorded[i + 1] for i, a in enumerate(recorded[:-1]) if a == "--container-mounts"} == {mounts}
+    elif runtime == "apptainer":
+        assert image_text in recorded and recorded[recorded.index("--bind") + 1] == mounts, recorded[:20]
+    else:
+        bundle = image_text.removesuffix(".sqsh") + ".oci/job-7"
+        assert f"--container={bundle}" in recorded, recorded[:20]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import getpass
-import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from reproflow.launch.shell import run, run_lines
+from reproflow.spec.suite import JOB_ID_RE
+from reproflow.store.files import json_object
 from reproflow.store.results import failure_files, result_files
 
 
@@ -94,7 +95,14 @@ def submitted_jobs(results: Path) -> list[dict[str, str]]:
     """Jobs recorded by `reproflow submit`, oldest first."""
     jobs = []
     for path in sorted(results.glob("*/jobs.jsonl")):
-        jobs.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        # A line that is not a job record (damaged, or written by hand) is passed over, not trusted.
+        records = (json_object(line) for line in lines if line.strip())
+        jobs += [r for r in records if r and JOB_ID_RE.fullmatch(str(r.get("job_id", "")))
+                 and isinstance(r.get("suite"), str)]
     return jobs
 
 

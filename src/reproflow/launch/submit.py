@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from reproflow.launch.containers import image_problem, runtime_problems
 from reproflow.launch.local import worker_args
 from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
-from reproflow.spec.suite import PARTITION_RE, Experiment, Suite, slurm_seconds
+from reproflow.spec.suite import JOB_ID_RE, PARTITION_RE, Experiment, Suite, slurm_seconds
 from reproflow.store.files import append_line
 from reproflow.store.runs import RUN_ID_ENV
 
@@ -60,10 +59,6 @@ def run_rank(worker_argv: list[str]) -> int:
     return code
 
 
-# A Slurm job id as afterok takes it: a job, an array task (1234_5) or a heterogeneous component (1234+1).
-_JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
-
-
 @dataclass
 class SubmititExecutor:
     """Submit experiments to Slurm with submitit (`reproflow submit`)."""
@@ -95,7 +90,7 @@ class SubmititExecutor:
                 raise ReproflowError(f"{name} {value!r}: give a whole number >= 1, or leave it out for the "
                                      "suite's launch.")
         for job in self.after:
-            if not _JOB_ID.fullmatch(job):
+            if not JOB_ID_RE.fullmatch(job):
                 raise ReproflowError(f"--after {job[:40]!r} is not a Slurm job id. Give the ids sbatch or "
                                      "`reproflow submit` printed (e.g. --after 1234 or --after 1234,1235).")
 

@@ -31,6 +31,7 @@ import pandas as pd
 
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
+from reproflow.store.files import read_json_object
 from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
@@ -171,16 +172,14 @@ def forget(con: sqlite3.Connection, under: Path) -> None:
 
 def _index_file(con: sqlite3.Connection, folder: Path, path: Path) -> None:
     if path.parent == folder / RUNS:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return  # half written by a run starting now: read again when it is whole
+        record = read_json_object(path)
+        if record is None:
+            return  # half written by a run starting now (read again when it is whole), or not a manifest
         con.execute("INSERT INTO manifests VALUES (?, ?, ?, ?)",
                     (str(path), str(folder), str(record.get("run_id", path.stem)), json.dumps(record)))
     elif path.name.endswith(".failed.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+        record = read_json_object(path)
+        if record is None:
             return
         experiment, suite = path.parent.name, path.parent.parent.name
         con.execute("INSERT INTO points (path, folder, run_id, job_id, suite, experiment, point, failed, timestamp) "

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy import stats
 
 from reproflow.spec.errors import NOT_APPLICABLE
-from reproflow.store.files import atomic_write
+from reproflow.store.files import atomic_write, read_json_object
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NOT_MEASURED, NOT_COMPARED = "not measured", "not compared"
@@ -72,12 +72,8 @@ def at_level(level: float) -> Iterator[None]:
 def read_looks(results: Path) -> dict[str, int]:
     """Per family, the looks its claims may get, as the reproduction that measured `results` planned them
     (none recorded: one)."""
-    path = results / LOOKS
-    try:
-        found = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return {str(k): int(v) for k, v in found.items() if isinstance(v, int) and v >= 1}
+    found = read_json_object(results / LOOKS) or {}
+    return {str(k): int(v) for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
 
 
 def write_looks(results: Path, looks: dict[str, int]) -> None:

@@ -16,7 +16,6 @@ import html
 import json
 import math
 import sqlite3
-import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -138,7 +137,7 @@ def open_run(source: str, index: sqlite3.Connection, scratch: Path, match: Seque
     """A results folder, a `reproflow archive` file (unpacked under `scratch`) or a run id of the catalog
     (or the start of one), as a Run; folders are brought into the index first."""
     path = Path(source)
-    if path.is_file() and tarfile.is_tarfile(path):
+    if path.is_file():  # an archive, or a file that says why it is not one
         path = unpack_results(path, scratch / f"{len(list(scratch.iterdir()))}")
     if path.is_dir():
         catalog.refresh(index, [path])

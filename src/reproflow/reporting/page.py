@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from reproflow.reporting.claims import (
     Claim,
     counts,
 )
-from reproflow.store.files import atomic_write
+from reproflow.store.files import atomic_write, read_json_object
 
 # Tables longer than this are folded (<details>) in the HTML page and cut in the markdown twin.
 FOLD_ROWS = 24
@@ -165,15 +164,15 @@ def hardware_table(results: Path) -> pd.DataFrame:
     """One row per (suite, host) from the environment records the jobs wrote (`<results>/<suite>/env/`)."""
     rows = []
     for path in sorted(results.glob("*/env/*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+        record = read_json_object(path)
+        if record is None:
             continue
-        hw = record.get("hardware") or {}
-        rows.append({"suite": path.parent.parent.name, "host": record.get("host", ""),
-                     "cpu": hw.get("cpu_model", ""), "cpus": hw.get("cpus"), "memory_gib": hw.get("memory_gib"),
-                     "gpus": ", ".join(hw.get("gpus", [])) or "none", "os": hw.get("os", ""),
-                     "python": hw.get("python", "")})
+        hw = record.get("hardware") if isinstance(record.get("hardware"), dict) else {}
+        gpus = hw.get("gpus") if isinstance(hw.get("gpus"), list) else []
+        rows.append({"suite": path.parent.parent.name, "host": str(record.get("host", "")),
+                     "cpu": str(hw.get("cpu_model", "")), "cpus": hw.get("cpus"), "memory_gib": hw.get("memory_gib"),
+                     "gpus": ", ".join(map(str, gpus)) or "none", "os": str(hw.get("os", "")),
+                     "python": str(hw.get("python", ""))})
     if not rows:
         return pd.DataFrame()
     return pd.DataFrame(rows).drop_duplicates(["suite", "host", "cpu", "gpus"]).reset_index(drop=True)

@@ -40,6 +40,8 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The results folder's own folders beside the suites' (torn files moved aside, the runs' manifests).
 RESULTS_FOLDERS = ("quarantine", "runs")
 PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+# A Slurm job id as afterok and sacct take it: a job, an array task (1234_5) or a heterogeneous part (1234+1).
+JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
 
 
 def slurm_seconds(limit: str) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -42,3 +44,21 @@ def append_line(path: Path, line: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """The JSON object in `text`, or None for anything else a damaged or hostile record can be: bytes that
+    are not UTF-8, not JSON, nesting past the parser's stack, a list, a string."""
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in the file at `path` (see json_object); None where it cannot be read."""
+    try:
+        return json_object(path.read_bytes())
+    except OSError:
+        return None
