@@ -271,6 +271,31 @@ def test_the_report_sets_the_results_against_published_figures(tmp_path: Path) -
     assert both.returncode == 2 and "--claims-only does not write" in both.stderr
 
 
+def test_the_index_lists_only_folders_whose_time_changed(tmp_path: Path) -> None:
+    """A folder with its indexed time is not listed again (its files taken as indexed); one that gained a
+    file is; a file edited in place, which leaves its folder's time, is found by a rescan."""
+    import os
+
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=5.0, commit="c", device="a CPU")
+    past = 1_700_000_000
+    for folder, _, _ in os.walk(tmp_path / "a"):
+        os.utime(folder, (past, past))
+    index = catalog.connect(tmp_path / "index.sqlite")
+    first = catalog.refresh(index, [tmp_path / "a"])
+    assert first > 0 and catalog.refresh(index, [tmp_path / "a"]) == 0
+    (point,) = [p for p in (tmp_path / "a").rglob("*.csv")][:1]
+    with point.open("a") as fh:  # in place: the folder keeps its time
+        fh.write("")
+    os.utime(point, (past + 10, past + 10))
+    assert catalog.refresh(index, [tmp_path / "a"]) == 0
+    assert catalog.refresh(index, [tmp_path / "a"], rescan=True) == 1
+    (point.parent / "new.csv").write_bytes(point.read_bytes())  # a file added: the folder's time changes
+    assert catalog.refresh(index, [tmp_path / "a"]) == 1
+    point.unlink()
+    catalog.refresh(index, [tmp_path / "a"])
+    assert str(point) not in {p for (p,) in index.execute("SELECT path FROM files")}
+
+
 def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Path) -> None:
     """A year of nightly folders in the catalog: comparing two runs by id reads those two runs' folders,
     not every folder the catalog knows."""

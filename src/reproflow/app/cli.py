@@ -305,7 +305,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
               "theirs; or give a results folder with --results")
         return 0
     def listing(index: Any) -> tuple[int, Any]:
-        return catalog.refresh(index, folders), catalog.runs_table(
+        return catalog.refresh(index, folders, rescan=args.rescan), catalog.runs_table(
             index, folders, suite=args.suite, cluster=args.cluster, since=args.since, until=args.until,
             limit=args.limit)
 
@@ -489,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
     p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
     p.add_argument("--limit", type=whole(0), default=0, help="at most this many runs (0: all)")
+    p.add_argument("--rescan", action="store_true",
+                   help="check every file's time, not only the folders' (for result files edited in place)")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",

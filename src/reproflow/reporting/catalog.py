@@ -21,6 +21,7 @@ import os
 import sqlite3
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from reproflow.store.files import read_json_object
 from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
@@ -45,12 +46,15 @@ T = TypeVar("T")
 MATCH_KEY = ["family", "match", "metric"]  # compare --match: points matched by the named fields only
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER);
+CREATE TABLE IF NOT EXISTS dirs(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, subdirs TEXT);
 CREATE TABLE IF NOT EXISTS manifests(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, record TEXT);
 CREATE TABLE IF NOT EXISTS points(path TEXT, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
     experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
     {", ".join(f"{c} TEXT" for c in MANIFEST)});
 CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
     coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
+CREATE INDEX IF NOT EXISTS files_folder ON files(folder);
+CREATE INDEX IF NOT EXISTS dirs_folder ON dirs(folder);
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
 CREATE INDEX IF NOT EXISTS points_folder ON points(folder);
 CREATE INDEX IF NOT EXISTS points_path ON points(path);
@@ -124,32 +128,66 @@ def connect(path: Path) -> sqlite3.Connection:
     return con
 
 
-def _files(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every point file, failure record and run manifest under a results folder: path -> (mtime, size)."""
-    found = {}
-    for directory, subdirs, names in os.walk(folder):
-        if directory == str(folder):
-            subdirs[:] = [d for d in subdirs if d != QUARANTINE]
-        subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in ("submitit", "env", "logs")]
-        manifests = Path(directory) == folder / RUNS
-        for name in names:
-            if name.startswith(".") or not (name.endswith(".csv") or name.endswith(".failed.json")
-                                            or (manifests and name.endswith(".json"))):
-                continue
-            path = os.path.join(directory, name)
-            stat = os.stat(path)
-            found[path] = (stat.st_mtime_ns, stat.st_size)
-    return found
+# A folder modified this close to being listed may change again within its time's granularity (a
+# second on some file systems): it is listed again next time rather than trusted.
+_RACY_NS = 2_000_000_000
+_SKIPPED = ("submitit", "env", "logs")
 
 
-def refresh(con: sqlite3.Connection, folders: Iterable[Path]) -> int:
-    """Bring the index up to date with the folders' files; returns how many files were read again."""
+def _indexed_name(name: str, manifests: bool) -> bool:
+    return not name.startswith(".") and (name.endswith(".csv") or name.endswith(".failed.json")
+                                         or (manifests and name.endswith(".json")))
+
+
+def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """A folder's indexed files (path -> (mtime, size)) and the subfolders to look into."""
+    files, subdirs = {}, []
+    manifests = directory == str(folder / RUNS)
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if not entry.name.startswith(".") and entry.name not in _SKIPPED and not (
+                        directory == str(folder) and entry.name == QUARANTINE):
+                    subdirs.append(entry.path)
+            elif _indexed_name(entry.name, manifests):
+                stat = entry.stat()
+                files[entry.path] = (stat.st_mtime_ns, stat.st_size)
+    return files, subdirs
+
+
+def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = False) -> int:
+    """Bring the index up to date with the folders' files; returns how many files were read again.
+
+    A folder whose modification time is the one indexed has gained, lost and renamed no file, so its
+    files are taken as indexed without a stat each (reproflow replaces files by renaming them, which
+    changes the folder's time); `rescan` stats every file, for files edited in place."""
     read = 0
     for folder in folders:
         folder = folder.resolve()
-        on_disk = _files(folder) if folder.is_dir() else {}
+        known = {} if rescan else {p: (m, json.loads(sub)) for p, m, sub in con.execute(
+            "SELECT path, mtime_ns, subdirs FROM dirs WHERE folder = ?", (str(folder),))}
+        on_disk: dict[str, tuple[int, int]] = {}
+        unchanged: set[str] = set()
+        seen: dict[str, tuple[int, list[str]]] = {}
+        now = time.time_ns()
+        stack = [str(folder)] if folder.is_dir() else []
+        while stack:
+            directory = stack.pop()
+            try:
+                mtime = os.stat(directory).st_mtime_ns
+                if directory in known and known[directory][0] == mtime:
+                    unchanged.add(directory)
+                    subdirs = known[directory][1]
+                else:
+                    files, subdirs = _list(folder, directory)
+                    on_disk.update(files)
+            except FileNotFoundError:  # removed while walked
+                continue
+            seen[directory] = (mtime if now - mtime > _RACY_NS else 0, subdirs)
+            stack += subdirs
         indexed = {p: (m, s) for p, m, s in con.execute("SELECT path, mtime_ns, size FROM files WHERE folder = ?",
                                                         (str(folder),))}
+        on_disk.update({p: v for p, v in indexed.items() if os.path.dirname(p) in unchanged})
         stale = [p for p in indexed if on_disk.get(p) != indexed[p]]
         fresh = [p for p in on_disk if indexed.get(p) != on_disk[p]]
         with con:
@@ -159,6 +197,9 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path]) -> int:
                 _index_file(con, folder, Path(path))
             con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
                             ((p, str(folder), *on_disk[p]) for p in fresh))
+            con.execute("DELETE FROM dirs WHERE folder = ?", (str(folder),))
+            con.executemany("INSERT INTO dirs VALUES (?, ?, ?, ?)",
+                            ((d, str(folder), m, json.dumps(sub)) for d, (m, sub) in seen.items()))
         read += len(fresh)
     return read
 
@@ -166,7 +207,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path]) -> int:
 def forget(con: sqlite3.Connection, under: Path) -> None:
     """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
     with con:
-        for table in ("files", "manifests", "points", "samples"):
+        for table in ("files", "dirs", "manifests", "points", "samples"):
             con.execute(f"DELETE FROM {table} WHERE folder LIKE ? || '%'", (str(under.resolve()),))
 
 
