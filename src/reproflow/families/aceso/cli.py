@@ -191,7 +191,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--prof-tp-size", type=whole(1), nargs="+", default=[1, 2], help="TP sizes (local ranks each)")
     p.add_argument("--prof-mbs-list", type=whole(1), nargs="+", default=[1, 2, 4, 8], help="micro-batch sizes")
     p.add_argument("--prof-seq-len", type=whole(0), default=0, help="sequence length or image side; 0: the size's")
-    p.add_argument("--prof-warmup-times", type=whole(1), default=3)
+    p.add_argument("--prof-warmup-times", type=whole(0), default=3)
     p.add_argument("--prof-repeat-times", type=whole(1), default=10)
     p.add_argument("--prof-repeat-seconds", type=number(), default=0.0,
                    help="more timed passes over the ops than --prof-repeat-times until they take this many seconds")

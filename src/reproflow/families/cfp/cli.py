@@ -80,9 +80,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="run here: each emulated host's link at RATE each way, e.g. 1gbit (root and iproute2)")
     p.add_argument("--mesh", default="", help="device mesh shapes, comma-separated: '' (1-D, the default) or AxB "
                                               "with A*B = nproc, e.g. 1x4,2x2,4x1 (1xN and Nx1 are the 1-D mesh)")
-    p.add_argument("--warmup", type=whole(1), default=1, help="untimed steps before each measurement")
+    p.add_argument("--warmup", type=whole(0), default=1, help="untimed steps before each measurement")
     p.add_argument("--repeats", type=whole(1), default=2, help="profile: timed steps per combination")
-    p.add_argument("--lower_top", type=whole(1), default=4,
+    p.add_argument("--lower_top", type=whole(0), default=4,
                    help="profile: the fastest combinations per segment and input partition timed again lowered")
     p.add_argument("--lower_repeats", type=whole(1), default=5,
                    help="profile: timed steps of each combination timed again lowered (in turns; the median is read)")
