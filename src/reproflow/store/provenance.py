@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import reproflow
-from reproflow.store.files import atomic_write
+from reproflow.store.files import atomic_write, json_object
 
 
 @dataclass(frozen=True)
@@ -208,12 +208,9 @@ def redact_environment(env: Mapping[str, str]) -> dict[str, str]:
 def redact_record(text: str) -> str:
     """An environment file's text with its environment redacted again (by today's rules, as an archive
     needs for files written by older versions); text that is not such a record is refused."""
-    try:
-        record = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("environment"), dict):
-        raise ValueError("no 'environment' object")
+    record = json_object(text)
+    if record is None or not isinstance(record.get("environment"), dict):
+        raise ValueError("not a JSON object with an 'environment' object")
     record["environment"] = redact_environment({str(k): str(v) for k, v in record["environment"].items()})
     return json.dumps(record, indent=1) + "\n"
 
