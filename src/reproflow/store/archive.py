@@ -68,7 +68,13 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
 
     with tarfile.open(partial, "w:gz") as tar:
         for path, name in members:
-            data = _redacted(path) if _is_environment_record(name) else path.read_bytes()
+            if not _is_environment_record(name):  # streamed: logs and profiles can be large
+                with path.open("rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                files[name] = {"bytes": path.stat().st_size, "sha256": digest}
+                tar.add(path, arcname=f"{prefix}/{name}", recursive=False)
+                continue
+            data = _redacted(path)
             if data is None:
                 left_out.append(name)
                 continue
