@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import chromium_tab, reproflow
 
@@ -18,6 +19,7 @@ from reproflow.reporting.compare import (
     NEITHER,
     NO_RATIO,
     NOT_MEASURED,
+    NOT_VALID,
     ONE_SAMPLE,
     SAME,
     SLOWER,
@@ -118,6 +120,27 @@ def test_the_index_follows_the_files_and_matches_the_claims_statistics(tmp_path:
     assert catalog.samples(index, later.side).empty
 
 
+def test_a_run_whose_busbw_is_zero_is_not_valid_never_slower(tmp_path: Path) -> None:
+    """A run that moved nothing (busBW 0 in every row) is not valid, with the reason, in every metric of
+    its point, and fails the nightly gate; so is one whose job failed its health gate."""
+    write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    write_run(tmp_path / "zero", 2, busbw=0.0, latency=100.0, commit="aaa", device="cpu A")
+    index = catalog.connect(tmp_path / "index.sqlite")
+    runs = [open_run(str(tmp_path / name), index, tmp_path) for name in ("a", "zero")]
+    table = compare(*runs)
+    assert set(table["verdict"]) == {NOT_VALID}
+    assert set(table["why"]) == {f"{tmp_path / 'zero'}: its busbw is 0 in every row."}
+    gated = reproflow("compare", str(tmp_path / "a"), str(tmp_path / "zero"), "--out", str(tmp_path / "out"),
+                      "--fail-below", "0.5")
+    assert gated.returncode == 1 and "or not valid" in gated.stderr and "0 faster, 0 slower" in gated.stdout
+    write_run(tmp_path / "gate", 3, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
+    gate_point = next((tmp_path / "gate").rglob("*.csv"))
+    frame = pd.read_csv(gate_point, dtype=str, keep_default_na=False).assign(health_gate="fail")
+    atomic_write(gate_point, frame.to_csv(index=False))
+    gated = compare(runs[0], open_run(str(tmp_path / "gate"), index, tmp_path))
+    assert set(gated["verdict"]) == {NOT_VALID} and "failed its health gate" in gated["why"].iloc[0]
+
+
 def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path) -> None:
     write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
     write_run(tmp_path / "b", 2, busbw=7.0, latency=100.0, commit="aaa", device="cpu A")
@@ -129,7 +152,7 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
     run = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert ("15 metrics matched: 0 faster, 3 slower, 3 same within noise, 3 one sample: no interval, 3 neither a rate "
-            "nor a time, 3 no ratio: a zero or no value; 0 point(s) in one run only") in run.stdout
+            "nor a time, 3 no ratio: a zero or no value, 0 not valid; 0 point(s) in one run only") in run.stdout
     assert "The runs' provenance (commit, image, hardware, versions, nodes) is the same." in run.stdout
     gated = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out), "--fail-below", "0.8")
     assert gated.returncode == 1 and "3 metric(s) slower than 0.8 of the first run's" in gated.stderr

@@ -272,7 +272,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"reproflow: {', '.join(str(p) for p in paths)}")
     if slower:
         print(f"reproflow: {slower} metric(s) slower than {args.fail_below:g} of the first run's (the whole "
-              "interval); exit 1", file=sys.stderr)
+              "interval) or not valid (the table's `why`); exit 1", file=sys.stderr)
     return 1 if slower else 0
 
 

@@ -33,7 +33,7 @@ import pandas as pd
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
-from reproflow.store.results import QUARANTINE, RESERVED, read_point_file
+from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
 INDEX_VERSION = 4
@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS dirs(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INT
 CREATE TABLE IF NOT EXISTS manifests(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, record TEXT);
 CREATE TABLE IF NOT EXISTS points(path TEXT, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
     experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
-    {", ".join(f"{c} TEXT" for c in MANIFEST)});
+    {", ".join(f"{c} TEXT" for c in MANIFEST)}, invalid TEXT);
 CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
     coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
 CREATE INDEX IF NOT EXISTS files_folder ON files(folder);
@@ -249,10 +249,10 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
                   else {c for c in middle if len({r[c] for r in mine}) == 1})
         coords = [c for c in middle if c not in params and c not in (known.sample_coords if known else ())]
         run_id = first.get("run_id") or job_run_id(job_id)
-        con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (11 + len(MANIFEST)))})",
+        con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (12 + len(MANIFEST)))})",
                     (str(path), str(folder), run_id, job_id, suite, experiment, first["family"], point, 0,
                      first["timestamp"], json.dumps({c: _number(first[c]) for c in middle if c in params}),
-                     *(first.get(c, "") for c in MANIFEST)))
+                     *(first.get(c, "") for c in MANIFEST), invalid(mine, known.headline if known else "")))
         groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
         for row in mine:
             key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"])
@@ -267,6 +267,17 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
             (str(path), run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
              *_statistics(merged or first_rank))
             for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
+
+
+def invalid(rows: Sequence[dict[str, str]], headline: str) -> str:
+    """Why a point's rows cannot be judged faster, slower or the same ('' when they can): its job failed its
+    health gate, or its headline metric is zero or not finite in every row (a run that moved no bytes)."""
+    if any(row.get("health_gate") == GATE_FAIL for row in rows):
+        return "its job failed its health gate"
+    values = [float(row["value"]) for row in rows if row["metric"] == headline]
+    if values and not any(math.isfinite(v) and v > 0 for v in values):
+        return f"its {headline} is {values[0]:g} in every row"
+    return ""
 
 
 def _number(text: str) -> str:
@@ -382,7 +393,7 @@ def samples(con: sqlite3.Connection, side: Selection, match: Sequence[str] = ())
     where, args = side.where("s")
     frame = pd.read_sql_query(
         f"SELECT {', '.join('s.' + k for k in KEY)}, s.unit, s.n, s.log_mean, s.log_var, s.median, p.family, "
-        f"p.device_name, p.nodelist, p.world_size, p.params FROM samples s JOIN points p ON s.path = p.path "
+        f"p.device_name, p.nodelist, p.world_size, p.params, p.invalid FROM samples s JOIN points p ON s.path = p.path "
         f"AND s.suite = p.suite AND s.experiment = p.experiment AND s.point = p.point WHERE {where}", con, params=args)
     if not match:
         return frame.set_index(KEY).sort_index()

@@ -40,13 +40,16 @@ FASTER, SLOWER, SAME = "faster", "slower", "same within noise"
 ONE_SAMPLE, NEITHER = "one sample: no interval", "neither a rate nor a time"
 NO_RATIO = "no ratio: a zero or no value"  # an error count of 0, a metric left empty
 NOT_MEASURED = "not measured here"  # a published value no point of the run has the parameters of
-VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO)
+# A point whose rows cannot be judged (catalog.invalid: a failed health gate, a headline of zero): never
+# faster, slower or the same, whatever its numbers say; `why` says what is wrong.
+NOT_VALID = "not valid"
+VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO, NOT_VALID)
 # Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
 MAX_FIGURES = 24
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
 KEY = catalog.KEY
 COLUMNS = [*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high", "speed", "speed_low",
-           "speed_high", "verdict", "of_limit_a", "of_limit_b"]
+           "speed_high", "verdict", "why", "of_limit_a", "of_limit_b"]
 
 
 @dataclass(frozen=True)
@@ -180,9 +183,13 @@ def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
         table["speed"] = np.where(sign < 0, 1 / ratio, ratio)
         table["speed_low"] = np.where(sign < 0, 1 / high, low)
         table["speed_high"] = np.where(sign < 0, 1 / low, high)
+    why = [" ".join(f"{label}: {reason}." for label, reason in ((first.label, a), (later.label, b)) if reason)
+           for a, b in zip(_reasons(both, "a"), _reasons(both, "b"), strict=True)]
+    table["why"] = [w or None for w in why]  # None: the column is left out of tables where no row has one
     table["verdict"] = np.select(
-        [no_ratio, sign == 0, np.isnan(low), table["speed_low"] > 1.0, table["speed_high"] < 1.0],
-        [NO_RATIO, NEITHER, ONE_SAMPLE, FASTER, SLOWER], SAME)
+        [np.array([bool(w) for w in why], dtype=bool), no_ratio, sign == 0, np.isnan(low),
+         table["speed_low"] > 1.0, table["speed_high"] < 1.0],
+        [NOT_VALID, NO_RATIO, NEITHER, ONE_SAMPLE, FASTER, SLOWER], SAME)
     for column in ("median_a", "median_b", "ratio", "low", "high", "speed", "speed_low", "speed_high"):
         table.loc[no_ratio, column] = np.nan
     family = both["family"] if "family" in both else both["family_a"]
@@ -191,6 +198,12 @@ def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
     named = ["measured_at"] if "measured_at" in both else []  # by point: which point each row is
     table[named] = both[named]
     return table[[*first.key, *COLUMNS[len(KEY):], *named]]
+
+
+def _reasons(both: pd.DataFrame, side: str) -> list[str]:
+    """Each row's reason its point on `side` is not valid ('' where it is; a published figure always is)."""
+    column = f"invalid_{side}" if f"invalid_{side}" in both else "invalid" if side == "b" else ""
+    return [r if isinstance(r, str) else "" for r in both[column]] if column in both else [""] * len(both)
 
 
 def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
@@ -307,7 +320,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
 def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
                      fail_below: float | None = None) -> tuple[list[Path], str, int]:
     """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, the markdown
-    (the summary and the tables) and how many metrics are slower beyond `fail_below`."""
+    (the summary and the tables) and, with `fail_below`, how many metrics are slower beyond it or not valid."""
     first, later = runs[0], runs[1:]
     tables = [(run, compare(first, run), only_in_one(first, run)) for run in later]
     slower = 0
@@ -328,8 +341,9 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
                    + f"; {len(alone)} point(s) in one run only.")
         if fail_below is not None:
             worse = regressions(table, fail_below)
-            slower += len(worse)
-            summary += f" Slower than {fail_below:g} of the first run's (the whole interval): {len(worse)}."
+            slower += len(worse) + int(counts.get(NOT_VALID, 0))
+            summary += (f" Slower than {fail_below:g} of the first run's (the whole interval): {len(worse)}; not "
+                        f"valid: {counts.get(NOT_VALID, 0)}.")
         shown = table.drop(columns=["speed_low", "speed_high"]).dropna(axis=1, how="all")
         if {"of_limit_a", "of_limit_b"} & set(shown.columns):
             summary += (" of_limit: the median as a fraction of the limit of the hardware that measured it "
