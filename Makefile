@@ -145,6 +145,7 @@ bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
 	$(BIN)/python benchmarks/aceso_bench.py --out benchmarks/results
 	$(BIN)/python benchmarks/catalog_bench.py --out benchmarks/results
+	$(BIN)/python benchmarks/history_bench.py --out benchmarks/results
 
 # On a GPU node: GEMM against a bare torch.mm loop and the dense bf16 peak (figures kept in benchmarks/results/gpu).
 bench-gpu: venv

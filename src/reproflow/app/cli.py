@@ -289,16 +289,9 @@ def _published(name: str) -> Any:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the catalog's runs, newest first, with their headline figures."""
-    import datetime as _dt
-
     from reproflow.reporting import catalog
 
-    for flag in ("since", "until"):
-        value = getattr(args, flag)
-        try:
-            value and _dt.date.fromisoformat(value)
-        except ValueError:
-            raise ReproflowError(f"--{flag} {value!r}: give a date as YYYY-MM-DD (2026-11-26).") from None
+    _check_dates(args)
     folders = catalog.catalog_folders(args.results)
     if not folders:
         print("reproflow: no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
@@ -323,6 +316,44 @@ def cmd_runs(args: argparse.Namespace) -> int:
     print(f"reproflow: {len(table)} run(s) listed from {len(folders)} results folder(s); index {catalog.index_path()} "
           f"({read} file(s) read again)")
     return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """A metric's values run after run and its change points; exit 1 with --fail-on-change on a worse one."""
+    from reproflow.reporting import catalog
+    from reproflow.reporting.history import Selection, series, write_history
+
+    _check_dates(args)
+    folders = catalog.catalog_folders(args.results)
+    chosen = Selection(args.suite, args.experiment, args.point, args.coords, args.metric, args.cluster, args.nodes,
+                       args.since, args.until)
+
+    def read(index: Any) -> Any:
+        catalog.refresh(index, folders)
+        return series(index, folders, chosen)
+
+    if not folders:
+        raise ReproflowError("no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
+                             "theirs; or give a results folder with --results.")
+    paths, text, points = write_history(catalog.using_index(read), Path(args.out))
+    print(text)
+    print(f"reproflow: {', '.join(str(p) for p in paths[:4])} and {len(paths) - 4} figure(s)")
+    worse = int((points["change"] == "worse").sum()) if len(points) else 0
+    if args.fail_on_change and worse:
+        print(f"reproflow: {worse} change(s) made a series worse; exit 1", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_dates(args: argparse.Namespace) -> None:
+    import datetime as _dt
+
+    for flag in ("since", "until"):
+        value = getattr(args, flag)
+        try:
+            value and _dt.date.fromisoformat(value)
+        except ValueError:
+            raise ReproflowError(f"--{flag} {value!r}: give a date as YYYY-MM-DD (2026-11-26).") from None
 
 
 def _targets_help() -> str:
@@ -492,6 +523,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rescan", action="store_true",
                    help="check every file's time, not only the folders' (for result files edited in place)")
     p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("history", help="a metric run after run, and the runs where it changed",
+                       formatter_class=fmt,
+                       description="For the series selected (a point's metric across the catalog's runs, in start "
+                                   "order): each run's geometric mean with its 95 %% interval, and the change points "
+                                   "(PELT, ruptures) with the runs either side, the ratio after / before with its "
+                                   "interval and what the rows say differs across it (commit, image, versions, "
+                                   "nodes). Writes history.md, a self-contained history.html with a figure per "
+                                   "series, history.csv and change_points.csv.")
+    p.add_argument("--results", action="append", default=[],
+                   help="look only in this results folder (repeatable; default: every folder a run was recorded in)")
+    p.add_argument("--suite", default="*", help="suites matching this glob")
+    p.add_argument("--experiment", default="*", help="experiments matching this glob")
+    p.add_argument("--point", default="*", help="points matching this glob, as named in their rows "
+                                                "(collective=all_reduce)")
+    p.add_argument("--coords", default="*", help="coordinates matching this glob (*size_bytes*1048576*)")
+    p.add_argument("--metric", default="", help="the metric (default: each family's headline: busbw, tflops, ...)")
+    p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
+    p.add_argument("--nodes", type=whole(0), default=0, help="only points measured on this many nodes (0: any)")
+    p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
+    p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
+    p.add_argument("--out", default="history", help="where the page, tables and figures go")
+    p.add_argument("--fail-on-change", action="store_true",
+                   help="exit 1 when a change made a series worse (the whole interval of its ratio on the worse "
+                        "side of 1): for a nightly check")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",
                        formatter_class=fmt,

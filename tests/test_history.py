@@ -1,0 +1,123 @@
+"""`reproflow history`: a year of generated nights with known changes, each found with its date, size and
+what differs across it; none in a year without one; the page in a browser; --fail-on-change."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import chromium_tab, reproflow
+
+from reproflow.reporting import catalog
+from reproflow.reporting.history import Selection, changes, series
+from reproflow.spec.family import Measurement
+from reproflow.store.files import atomic_write
+from reproflow.store.provenance import Provenance
+from reproflow.store.results import make_rows, point_path, rows_to_csv
+from reproflow.store.runs import manifest_path
+
+START = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Change:
+    """From `night` on, busBW is `factor` times what it was, and one provenance field reads `value`."""
+
+    night: int
+    factor: float
+    field: str
+    value: str
+
+
+# A 5 % drop with a new commit, a faster NCCL, a slow node joining the job.
+CHANGES = (Change(100, 0.95, "git_commit", "b" * 40), Change(200, 1.08, "nccl_version", "2.29.1"),
+           Change(300, 0.94, "nodelist", "node1,node7"))
+
+
+def write_year(root: Path, changes_made: tuple[Change, ...], seed: int, nights: int = 365) -> list[Path]:
+    """A results folder per night, each a comms point of 8 repeats (2 % run-to-run noise, 1 % within) and
+    its run manifest, started one night after the other."""
+    rng = np.random.default_rng(seed)
+    folders = []
+    for night in range(nights):
+        fields = {"git_commit": "a" * 40, "nccl_version": "2.28.9", "nodelist": "node1,node2"}
+        level = 10.0
+        for change in changes_made:
+            if night >= change.night:
+                level *= change.factor
+                fields[change.field] = change.value
+        run_level = level * float(np.exp(rng.normal(0, 0.02)))
+        run_id = f"night-{night:03d}"
+        prov = Provenance("7", fields["nodelist"], 2, "gloo", "cpu", "a CPU", "2.13.0", fields["nccl_version"],
+                          fields["git_commit"], "", "", run_id=run_id)
+        measured = [(r, Measurement("busbw", run_level * float(np.exp(rng.normal(0, 0.01))), "GB/s",
+                                    {"size_bytes": 1048576})) for r in range(8)]
+        folder = root / f"n{night:03d}"
+        rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms",
+                          "point": "collective=all_reduce"}, {"collective": "all_reduce"}, measured, prov)
+        atomic_write(point_path(folder, "comms", "c", "all_reduce"), rows_to_csv(rows))
+        start = (START + dt.timedelta(days=night)).isoformat(timespec="seconds")
+        atomic_write(manifest_path(folder, run_id), json.dumps({"run_id": run_id, "start": start, "cluster": "c"}))
+        folders.append(folder)
+    return folders
+
+
+def found(root: Path, folders: list[Path]):
+    index = catalog.connect(root / "index.sqlite")
+    catalog.refresh(index, folders)
+    rows = series(index, folders, Selection(suite="comms"))
+    assert rows["run"].nunique() == len(folders)
+    return changes(rows)
+
+
+def test_a_year_with_three_changes_finds_each_with_its_date_size_and_cause(tmp_path):
+    points = found(tmp_path, write_year(tmp_path, CHANGES, seed=1))
+    assert len(points) == len(CHANGES), points
+    for (_, point), change in zip(points.iterrows(), CHANGES, strict=True):
+        at = (dt.datetime.fromisoformat(point["at"]) - START).days
+        assert abs(at - change.night) <= 1, (point["at"], change)
+        assert point["low"] <= change.factor <= point["high"] and abs(point["ratio"] - change.factor) < 0.02
+        assert f"{change.field}: " in point["what_differs"] and change.value in point["what_differs"]
+        assert point["change"] == ("worse" if change.factor < 1 else "better")
+
+
+def test_a_year_without_a_change_has_no_change_point(tmp_path):
+    assert found(tmp_path, write_year(tmp_path, (), seed=2)).empty
+
+
+def test_the_command_writes_the_page_and_fails_on_a_worse_change(tmp_path):
+    folders = write_year(tmp_path / "year", (Change(40, 0.9, "git_commit", "c" * 40),), seed=3, nights=80)
+    given = [a for f in folders for a in ("--results", str(f))]
+    out = tmp_path / "out"
+    proc = reproflow("history", *given, "--suite", "comms", "--out", str(out), "--fail-on-change")
+    assert proc.returncode == 1 and "1 change(s) made a series worse" in proc.stderr, proc.stdout + proc.stderr
+    assert "1 series over 80 runs (2026-01-01 to 2026-03-21); 1 change point(s)" in proc.stdout
+    assert "git_commit: " + "a" * 40 + " -> " + "c" * 40 in (out / "change_points.csv").read_text()
+    with chromium_tab() as (tab, errors):
+        tab.goto((out / "history.html").as_uri(), wait_until="load")
+        assert tab.title() == "reproflow history"
+        images = tab.evaluate("[...document.images].map(i => i.complete && i.naturalWidth > 0)")
+        assert images == [True] and tab.locator("table").count() == 1 and errors == []
+    quiet = reproflow("history", *given, "--suite", "comms", "--until", "2026-02-01", "--out", str(out),
+                      "--fail-on-change")
+    assert quiet.returncode == 0 and "0 change point(s)" in quiet.stdout
+    for args, words in [(["--since", "01/02/2026"], "--since '01/02/2026': give a date as YYYY-MM-DD"),
+                        (["--suite", "nothing"], "no run in the catalog measured the series asked for")]:
+        bad = reproflow("history", *given, *args, "--out", str(out))
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("noise", [0.005, 0.05])
+def test_the_noise_scale_is_the_series_own(noise):
+    """The same 5 % drop is found in a quiet series and not invented in a noisy one of the same length."""
+    from reproflow.reporting.history import change_points
+
+    rng = np.random.default_rng(4)
+    logs = rng.normal(0, noise, 200)
+    logs[120:] += np.log(0.95)
+    cuts = change_points(logs)
+    assert (cuts == [120]) if noise < 0.01 else (len(cuts) <= 1)
