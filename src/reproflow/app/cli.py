@@ -318,6 +318,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalog_options(p: argparse.ArgumentParser) -> None:
+    """The catalog's folders and the runs' cluster and dates, as `runs` and `history` take them."""
+    p.add_argument("--results", action="append", default=[],
+                   help="look only in this results folder (repeatable; default: every folder a run was recorded in)")
+    p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
+    p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
+    p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     """A metric's values run after run and its change points; exit 1 with --fail-on-change on a worse one."""
     from reproflow.reporting import catalog
@@ -513,12 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "family's headline figure, hardware, commit, results folder. The catalog's index "
                                    "(SQLite) is brought up to date from the result files first; the files stay the "
                                    "truth. Runs whose jobs were submitted by hand are listed from their rows.")
-    p.add_argument("--results", action="append", default=[],
-                   help="look only in this results folder (repeatable; default: every folder a run was recorded in)")
+    _catalog_options(p)
     p.add_argument("--suite", default="", help="only runs of suites matching this glob (comms*, param-demo)")
-    p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
-    p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
-    p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
     p.add_argument("--limit", type=whole(0), default=0, help="at most this many runs (0: all)")
     p.add_argument("--rescan", action="store_true",
                    help="check every file's time, not only the folders' (for result files edited in place)")
@@ -532,18 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "interval and what the rows say differs across it (commit, image, versions, "
                                    "nodes). Writes history.md, a self-contained history.html with a figure per "
                                    "series, history.csv and change_points.csv.")
-    p.add_argument("--results", action="append", default=[],
-                   help="look only in this results folder (repeatable; default: every folder a run was recorded in)")
+    _catalog_options(p)
     p.add_argument("--suite", default="*", help="suites matching this glob")
     p.add_argument("--experiment", default="*", help="experiments matching this glob")
     p.add_argument("--point", default="*", help="points matching this glob, as named in their rows "
                                                 "(collective=all_reduce)")
     p.add_argument("--coords", default="*", help="coordinates matching this glob (*size_bytes*1048576*)")
     p.add_argument("--metric", default="", help="the metric (default: each family's headline: busbw, tflops, ...)")
-    p.add_argument("--cluster", default="", help="only runs on clusters whose name holds this")
     p.add_argument("--nodes", type=whole(0), default=0, help="only points measured on this many nodes (0: any)")
-    p.add_argument("--since", default="", help="only runs started on or after this date (YYYY-MM-DD)")
-    p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
     p.add_argument("--out", default="history", help="where the page, tables and figures go")
     p.add_argument("--fail-on-change", action="store_true",
                    help="exit 1 when a change made a series worse (the whole interval of its ratio on the worse "
