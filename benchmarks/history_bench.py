@@ -2,7 +2,8 @@
 
 Generated years of nightly values (365 runs; the logarithm's run-to-run noise 2 %, normal or Student's t
 with 3 degrees of freedom for the heavy tails of shared clusters), each searched by the change-point
-function `reproflow history` uses, at its penalty and at BIC's (2 log n) beside it:
+function `reproflow history` uses, at its penalty and at BIC's (2 log n) beside it, and at its penalty
+without the clipping of lone outliers:
 
 - false alarms: the share of years without a change in which any change point is found;
 - found: the share of years with one step (a 5 % or a 2 % drop at night 200) in which a change point
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reproflow.reporting.history import PENALTY, change_points
+from reproflow.reporting.history import OUTLIER, PENALTY, change_points
 
 NIGHTS, AT, NOISE = 365, 200, 0.02
 
@@ -45,13 +46,14 @@ def main() -> int:
     parser.add_argument("--years", type=int, default=1000, help="generated years per cell")
     args = parser.parse_args()
     rows = []
-    for penalty, name in ((PENALTY, f"{PENALTY:g} (reproflow's)"), (2.0, "2 (BIC)")):
+    for penalty, outlier, name in ((PENALTY, OUTLIER, f"{PENALTY:g} (reproflow's)"), (2.0, OUTLIER, "2 (BIC)"),
+                                   (PENALTY, math.inf, f"{PENALTY:g}, outliers not clipped")):
         for tails in (False, True):
             for drop in (0.0, 0.05, 0.02):
                 rng = np.random.default_rng(int(drop * 1000) + 7 * tails)
                 hits = 0
                 for _ in range(args.years):
-                    cuts = change_points(year(rng, drop, tails), penalty)
+                    cuts = change_points(year(rng, drop, tails), penalty, outlier)
                     hits += bool(cuts) if drop == 0 else any(abs(c - AT) <= 3 for c in cuts)
                 low, high = wilson(hits, args.years)
                 rows.append({"noise": "t3" if tails else "normal", "change": f"{drop:.0%} drop" if drop else "none",

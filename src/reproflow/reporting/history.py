@@ -96,22 +96,16 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
         frame = frame[frame["start"].str[:10] <= chosen.until]
     # A run that measured a point twice (a rerun into the same folder) counts once: its larger sample.
     frame = frame.sort_values("n").drop_duplicates([*catalog.KEY, "run"], keep="last").sort_values("start")
-    half = _t_half_width(frame["log_var"].to_numpy(float), frame["n"].to_numpy(float))
-    frame["value"] = np.exp(frame["log_mean"])
-    frame["low"], frame["high"] = np.exp(frame["log_mean"] - half), np.exp(frame["log_mean"] + half)
+    # Each run's geometric mean and its t interval: compare's interval with nothing on the other side.
+    zero, one = np.zeros(len(frame)), np.ones(len(frame))
+    frame["value"], frame["low"], frame["high"] = log_ratio_intervals(
+        frame["log_mean"].to_numpy(float), frame["log_var"].to_numpy(float), frame["n"].to_numpy(float), zero, zero,
+        one, level=LEVEL)
     return frame.reset_index(drop=True)
 
 
 def _glob(column: pd.Series, pattern: str) -> pd.Series:
     return column.map(lambda v: fnmatch.fnmatchcase(str(v), pattern))
-
-
-def _t_half_width(var: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """The t interval's half width of a mean of logarithms (NaN where a run has one sample)."""
-    from scipy import stats
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(n > 1, stats.t.ppf(0.5 + LEVEL / 2, np.maximum(n - 1, 1)) * np.sqrt(var / n), np.nan)
 
 
 def noise(logs: np.ndarray) -> float:
@@ -122,8 +116,9 @@ def noise(logs: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(np.diff(logs)))) / math.sqrt(2)
 
 
-def change_points(logs: np.ndarray, penalty: float = PENALTY) -> list[int]:
-    """Indices where a new segment starts, by PELT on the logarithms scaled by their noise."""
+def change_points(logs: np.ndarray, penalty: float = PENALTY, outlier: float = OUTLIER) -> list[int]:
+    """Indices where a new segment starts, by PELT on the logarithms scaled by their noise (`outlier`:
+    the clip, in noise widths; inf for none)."""
     import ruptures
 
     sigma = noise(logs)
@@ -134,7 +129,7 @@ def change_points(logs: np.ndarray, penalty: float = PENALTY) -> list[int]:
     # otherwise buy a change to explain a lone outlier (heavy-tailed noise: benchmarks/history_bench.py).
     z = logs / sigma
     local = pd.Series(z).rolling(5, center=True, min_periods=1).median().to_numpy()
-    z = local + np.clip(z - local, -OUTLIER, OUTLIER)
+    z = local + np.clip(z - local, -outlier, outlier)
     # KernelCPD's linear kernel is PELT with the l2 cost in C: the same segmentation as Pelt(model="l2"),
     # a thousand times faster (0.5 ms for a year).
     fit = ruptures.KernelCPD(kernel="linear", min_size=MIN_RUNS, jump=1).fit(z.reshape(-1, 1))
