@@ -8,6 +8,7 @@ import fcntl
 import os
 import re
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,3 +135,32 @@ def test_the_emulated_subnet_overlaps_no_route_of_the_machine(monkeypatch):
     monkeypatch.setenv(PREFIX_ENV, "10.300")
     with pytest.raises(ReproflowError, match=r"REPROFLOW_NETWORK_PREFIX='10\.300': give the first two octets"):
         EmulatedNetwork(1, 100.0)._free_subnet()
+
+
+def test_a_named_network_outlives_its_builder_and_down_removes_it() -> None:
+    """The test cluster's form: `up NAME` builds hosts that stay after the command, `down NAME` removes them."""
+    why = EmulatedNetwork.unavailable()
+    if why:
+        pytest.skip(why)
+    command = [sys.executable, "-m", "reproflow.launch.network"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    up = subprocess.run([*command, "up", "rftest", "--hosts", "2", "--rate", "100mbit"], capture_output=True,
+                        text=True, env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        built = dict(line.split("=", 1) for line in up.stdout.splitlines())
+        assert built["namespaces"] == "'rfrftesth0 rfrftesth1'" and built["gateway"].endswith(".254")
+        assert built["description"] == "'emulated: 2 hosts, 100 Mbit/s per host each way (tc tbf), latency unshaped'"
+        first = built["addresses"].strip("'").split()[0]
+        inside = subprocess.run(["ip", "netns", "exec", "rfrftesth0", "ip", "-o", "-4", "addr", "show", "eth0"],
+                                capture_output=True, text=True).stdout
+        assert f"{first}/24" in inside
+        shaped = subprocess.run(["tc", "qdisc", "show", "dev", "rfrftestv1"], capture_output=True, text=True).stdout
+        assert "tbf" in shaped and "rate 100Mbit" in shaped, shaped
+    finally:
+        down = subprocess.run([*command, "down", "rftest"], capture_output=True, text=True, env=env)
+    assert down.returncode == 0, down.stderr
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "rfrftest" not in left, left
+    bad = subprocess.run([*command, "up", "node1"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "name 'node1': give 1-8 lowercase letters" in bad.stderr

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import jinja2
 import pytest
 from conftest import ROOT, reproflow
 
 from reproflow.launch.render import render_sbatch, sbatch_path
+from reproflow.launch.submit import SubmititExecutor
 from reproflow.spec.suite import load_suite
 
 SUITES = sorted((ROOT / "workflows").glob("*.toml"))
@@ -62,6 +64,19 @@ def test_submit_dry_run_prints_the_submitit_script():
     for needle in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "--container-image=/apps/x.sqsh",
                    "submitit.core._submit", "export REPROFLOW_IMAGE=/apps/x.sqsh"):
         assert needle in proc.stdout, needle
+    # Inside the image the tasks run the image's Python, not this process's path, which it need not hold.
+    assert " python3 -u -m submitit.core._submit" in proc.stdout and sys.executable not in proc.stdout
+
+
+def test_an_images_tasks_read_the_suite_from_the_mounted_results(tmp_path):
+    """Only the results folder is mounted in the image: the suite file is copied there, by content."""
+    suite = load_suite(ROOT / "workflows" / "param-demo.toml")
+    results = tmp_path / "results"
+    executor = SubmititExecutor(results, ROOT, image="/apps/x.sqsh")
+    seen = executor._visible(suite).path
+    assert seen.is_relative_to(results.resolve()) and seen.name == "param-demo.toml"
+    assert seen.read_bytes() == suite.path.read_bytes() and executor._visible(suite).path == seen
+    assert SubmititExecutor(results, ROOT)._visible(suite) is suite
 
 
 def test_run_dry_run_runs_nothing(tmp_path):

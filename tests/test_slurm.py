@@ -1,7 +1,9 @@
 """End to end through a real Slurm cluster (slurmctld, 2 slurmd, slurmdbd) started by tests/slurm/start.sh.
 
 Jobs run the committed sbatch scripts and `reproflow submit` (submitit) on the host environment
-(IMAGE= : no Pyxis here), with parameter overrides that keep each job to a few seconds.
+(IMAGE= : no Pyxis), with parameter overrides that keep each job to a few seconds; the last tests run a
+short reproduction through Pyxis in the CPU image. The nodes are hosts of an emulated network, each
+link shaped (tests/slurm/start.sh), so a job across them crosses a shaped link.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +19,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import ROOT, reproflow
-from slurmtools import SLOW, SMALL, cluster, rows_of, sacct, sbatch, submitted_ids, wait  # noqa: F401
+from slurmtools import (  # noqa: F401
+    IMAGE,
+    NEEDS_IMAGE,
+    NEEDS_PYXIS,
+    SLOW,
+    SMALL,
+    cluster,
+    rows_of,
+    sacct,
+    sbatch,
+    submitted_ids,
+    wait,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("cluster")]
 
@@ -419,3 +434,83 @@ def test_reproduce_submits_waits_for_the_jobs_and_reports(tmp_path):
     claims = pd.read_csv(tmp_path / "reports" / "claims.csv")
     assert claims.loc[claims["family"] == "param_comms", "status"].tolist()[0] == "holds"
     assert (tmp_path / "reports" / "report.html").is_file()
+
+
+def shaped_network() -> str:
+    """The network the test cluster's start built for its nodes ('emulated: ...'); skips where it could
+    not (no root or iproute2: the nodes are on loopback), fails under CI."""
+    state = Path(os.environ.get("LOCAL_SLURM_DIR", ROOT / ".local-slurm")) / "network"
+    described = state.read_text().strip() if state.is_file() else ""
+    if not described.startswith("emulated"):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the test cluster's nodes are not on a shaped network ({described or 'no ' + str(state)})")
+        pytest.skip(f"the test cluster's nodes are on {described or 'an unknown network'} (tests/slurm/start.sh)")
+    return described
+
+
+LINK = """
+[suite]
+description = "one sender on node1, one receiver on node2: the rate of the link between them"
+[launch]
+nodes = 2
+procs_per_node = 1
+backend = "gloo"
+device = "cpu"
+time_limit = "00:05:00"
+[[experiment]]
+name = "link"
+family = "resharding"
+params = { case = "1-to-1x1", scale = 256, runs = 5, warmup_runs = 1, resharding_mode = "send_recv" }
+"""
+
+
+def test_a_two_node_job_crosses_the_shaped_link(tmp_path, write_suite):
+    """4 MiB from node1 to node2: every row names the shaped network, and the rate measured across it is
+    at most the link's (over loopback it would be several times more)."""
+    from reproflow.launch.render import render_sbatch
+    from reproflow.spec.suite import load_suite
+
+    described = shaped_network()
+    mbit = float(re.search(r"([\d.]+) Mbit/s", described).group(1))
+    script = tmp_path / "link.sbatch"
+    script.write_text(render_sbatch(load_suite(write_suite(LINK, "shaped-link")), ROOT))
+    results = tmp_path / "results"
+    job = sbatch("-N", "2", f"--export=NONE,IMAGE=,RESULTS={results}", "-o", str(tmp_path / "%j.out"), str(script))
+    assert wait(job)[job]["state"] == "COMPLETED", (tmp_path / f"{job}.out").read_text()[-3000:]
+    rows = rows_of(results)
+    assert set(rows["network"]) == {described} and set(rows["nodelist"]) == {"node1,node2"}
+    measured = rows.loc[rows["metric"] == "effective_bw", "value"].item() * 8e3  # GB/s -> Mbit/s
+    assert 0 < measured <= 1.05 * mbit, (measured, described)
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "shaped-link.md").write_text(
+        f"Job {job}: 4 MiB send/recv node1 -> node2 on the test cluster ({described}): {measured:.0f} Mbit/s "
+        f"measured, {measured / mbit:.0%} of the link\n")
+
+
+@NEEDS_IMAGE
+@NEEDS_PYXIS
+def test_reproduce_through_pyxis_across_the_shaped_nodes_judges_the_link_claim(tmp_path):
+    """The short form of the cluster's reproduction: two targets submitted in the CPU image through Pyxis,
+    waited for and reported; resharding's claim, whose mechanism is the link between hosts, is judged
+    (holds, does not hold or inconclusive), not "not applicable here" as over loopback."""
+    from test_reproduce import tiny_plan
+
+    described = shaped_network()
+    folders = ["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+               "--logs", str(tmp_path / "logs")]
+    proc = reproflow("reproduce", "--plan", str(tiny_plan(tmp_path)), "--only", "comms,resharding",
+                     "--executor", "slurm", "--image", IMAGE, *folders, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = rows_of(tmp_path / "results" / "tiny-resharding")
+    assert set(rows["container_runtime"]) == {"pyxis"} and set(rows["network"]) == {described}
+    assert set(rows["nodelist"]) == {"node1,node2"}
+    claims = pd.read_csv(tmp_path / "reports" / "claims.csv")
+    faster = claims[claims["claim"].str.startswith("broadcast resharding is faster")].iloc[0]
+    assert faster["status"] in {"holds", "does not hold", "inconclusive"}, faster.to_dict()
+    assert claims.loc[claims["family"] == "param_comms", "status"].tolist()[0] == "holds"
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "reproduce-through-pyxis.md").write_text(
+        f"reproflow reproduce --executor slurm --image <cpu image> --only comms,resharding (tiny plan) on "
+        f"{described}: resharding's faster claim {faster['status']} at {faster['measured']:.3f}\n")

@@ -2,10 +2,15 @@
 # Start a real Slurm cluster on this machine for the tests: munge, MariaDB + slurmdbd (accounting,
 # so sacct and submitit see true job states), slurmctld, and one slurmd per node.
 #
-# Every node is a slurmd in its own UTS namespace (hostname node1, node2, ...) listening on its own
-# port of a loopback address 127.0.2.N, so jobs see distinct node names and all traffic stays on
-# this machine; and in its own mount namespace (host mounts still reach it), so a test can take a
-# folder away from one node. Nodes advertise stand-in GPUs as GRES, so GPU scripts can be scheduled;
+# Every node is a slurmd in its own network namespace, a host of the emulated network local runs use
+# (reproflow.launch.network): its own address on a bridge, its link shaped to LOCAL_SLURM_NETWORK each
+# way (tc's token bucket), so a 2-node job's traffic crosses a shaped link as on a cluster, and a
+# TaskProlog tells every task that network (REPROFLOW_NETWORK, recorded in each row). The controller,
+# accounting and the commands reach the nodes through the bridge (the machine's address on it).
+# Where the network cannot be built (no root or iproute2) or LOCAL_SLURM_NETWORK is empty, the nodes
+# listen on loopback addresses 127.0.2.N instead, and rows say "loopback, unshaped". Each node is also
+# in its own UTS namespace (hostname node1, node2, ...), so jobs see distinct node names, and in its own
+# mount namespace (host mounts still reach it), so a test can take a folder away from one node. Nodes advertise stand-in GPUs as GRES, so GPU scripts can be scheduled;
 # the jobs themselves find no GPU and run on CPU with gloo.
 #
 # Containers: Slurm's OCI support with runc (oci.conf), and Pyxis with Enroot where
@@ -30,7 +35,8 @@
 # Idempotent: when the recorded daemons are alive, the files are the ones their start wrote and the
 # nodes answer, it only says so. On failure it stops what it started (tests/slurm/stop.sh).
 # Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2),
-# LOCAL_SLURM_GPUS (8 per node), PYXIS_PLUGIN.
+# LOCAL_SLURM_GPUS (8 per node), LOCAL_SLURM_NETWORK (each node's link rate, default 1gbit; '' for
+# loopback), PYXIS_PLUGIN.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,12 +44,13 @@ repo=$(cd "$here/../.." && pwd)
 : "${LOCAL_SLURM_DIR:=$repo/.local-slurm}"
 : "${LOCAL_SLURM_NODES:=2}"
 : "${LOCAL_SLURM_GPUS:=8}"
+: "${LOCAL_SLURM_NETWORK=1gbit}"
 : "${PYXIS_PLUGIN:=/usr/local/lib/slurm/spank_pyxis.so}"
 DIR=$LOCAL_SLURM_DIR
 CLUSTER=reproflowtest
 pyxis=""
 if [ -f "$PYXIS_PLUGIN" ] && command -v enroot >/dev/null; then pyxis=$PYXIS_PLUGIN; fi
-SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none}"
+SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none} network=${LOCAL_SLURM_NETWORK:-loopback}"
 MANIFEST=$DIR/system-files
 MUNGE_SOCKET=$DIR/munge/munge.socket
 DB_PORT=16819
@@ -144,7 +151,25 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 
 pidfile_pid() { wait_for 20 "$1" test -s "$1"; cat "$1"; }
 
-# 2. Configuration: /etc/slurm holds exactly the files written here.
+# 2. The nodes' network: hosts of a shaped bridge (reproflow.launch.network, stdlib only), or loopback.
+network() { PYTHONPATH="$repo/src" python3 -m reproflow.launch.network "$@"; }
+gateway=127.0.0.1 addresses=() namespaces=() description="loopback, unshaped"
+if [ -n "$LOCAL_SLURM_NETWORK" ]; then
+    if built=$(network up slurm --hosts "$LOCAL_SLURM_NODES" --rate "$LOCAL_SLURM_NETWORK" 2>"$DIR/log/network.log"); then
+        eval "$built"
+        read -r -a addresses <<< "$addresses"
+        read -r -a namespaces <<< "$namespaces"
+        say "nodes on an emulated network: $description"
+    else
+        say "no emulated network ($(cat "$DIR/log/network.log")); the nodes listen on loopback, unshaped"
+    fi
+fi
+if [ ${#addresses[@]} -eq 0 ]; then
+    for i in $(seq 1 "$LOCAL_SLURM_NODES"); do addresses+=("127.0.2.$i"); done
+fi
+echo "$description" > "$DIR/network"
+
+# 3. Configuration: /etc/slurm holds exactly the files written here.
 mkdir -p /etc/slurm
 aside=()
 for f in /etc/slurm/* /etc/slurm/.[!.]*; do
@@ -163,7 +188,7 @@ mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / LOCAL_SLURM_NODES 
 {
     cat <<EOF
 ClusterName=$CLUSTER
-SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldHost=$(hostname -s)($gateway)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -197,14 +222,15 @@ FirstJobId=$first_job
 Waittime=0
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
+AccountingStorageHost=$gateway
 AccountingStoragePort=6819
 AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
+TaskProlog=$DIR/task-prolog
 EOF
     for i in $(seq 1 "$LOCAL_SLURM_NODES"); do
-        echo "NodeName=node$i NodeHostname=node$i NodeAddr=127.0.2.$i Port=$((17000 + i)) CPUs=$cpus RealMemory=$mem Gres=gpu:$LOCAL_SLURM_GPUS State=UNKNOWN"
+        echo "NodeName=node$i NodeHostname=node$i NodeAddr=${addresses[i-1]} Port=$((17000 + i)) CPUs=$cpus RealMemory=$mem Gres=gpu:$LOCAL_SLURM_GPUS State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
 } > /etc/slurm/slurm.conf
@@ -244,7 +270,14 @@ RunTimeKill="runc --root=$DIR/runc kill -a $id"
 RunTimeDelete="runc --root=$DIR/runc delete --force $id"
 RunTimeRun="runc --root=$DIR/runc run $id --bundle %b"
 EOF
-written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf /etc/slurm/oci.conf
+# Every task learns the network it runs on, as a site's TaskProlog sets a job's environment.
+cat > "$DIR/task-prolog" <<END
+#!/bin/sh
+# Written by the test cluster's start (tests/slurm/start.sh): the network every task runs on.
+echo "export REPROFLOW_NETWORK=$description"
+END
+chmod 755 "$DIR/task-prolog"
+written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf /etc/slurm/oci.conf "$DIR/task-prolog"
 
 # Pyxis: loaded by srun, sbatch and every slurmd; named containers live as long as their job. Enroot's
 # folders per node, so the two nodes on this machine do not share containers.
@@ -259,20 +292,24 @@ ENROOT_RUNTIME_PATH $DIR/enroot/\$(hostname)/run/\${UID}
 ENROOT_DATA_PATH $DIR/enroot/\$(hostname)/data/\${UID}
 ENROOT_CACHE_PATH $DIR/enroot/\$(hostname)/cache/\${UID}
 EOF
-    written "$enroot_conf/90-local-slurm.conf"
+    # Slurm runs the TaskProlog inside a Pyxis task's container, so the container needs the file.
+    mkdir -p "${enroot_conf%/*}/mounts.d"
+    echo "$DIR/task-prolog $DIR/task-prolog none x-create=file,bind,ro,nosuid,nodev" \
+        > "${enroot_conf%/*}/mounts.d/90-local-slurm.fstab"
+    written "$enroot_conf/90-local-slurm.conf" "${enroot_conf%/*}/mounts.d/90-local-slurm.fstab"
     say "Pyxis ($pyxis) and enroot $(enroot version) on the nodes"
 else
     say "no Pyxis here ($PYXIS_PLUGIN or enroot missing: tests/enroot-pyxis.sh installs them); containers run through Slurm's OCI support only"
 fi
 
-# Node names resolve to their loopback addresses (a minimal system may have no /etc/hosts yet).
+# Node names resolve to their addresses (a minimal system may have no /etc/hosts yet).
 touch /etc/hosts
 sed -i '/# local-slurm$/d' /etc/hosts
-for i in $(seq 1 "$LOCAL_SLURM_NODES"); do echo "127.0.2.$i node$i # local-slurm" >> /etc/hosts; done
+for i in $(seq 1 "$LOCAL_SLURM_NODES"); do echo "${addresses[i-1]} node$i # local-slurm" >> /etc/hosts; done
 written /etc/hosts
 echo "$SIGNATURE" > "$DIR/signature"
 
-# 3. munge: a new key and a daemon of the cluster's own, on the socket AuthInfo names. Jobs run as
+# 4. munge: a new key and a daemon of the cluster's own, on the socket AuthInfo names. Jobs run as
 # root, so --force lets the socket sit under a home folder others cannot enter.
 mkdir -p "$DIR/munge"
 chmod 755 "$DIR/munge"
@@ -285,7 +322,7 @@ record munged "$(pidfile_pid "$DIR/pids/munged.pid")"
 munge_ok() { munge -n -S "$MUNGE_SOCKET" | unmunge -S "$MUNGE_SOCKET"; }
 wait_for 20 munged munge_ok
 
-# 4. Accounting: a new MariaDB (no option files read, data in $DIR/mysql, 127.0.0.1:$DB_PORT), then slurmdbd.
+# 5. Accounting: a new MariaDB (no option files read, data in $DIR/mysql, 127.0.0.1:$DB_PORT), then slurmdbd.
 db_options=(--no-defaults --user=root --datadir="$DIR/mysql" --socket="$DIR/mysql/mysqld.sock"
             --innodb-buffer-pool-size=64M --innodb-log-file-size=16M)
 mariadb-install-db "${db_options[@]}" --auth-root-authentication-method=socket --skip-test-db \
@@ -304,14 +341,18 @@ record slurmdbd "$(pidfile_pid "$DIR/pids/slurmdbd.pid")"
 # slurmctld gives up at once when slurmdbd does not answer yet.
 wait_for 60 slurmdbd slurm sacctmgr -n show cluster
 
-# 5. Controller.
+# 6. Controller.
 slurm slurmctld
 record slurmctld "$(pidfile_pid "$DIR/pids/slurmctld.pid")"
 wait_for 30 slurmctld slurm scontrol ping
 
-# 6. Nodes: each slurmd in its own UTS namespace, so `hostname` inside a job is the node name.
+# 7. Nodes: each slurmd in its host's network namespace (where there is one) and its own UTS
+# namespace, so `hostname` inside a job is the node name.
 for i in $(seq 1 "$LOCAL_SLURM_NODES"); do
-    slurm unshare --uts --mount --propagation slave sh -c "hostname node$i && exec slurmd -N node$i"
+    inside=()
+    # nsenter, not `ip netns exec`: that mounts a new /sys, without the cgroup file system slurmd reads.
+    [ ${#namespaces[@]} -eq 0 ] || inside=(nsenter --net="/run/netns/${namespaces[i-1]}")
+    slurm "${inside[@]}" unshare --uts --mount --propagation slave sh -c "hostname node$i && exec slurmd -N node$i"
     record "slurmd-node$i" "$(pidfile_pid "$DIR/pids/slurmd-node$i.pid")"
 done
 idle() { [ "$(slurm sinfo -h -N -o '%T' | grep -c '^idle')" -eq "$LOCAL_SLURM_NODES" ]; }
@@ -319,7 +360,7 @@ wait_for 30 "idle nodes" idle
 clustered() { slurm sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; }
 wait_for 30 "accounting registration" clustered
 slurm true
-say "up: $LOCAL_SLURM_NODES nodes, accounting on; state in $DIR"
+say "up: $LOCAL_SLURM_NODES nodes ($description), accounting on; state in $DIR"
 say "files the cluster reads, each written by this start (SHA-256 in $MANIFEST):"
 while read -r _ f; do say "  $f"; done < "$MANIFEST"
 say "  $DIR/mysql (MariaDB's data, made by mariadb-install-db --no-defaults)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the test cluster started by tests/slurm/start.sh: cancel jobs, then stop exactly the
 # daemons it recorded (TERM, then KILL after 15 s) and stray slurmstepd; remove the files it wrote
-# (the /etc/slurm files and Enroot's drop-in still as it wrote them, the /etc/hosts lines, MariaDB's data,
+# (the /etc/slurm files and Enroot's drop-ins still as they were written, the /etc/hosts lines, the nodes' network, MariaDB's data,
 # the munge key, the nodes' Enroot containers) and put back what it moved aside from /etc/slurm. $DIR/system-files stays as the record.
 set -uo pipefail
 
@@ -24,7 +24,7 @@ restore() {  # the files start.sh wrote go, the ones it moved aside come back
     if [ -s "$DIR/system-files" ]; then
         while read -r sum f; do
             case $f in
-                /etc/slurm/* | */enroot.conf.d/90-local-slurm.conf)
+                /etc/slurm/* | */enroot.conf.d/90-local-slurm.conf | */mounts.d/90-local-slurm.fstab)
                     echo "$sum  $f" | sha256sum --check --status 2>/dev/null && rm -f "$f" ;;
             esac
         done < "$DIR/system-files"
@@ -41,6 +41,7 @@ restore() {  # the files start.sh wrote go, the ones it moved aside come back
         rmdir "$DIR/aside" 2>/dev/null || true
     fi
     sed -i '/# local-slurm$/d' /etc/hosts
+    PYTHONPATH="$repo/src" python3 -m reproflow.launch.network down slurm 2>/dev/null || true
     rm -rf "${DIR:?}/mysql" "${DIR:?}/munge" "${DIR:?}/enroot" "${DIR:?}/pyxis"
 }
 

@@ -8,16 +8,24 @@ bottleneck. Ranks of one host share its namespace and talk over its own loopback
 one node do over NVLink. Needs root, iproute2 (`ip`, `tc`) and the kernel's network namespaces, veth,
 bridge and tbf; where any is missing, `EmulatedNetwork.unavailable` says which and the run goes
 unshaped. Latency is not shaped: that needs the kernel's netem, which is not always built.
+
+The test cluster's nodes (tests/slurm/start.sh) are hosts of such a network too, one that outlives the
+process that built it: `python -m reproflow.launch.network up slurm --hosts 2 --rate 1gbit` builds
+it under a name (its devices rfslurmbr, rfslurmh<host>, never swept as a dead run's) and prints its
+addresses as shell assignments; `down slurm` removes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import ipaddress
 import os
 import re
 import shutil
 import subprocess
+import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -58,6 +66,11 @@ class EmulatedNetwork:
     def address(self, host: int) -> str:
         """The address of emulated host `host` (rank 0's host holds the rendezvous)."""
         return f"{self.subnet}.{host + 1}"
+
+    @property
+    def gateway(self) -> str:
+        """The machine's own address on the bridge: what every host reaches the outside by."""
+        return f"{self.subnet}.254"
 
     def namespace(self, host: int) -> str:
         return f"rf{self.tag}h{host}"
@@ -109,9 +122,7 @@ class EmulatedNetwork:
             try:
                 with open(OWNERS / tag) as owner:
                     fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    for name in names:  # deleting a namespace deletes its veth pair too
-                        subprocess.run(["ip", "link", "del", name] if name.endswith("br") else
-                                       ["ip", "netns", "del", name], capture_output=True, check=False)
+                    _remove(names)
                     (OWNERS / tag).unlink()
             except (FileNotFoundError, BlockingIOError):  # not this namespace's, or alive
                 continue
@@ -129,7 +140,7 @@ class EmulatedNetwork:
                                  check=False).stdout
         routes = [ipaddress.ip_network(r, strict=False) for r in re.findall(r"^(\d+\.\d+\.\d+\.\d+(?:/\d+)?)",
                                                                            listing, re.M)]
-        start = int(self.tag) % 250
+        start = (int(self.tag) if self.tag.isdigit() else zlib.crc32(self.tag.encode())) % 250
         for third in [*range(start, 250), *range(start)]:
             candidate = ipaddress.ip_network(f"{prefix}.{third}.0/24")
             if not any(candidate.overlaps(route) for route in routes):
@@ -139,12 +150,16 @@ class EmulatedNetwork:
                       "the first two octets of a private range no route uses, e.g. 172.30")
 
     def __enter__(self) -> EmulatedNetwork:
-        bridge = f"rf{self.tag}br"
         self._sweep()
         self.subnet = self._free_subnet()
         OWNERS.mkdir(parents=True, exist_ok=True)
         self._owner = open(OWNERS / self.tag, "w")
         fcntl.flock(self._owner, fcntl.LOCK_EX)
+        self._build()
+        return self
+
+    def _build(self) -> None:
+        bridge = f"rf{self.tag}br"
         try:
             self._run("ip", "link", "add", bridge, "type", "bridge", undo=["ip", "link", "del", bridge])
             self._run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
@@ -164,7 +179,6 @@ class EmulatedNetwork:
         except OSError:
             self.__exit__()
             raise
-        return self
 
     def __exit__(self, *exc: object) -> None:
         for undo in reversed(self._made):
@@ -174,3 +188,53 @@ class EmulatedNetwork:
             (OWNERS / self.tag).unlink(missing_ok=True)
             self._owner.close()
             self._owner = None
+
+
+def _remove(names: list[str]) -> None:
+    """Delete these bridges and namespaces (a namespace takes its veth pair with it)."""
+    for name in names:
+        subprocess.run(["ip", "link", "del", name] if name.endswith("br") else ["ip", "netns", "del", name],
+                       capture_output=True, check=False)
+
+
+def _named(name: str) -> list[str]:
+    """The devices of the named network that exist now."""
+    listing = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
+                             check=False).stdout + subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                  text=True, check=False).stdout
+    return sorted(set(re.findall(rf"\brf{re.escape(name)}(?:br|h\d+)\b", listing)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`up NAME --hosts N --rate R`: a network that stays until `down NAME` (what an earlier one of that
+    name left is removed first); prints its addresses and description as shell assignments."""
+    parser = argparse.ArgumentParser(prog="python -m reproflow.launch.network")
+    parser.add_argument("action", choices=("up", "down"))
+    parser.add_argument("name", help="letters only: its devices are rf<name>br and rf<name>h<host>")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="each host's link, each way (e.g. 1gbit, 200mbit)")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"[a-z]{1,8}", args.name):
+        parser.error(f"name {args.name!r}: give 1-8 lowercase letters (digits name the networks of local runs)")
+    _remove(_named(args.name))
+    if args.action == "down":
+        return 0
+    why = EmulatedNetwork.unavailable()
+    try:
+        if why:
+            raise OSError(why)
+        net = EmulatedNetwork(args.hosts, parse_rate(args.rate), tag=args.name)
+        net.subnet = net._free_subnet()
+        net._build()
+    except (OSError, ReproflowError) as exc:
+        print(f"network {args.name}: {exc}", file=sys.stderr)
+        return 1
+    addresses = " ".join(net.address(h) for h in range(args.hosts))
+    namespaces = " ".join(net.namespace(h) for h in range(args.hosts))
+    print(f"gateway={net.gateway}\naddresses='{addresses}'\nnamespaces='{namespaces}'\n"
+          f"description='{net.describe()}'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

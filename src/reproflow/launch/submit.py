@@ -10,6 +10,7 @@ node, and submitit one task per rank: OCI jobs go through the sbatch scripts (CO
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import shlex
@@ -154,10 +155,25 @@ class SubmititExecutor:
         results = self.results.resolve()
         return shell_value("--mounts", self.container_mounts) or f"{results}:{results}"
 
+    def _visible(self, suite: Suite) -> Suite:
+        """The suite as its tasks can read it: in an image, only the results folder is mounted, so the
+        file (a built-in suite's or one of the user's) is copied beside the jobs' pickles, by content."""
+        if not self.image:
+            return suite
+        data = suite.path.read_bytes()
+        copy = self.folder(suite) / "suites" / hashlib.sha256(data).hexdigest()[:12] / suite.path.name
+        if not copy.is_file():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(data)
+        return replace(suite, path=copy)
+
     def _python(self) -> str:
-        """The tasks' Python: the image's inside Apptainer, else this one (the image's own under Pyxis)."""
+        """The tasks' Python: with an image, the image's (inside Apptainer, or as Pyxis starts the task in
+        it: the first python3 on the job's PATH, which the images' virtual environment leads); else this one."""
         if self.image and self.runtime == "apptainer":
             return shlex.join(["apptainer", "exec", "--bind", self._mounts(), self.image, "python3"])
+        if self.image and self.runtime == "pyxis":
+            return self.python or "python3"  # this process's path need not exist in the image
         return self.python or sys.executable
 
     def check(self, *, on_disk: bool = True) -> None:
@@ -191,7 +207,7 @@ class SubmititExecutor:
     def submit(self, suite: Suite, exp: Experiment) -> list[str]:
         """Submit one experiment (one array task per point with `array`); return the Slurm job ids."""
         executor = self._executor(self.folder(suite), self.parameters(suite, exp))
-        argv = worker_args(suite, exp, self.results.resolve(), self.force, self.root, self.sets)
+        argv = worker_args(self._visible(suite), exp, self.results.resolve(), self.force, self.root, self.sets)
         if self.array:
             jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in range(len(exp.points))])
         else:
