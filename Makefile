@@ -9,13 +9,15 @@ LOGS ?= logs
 # drawn beside the reproduced figures; empty: the claims table still cites the papers' numbers.
 REFERENCE ?=
 EXECUTOR ?= local
+# With EXECUTOR=slurm: the squash file every step's jobs run in through Pyxis (empty: the hosts' .venv).
+IMAGE ?=
 EXTRAS := test,megatron,deepspeed,mpi
 # Where make test puts the CPU image it builds (containers/build.sh cpu), its sidecars and its unpacked copy.
 IMAGES ?= .local-images
 # make demo ONLY=comms,fig8: only these targets (below), then the report and where things are.
 ONLY ?=
 REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULTS) --reports $(REPORTS) \
-	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE))
+	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(IMAGE),--image $(IMAGE))
 # One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput spatial-chart cfp-crossover aceso-large
@@ -25,7 +27,8 @@ FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
 	@echo "              the report page and the claims; then print where everything is (ONLY=comms,fig8: those targets)"
-	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm: on Slurm), then $(REPORTS)/report.html"
+	@echo "make reproduce  every family's small suites here (EXECUTOR=slurm IMAGE=<squash file>: on Slurm through Pyxis,"
+	@echo "              after reproflow doctor; a rerun submits only what is not measured), then $(REPORTS)/report.html"
 	@echo "              (self-contained) and report.md with every table, figure and claim; about 27 minutes on 2 cores"
 	@echo "make <figure> one paper figure or table, only its experiments: $(FIGURES)"
 	@echo "              (aceso-large: the large and scale search steps on the artifact's database, REFERENCE=<folder>"

@@ -426,14 +426,40 @@ def test_reproduce_submits_waits_for_the_jobs_and_reports(tmp_path):
     proc = reproflow("reproduce", "--plan", str(tiny_plan(tmp_path)), "--only", "comms", "--executor", "slurm",
                      *folders, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "reproflow submit " in proc.stdout and "waiting for Slurm job(s)" in proc.stdout
-    (job,) = submitted_ids((tmp_path / "logs" / "reproduce" / "comms.log").read_text())
-    assert f"job {job}: COMPLETED" in proc.stdout and sacct(job)[job]["state"] == "COMPLETED"
+    assert "[  ok] Slurm is ready" in proc.stdout  # reproflow doctor first
+    assert "reproflow submit " in proc.stdout and "--retries 2" in proc.stdout
+    (job,) = set(rows_of(tmp_path / "results" / "tiny-comms")["job_id"])
+    assert f"attempt 1: job(s) {job}" in proc.stdout and f"job {job}: COMPLETED -> ok" in proc.stdout
+    assert sacct(job)[job]["state"] == "COMPLETED"
     assert "2 points measured" in proc.stdout
     assert set(rows_of(tmp_path / "results" / "tiny-comms")["job_id"]) == {job}
     claims = pd.read_csv(tmp_path / "reports" / "claims.csv")
     assert claims.loc[claims["family"] == "param_comms", "status"].tolist()[0] == "holds"
     assert (tmp_path / "reports" / "report.html").is_file()
+
+
+def test_a_rerun_of_an_interrupted_reproduction_submits_only_the_rest(tmp_path):
+    """A reproduction whose second step fails (a point raises in its job, an experiment failure: not
+    retried) keeps the first step's rows; the same command again submits nothing for the first step
+    and only the unmeasured point of the second."""
+    from test_reproduce import tiny_plan
+
+    plan = str(tiny_plan(tmp_path))
+    command = ["reproduce", "--plan", plan, "--only", "comms,resharding", "--executor", "slurm",
+               "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+               "--logs", str(tmp_path / "logs")]
+    first = reproflow(*command, env={"REPROFLOW_INJECT_FAULT": "ring_broadcast"}, timeout=600)
+    assert first.returncode == 1, first.stdout[-3000:]
+    assert "step resharding FAILED" in first.stdout and "not retried: experiment" in \
+        (tmp_path / "logs" / "reproduce" / "resharding.log").read_text()
+    assert len(list((tmp_path / "results" / "tiny-comms").rglob("*.csv"))) == 2
+    again = reproflow(*command, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "all 2 point(s) measured earlier; nothing submitted" in \
+        (tmp_path / "logs" / "reproduce" / "comms.log").read_text()
+    table = {line.split()[0]: line.split()[1:5] for line in again.stdout.splitlines()
+             if line.startswith(("comms ", "resharding "))}
+    assert table == {"comms": ["ok", "0", "2", "0"], "resharding": ["ok", "1", "1", "0"]}, again.stdout[-2000:]
 
 
 def shaped_network() -> str:

@@ -123,10 +123,11 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
             ids += [j for attempt in executor.supervise(loaded, exp, retries) for j in attempt.job_ids]
         else:
             submitted = executor.submit(loaded, exp)
+            if not submitted:
+                continue
             shown = f"array {submitted[0].split('_')[0]} ({len(submitted)} tasks)" if array else submitted[0]
             print(f"submitted {loaded.name} / {exp.name} as Slurm job {shown}")
             print(f"job ids: {','.join(submitted)}")
-            events.emit("submitted", job_ids=submitted)
             ids += submitted
     return ids
 

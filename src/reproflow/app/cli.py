@@ -106,6 +106,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     verdicts = []
     for exp in suite.select(args.experiment):
         attempts = executor.supervise(suite, exp, args.retries)
+        if not attempts:
+            continue
         verdicts += attempts[-1].verdicts
         retried = len(attempts) - 1
         outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"

@@ -25,8 +25,10 @@ from reproflow.launch.containers import image_problem, runtime_problems
 from reproflow.launch.local import worker_args
 from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
-from reproflow.spec.suite import JOB_ID_RE, PARTITION_RE, Experiment, Suite, slurm_seconds
+from reproflow.spec.suite import JOB_ID_RE, PARTITION_RE, Experiment, Point, Suite, slurm_seconds
+from reproflow.store import events
 from reproflow.store.files import append_line
+from reproflow.store.results import point_file_problem, point_path
 from reproflow.store.runs import RUN_ID_ENV
 
 
@@ -204,15 +206,43 @@ class SubmititExecutor:
             params["map_count"] = len(exp.points)
         return slurm._make_sbatch_string(command=command, folder=folder / "%j", **params)
 
+    def unmeasured(self, suite: Suite, exp: Experiment) -> list[int]:
+        """The indices of the points that have no whole result file in any setting the job can resolve its
+        launch to ('auto': CUDA with NCCL, or CPU with gloo); with `force`, all of them."""
+        if self.force:
+            return list(range(len(exp.points)))
+        launch = exp.launch
+        world = (self.nodes or launch.nodes) * (self.procs or launch.procs_per_node)
+        settings = {(b, d) for b, d in (("nccl", "cuda"), ("gloo", "cpu"))
+                    if launch.backend in ("auto", b) and launch.device in ("auto", d)}
+        settings = settings or {(launch.backend, launch.device)}
+
+        def done(point: Point) -> bool:
+            paths = (point_path(self.results, suite.name, exp.name, point.key(world, b, d, launch.repeats))
+                     for b, d in settings)
+            return any(path.is_file() and not point_file_problem(path) for path in paths)
+
+        return [i for i, point in enumerate(exp.points) if not done(point)]
+
     def submit(self, suite: Suite, exp: Experiment) -> list[str]:
-        """Submit one experiment (one array task per point with `array`); return the Slurm job ids."""
+        """Submit one experiment (one array task per point with `array`); return the Slurm job ids, none
+        when every point is measured already (a rerun resumes where the last one stopped)."""
+        todo = self.unmeasured(suite, exp)
+        for i in sorted(set(range(len(exp.points))) - set(todo)):
+            events.emit("point", experiment=exp.name, index=i + 1, total=len(exp.points),
+                        label=exp.points[i].label, status=events.SKIPPED)
+        if not todo:
+            retry.say(f"reproflow: {suite.name} / {exp.name}: all {len(exp.points)} point(s) measured earlier; "
+                      "nothing submitted (--force measures them again)")
+            return []
         executor = self._executor(self.folder(suite), self.parameters(suite, exp))
         argv = worker_args(self._visible(suite), exp, self.results.resolve(), self.force, self.root, self.sets)
         if self.array:
-            jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in range(len(exp.points))])
+            jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in todo])
         else:
             jobs = [executor.submit(run_rank, argv)]
         ids = [str(job.job_id) for job in jobs]
+        events.emit("submitted", job_ids=ids)
         for job_id in ids:
             record_job(self.results, suite.name, exp.name, job_id, "submitit", attempt=self.attempt,
                        retry_of=self.retry_of)
@@ -247,6 +277,8 @@ class SubmititExecutor:
         limit = slurm_seconds(exp.launch.time_limit) + 300.0
         while True:
             ids = current.submit(suite, exp)
+            if not ids:  # every point measured earlier
+                return attempts
             attempt = retry.Attempt(current.attempt, ids, current.nodes or nodes, current.procs or procs,
                                     current.exclude)
             attempts.append(attempt)

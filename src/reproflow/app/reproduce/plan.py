@@ -15,6 +15,8 @@ PLAN = Path("workflows") / "reproduce" / "targets.toml"
 
 
 LOCAL, SLURM = "local", "slurm"
+# Resubmissions of a job that failed for the infrastructure (a node lost, a rendezvous that did not form).
+RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -138,12 +140,13 @@ class Folders:
 
 
 def step_argv(step: Step, folders: Folders, executor: str = LOCAL, image: str = "", mounts: str = "") -> list[str]:
-    """A step's reproflow arguments; submitted to Slurm, `run` becomes `submit` and the families'
-    commands get --submit."""
+    """A step's reproflow arguments; submitted to Slurm, `run` becomes `submit`, which waits for its
+    jobs and resubmits those that failed for the infrastructure (RETRIES times at most), and the
+    families' commands get --submit."""
     argv = folders.argv(step.command, step.reference)
     if executor != SLURM:
         return argv
     extra = [*(["--image", image] if image else []), *(["--mounts", mounts] if mounts else [])]
     if argv[0] == "run":
-        return ["submit", *argv[1:], *extra]
+        return ["submit", *argv[1:], *extra, "--retries", str(RETRIES)]
     return [*argv, "--submit", *extra]

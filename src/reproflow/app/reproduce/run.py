@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from reproflow.app.reproduce.estimate import estimate, record_timing
 from reproflow.app.reproduce.plan import LOCAL, SLURM, Folders, Plan, step_argv
@@ -38,6 +40,8 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
                 f"({step.min_cpus}) and this machine has {cores}, so its claim is not applicable here (make {named} "
                 "runs it anyway)")
         steps = [s for s in steps if s.min_cpus <= cores]
+    if executor == SLURM:
+        _doctor(image, folders, out)
     rows = estimate(steps, folders, executor)
     progress = Progress(rows, out)
     more = f", then up to {plan.more_minutes:g} min of more samples for inconclusive claims" if (
@@ -52,16 +56,20 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         log = folders.logs / "reproduce" / f"{step.name}.log"
         progress.say(f"-- step {i + 1}/{len(rows)} {step.name}: reproflow {shlex.join(argv)}")
         start, before = time.monotonic(), len(result_files(folders.results))
-        code, job_ids, counts = run_step(argv, log, progress)
+        # On Slurm the points are written by the jobs: counted from the result files as they appear.
+        tick = functools.partial(_count_new, progress, folders.results, before) if executor == SLURM else None
+        code, job_ids, counts = run_step(argv, log, progress, tick=tick)
         result = StepResult(step, code, 0.0, counts["measured"], counts["skipped"], counts["failed"], job_ids, log,
                             counts["not_applicable"])
-        if executor == SLURM and code == 0:
-            progress.say(f"   waiting for Slurm job(s) {', '.join(job_ids)}")
-            unfinished = wait_for_jobs(job_ids, progress, folders.results, before)
+        if executor == SLURM:
+            # `submit --retries` waited for its jobs and retried them itself; the families' --submit did not.
+            if code == 0 and "--retries" not in argv:
+                progress.say(f"   waiting for Slurm job(s) {', '.join(job_ids)}")
+                unfinished = wait_for_jobs(job_ids, progress, folders.results, before)
+                if unfinished:
+                    result.code = 1
+                    progress.say("   " + "; ".join(unfinished) + " (reproflow status explains why)")
             result.measured = len(result_files(folders.results)) - before
-            if unfinished:
-                result.code = 1
-                progress.say("   " + "; ".join(unfinished) + " (reproflow status explains why)")
         result.seconds = time.monotonic() - start
         done.append(result)
         if result.code or result.failed:
@@ -97,3 +105,22 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     if executor == LOCAL and plan.more_minutes:
         ok = resample(plan, targets, folders, out) and ok
     return 0 if ok else 1
+
+
+def _doctor(image: str, folders: Folders, out: Callable[[str], None]) -> None:
+    """`reproflow doctor` before anything is submitted: Slurm, the image and its runtime, the shared
+    results folder; stops the reproduction with the fixes when something must be fixed."""
+    from reproflow.launch.doctor import FAIL, diagnose
+
+    folders.results.mkdir(parents=True, exist_ok=True)
+    checks = diagnose(image, folders.results, 2)
+    for check in checks:
+        out(check.line())
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        raise ReproflowError(f"reproflow doctor found {len(failed)} problem(s) to fix (above); nothing was "
+                             "submitted. Fix them and run the same command again.")
+
+
+def _count_new(progress: Progress, results: Path, before: int) -> None:
+    progress.measured(len(result_files(results)) - before)

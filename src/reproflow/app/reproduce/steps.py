@@ -7,12 +7,14 @@ import contextlib
 import math
 import os
 import queue
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,11 @@ from reproflow.spec.errors import NOT_APPLICABLE
 from reproflow.store import events
 from reproflow.store.events import read_events
 from reproflow.store.results import result_files
+
+TICK_S = 5.0  # seconds between a step's `tick` calls (a Slurm step's result files are counted)
+# What `reproflow submit --retries` prints of its jobs: their states, attempts, verdicts and retries.
+JOB_LINES = re.compile(r"^(job \d|reproflow: (job \d|.* attempt \d|not retried|infrastructure failure|cannot retry|"
+                       r".*nothing submitted))")
 
 
 @dataclass
@@ -46,12 +53,13 @@ def _child_env(feed: Path) -> dict[str, str]:
     return env
 
 
-def run_step(argv: list[str], log: Path, progress: Progress | None,
-             limit_s: float = math.inf) -> tuple[int, list[str], dict[str, int]]:
+def run_step(argv: list[str], log: Path, progress: Progress | None, limit_s: float = math.inf,
+             tick: Callable[[], None] | None = None) -> tuple[int, list[str], dict[str, int]]:
     """Run `reproflow ARGV` as a child process, its output into `log`; returns (exit code, Slurm job ids
     it submitted, counts of measured / skipped / failed points), followed through the events the child
-    and its ranks write (`<log>.events.jsonl`). Past `limit_s` the child and its ranks are stopped
-    (exit code 124); the points they finished are on disk already."""
+    and its ranks write (`<log>.events.jsonl`) and `tick`, called every few seconds (given for a Slurm
+    step, whose job states and retries are shown as well). Past `limit_s` the child and its ranks are
+    stopped (exit code 124); the points they finished are on disk already."""
     log.parent.mkdir(parents=True, exist_ok=True)
     counts = {"measured": 0, "skipped": 0, "failed": 0, "not_applicable": 0}
     job_ids: list[str] = []
@@ -74,6 +82,7 @@ def run_step(argv: list[str], log: Path, progress: Progress | None,
                                  stderr=subprocess.STDOUT, text=True, env=_child_env(feed), bufsize=1,
                                  process_group=0)
         deadline = time.monotonic() + limit_s
+        ticked = time.monotonic()
         assert child.stdout is not None
 
         def pump() -> None:
@@ -93,6 +102,9 @@ def run_step(argv: list[str], log: Path, progress: Progress | None,
                     text = lines.get(timeout=1.0)
                 except queue.Empty:
                     follow()
+                    if tick and time.monotonic() >= ticked + TICK_S:
+                        ticked = time.monotonic()
+                        tick()
                     if progress:
                         progress.show()
                     continue
@@ -100,6 +112,8 @@ def run_step(argv: list[str], log: Path, progress: Progress | None,
                     break
                 sink.write(text)
                 sink.flush()
+                if tick and progress and JOB_LINES.match(text):
+                    progress.say("   " + text.rstrip())
                 follow()
         except KeyboardInterrupt:
             _stop_group(child)
