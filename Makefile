@@ -22,7 +22,7 @@ REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULT
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput spatial-chart cfp-crossover aceso-large
 
-.PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room lint figures sbatch bench bench-gpu containers gpu-image-here clean $(FIGURES)
+.PHONY: help venv lock demo reproduce archive test test-setup test-fast faults clean-room cluster-reproduce lint figures sbatch bench bench-gpu containers gpu-image-here clean $(FIGURES)
 
 help:
 	@echo "make demo     set up .venv and run make reproduce here: every family's small suites, tables, figures,"
@@ -39,6 +39,8 @@ help:
 	@echo "make test-fast  the inner loop: ruff and the tests that need no Slurm, no image and no long run"
 	@echo "make clean-room  make test and a short make demo, each in a fresh Debian root filesystem with a clean"
 	@echo "              clone of the current commit (root; about 32 minutes); CLEAN_ROOM='test demo-full' to choose"
+	@echo "make cluster-reproduce  the whole reproduction on the test cluster as on a real one: the CPU image, five"
+	@echo "              shaped nodes, make reproduce EXECUTOR=slurm through Pyxis, compare with make demo's run"
 	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"
 	@echo "              cancel, 20 concurrent jobs, images Pyxis cannot start, 1000+ generated bad inputs; prints"
 	@echo "              N faults injected, N survived"
@@ -132,8 +134,15 @@ test-fast: lint
 faults: test-setup
 	$(WITH_CLUSTER) $(BIN)/python -m pytest -q tests/test_faults.py tests/test_inputs.py
 
+# The whole reproduction as a cluster user runs it, on the test cluster: the CPU image, five shaped nodes,
+# make reproduce EXECUTOR=slurm through Pyxis, then compare against this checkout's make demo run, if any
+# (tests/cluster-reproduce.sh; opt-in: too long for make test).
+cluster-reproduce: venv
+	bash tests/cluster-reproduce.sh $(CLUSTER_RUN)
+
 # The README's two commands on a fresh Debian machine (tests/clean-room.sh): run it before calling a
 # change to the set-up (Makefile, pyproject.toml, constraints.txt, tests/slurm, containers, tests/*.sh) done.
+CLUSTER_RUN ?= cluster-run
 CLEAN_ROOM ?= test demo
 clean-room:
 	bash tests/clean-room.sh $(CLEAN_ROOM)

@@ -10,10 +10,11 @@
 # source mirror of third-party sources, THIRD_PARTY (default ../shared/third-party beside the checkout),
 # at the same place beside the clone (all bound read-only).
 #
-# Usage: tests/clean-room.sh [test] [demo] [demo-full] [gpu-image]    (default: test demo)
+# Usage: tests/clean-room.sh [test] [demo] [demo-full] [cluster] [gpu-image]    (default: test demo)
 #   test       make test
 #   demo       make demo ONLY=<a short set of targets>: four families, a few minutes
 #   demo-full  make demo (about 25 minutes on 2 cores)
+#   cluster    make demo, then make cluster-reproduce (the same plan on the test cluster through Pyxis)
 #   gpu-image  make gpu-image-here (the gpu flavour on a stand-in CUDA base; see docs/cluster.md)
 # Prints each command's result and wall time; the logs, summary.md and the test cluster's logs go to
 # CLEAN_ROOM_OUT (default <repo>/.clean-room). A failed command's root filesystem is kept there for a
@@ -34,7 +35,7 @@ say() { printf 'clean-room: %s\n' "$*"; }
 die() { say "$*" >&2; exit 2; }
 
 for c in "${commands[@]}"; do
-    case $c in test | demo | demo-full | gpu-image) ;; *) die "unknown command '$c'; choose from: test demo demo-full gpu-image" ;; esac
+    case $c in test | demo | demo-full | cluster | gpu-image) ;; *) die "unknown command '$c'; choose from: test demo demo-full cluster gpu-image" ;; esac
 done
 [ "$(id -u)" = 0 ] || die "needs root (a root filesystem, namespaces and mounts); run it as root"
 command -v unshare >/dev/null || die "needs unshare (util-linux)"
@@ -158,6 +159,7 @@ for c in "${commands[@]}"; do
         test) command="make test" ;;
         demo) command="make demo ONLY=$SHORT_DEMO" ;;
         demo-full) command="make demo" ;;
+        cluster) command="make demo && make cluster-reproduce" ;;
         gpu-image) command="make gpu-image-here" ;;
     esac
     root=$OUT/root-$c log=$OUT/$c.log
@@ -182,7 +184,8 @@ for c in "${commands[@]}"; do
     tail -n 5 "$log" | sed "s/^/clean-room: $c | /"
     # What explains a result outlives the root: the test cluster's logs, the tests' artifacts, the demo's
     # step logs and claims.
-    for kept in .local-slurm/log test-artifacts logs/reproduce reports/claims.md .local-images/reproflow-gpu.summary.md; do
+    for kept in .local-slurm/log test-artifacts logs/reproduce reports/claims.md .local-images/reproflow-gpu.summary.md \
+                cluster-run/logs/reproduce cluster-run/reports/claims.md cluster-run/compare; do
         [ -e "$root/root/reproflow/$kept" ] || continue
         mkdir -p "$OUT/$c-files/$(dirname "$kept")"
         cp -a "$root/root/reproflow/$kept" "$OUT/$c-files/$(dirname "$kept")/"

@@ -23,6 +23,7 @@ from reproflow.reporting.compare import (
     ONE_SAMPLE,
     SAME,
     SLOWER,
+    claims_side_by_side,
     compare,
     differences,
     only_in_one,
@@ -378,3 +379,24 @@ def test_an_archive_is_unpacked_only_when_it_holds_files_and_folders_inside_it(
         assert not list((tmp_path / f"limit-{limit}").rglob("*.csv"))
     with pytest.raises(ReproflowError, match=r"not a readable \.tar\.gz archive"):
         archive.unpack_results(tmp_path / "junk", tmp_path / "j")
+
+
+def test_claims_of_two_runs_side_by_side(tmp_path: Path) -> None:
+    """Each run's claims.csv in one table: verdicts and ratios per run, the claims whose verdicts differ
+    marked; a file that is not a claims table is refused with the fix."""
+    from reproflow.spec.errors import ReproflowError
+
+    columns = ["family", "claim", "status", "measured", "low", "high"]
+    first, later = tmp_path / "a.csv", tmp_path / "b.csv"
+    pd.DataFrame([["resharding", "ring faster", "holds", 2.44, 2.36, 2.52],
+                  ["spatial", "tiles faster", "not applicable here", None, None, None]], columns=columns).to_csv(first)
+    pd.DataFrame([["resharding", "ring faster", "inconclusive", 1.1, 0.9, 1.3],
+                  ["spatial", "tiles faster", "not applicable here", None, None, None]], columns=columns).to_csv(later)
+    side = claims_side_by_side([first, later], ["local", "slurm"])
+    na = "not applicable here"
+    assert side[["claim", "local", "slurm", "differ"]].values.tolist() == [
+        ["ring faster", "holds", "inconclusive", "yes"], ["tiles faster", na, na, ""]]
+    assert side["local ratio"].tolist() == ["2.44 [2.36, 2.52]", ""]
+    (tmp_path / "bad.csv").write_text("family,claim\nx,y\n")
+    with pytest.raises(ReproflowError, match=r"--claims .*bad.csv: no column high, low, measured, status; give the "):
+        claims_side_by_side([first, tmp_path / "bad.csv"], ["local", "slurm"])

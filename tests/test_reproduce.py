@@ -242,9 +242,12 @@ def test_estimate_and_dry_run_submit_nothing(tmp_path: Path) -> None:
     proc = reproflow("reproduce", "--dry-run", "--executor", "slurm", "--only", "comms,fig7", "--image", "/a.sqsh")
     assert proc.returncode == 0, proc.stderr
     assert "node-hours" in proc.stdout
-    assert "reproflow submit param-demo -e comms --results results --image /a.sqsh" in proc.stdout
+    # In the image, the steps' folders are mounted where they are here.
+    folders = ",".join(f"{ROOT / f}:{ROOT / f}" for f in ("results", "logs", "reports"))
+    assert f"reproflow submit param-demo -e comms --results results --image /a.sqsh --mounts {folders} --retries 2" \
+        in proc.stdout
     assert "reproflow aceso reproduce small --no-megatron-core --log-path logs/aceso" in proc.stdout
-    assert "--submit" in proc.stdout
+    assert f"--submit --image /a.sqsh --mounts {folders}" in proc.stdout
     assert not (tmp_path / "r").exists()
 
 

@@ -35,8 +35,9 @@
 # Idempotent: when the recorded daemons are alive, the files are the ones their start wrote and the
 # nodes answer, it only says so. On failure it stops what it started (tests/slurm/stop.sh).
 # Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2),
-# LOCAL_SLURM_GPUS (8 per node), LOCAL_SLURM_NETWORK (each node's link rate, default 1gbit; '' for
-# loopback), PYXIS_PLUGIN.
+# LOCAL_SLURM_GPUS (8 per node), LOCAL_SLURM_CPUS (each node's, default this machine's cores; more lets a
+# job start more ranks than there are cores, as local runs do), LOCAL_SLURM_NETWORK (each node's link
+# rate, default 1gbit; '' for loopback), PYXIS_PLUGIN.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,12 +46,13 @@ repo=$(cd "$here/../.." && pwd)
 : "${LOCAL_SLURM_NODES:=2}"
 : "${LOCAL_SLURM_GPUS:=8}"
 : "${LOCAL_SLURM_NETWORK=1gbit}"
+: "${LOCAL_SLURM_CPUS:=$(nproc)}"
 : "${PYXIS_PLUGIN:=/usr/local/lib/slurm/spank_pyxis.so}"
 DIR=$LOCAL_SLURM_DIR
 CLUSTER=reproflowtest
 pyxis=""
 if [ -f "$PYXIS_PLUGIN" ] && command -v enroot >/dev/null; then pyxis=$PYXIS_PLUGIN; fi
-SIGNATURE="nodes=$LOCAL_SLURM_NODES gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none} network=${LOCAL_SLURM_NETWORK:-loopback}"
+SIGNATURE="nodes=$LOCAL_SLURM_NODES cpus=$LOCAL_SLURM_CPUS gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none} network=${LOCAL_SLURM_NETWORK:-loopback}"
 MANIFEST=$DIR/system-files
 MUNGE_SOCKET=$DIR/munge/munge.socket
 DB_PORT=16819
@@ -183,7 +185,7 @@ done
 
 # Job ids continue across restarts so stale submitit folders never match.
 first_job=$(cat "$DIR/next_job_id" 2>/dev/null || echo 1)
-cpus=$(nproc)
+cpus=$LOCAL_SLURM_CPUS
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / LOCAL_SLURM_NODES / 2 ))
 {
     cat <<EOF
@@ -228,6 +230,8 @@ AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 TaskProlog=$DIR/task-prolog
+# The nodes' CPUs as configured (LOCAL_SLURM_CPUS), not as slurmd counts them on this machine.
+SlurmdParameters=config_overrides
 EOF
     for i in $(seq 1 "$LOCAL_SLURM_NODES"); do
         echo "NodeName=node$i NodeHostname=node$i NodeAddr=${addresses[i-1]} Port=$((17000 + i)) CPUs=$cpus RealMemory=$mem Gres=gpu:$LOCAL_SLURM_GPUS State=UNKNOWN"

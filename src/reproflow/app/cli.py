@@ -265,7 +265,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 match = first[0].match if first else tuple(f for f in args.match.split(",") if f)
                 runs = [*first, *(open_run(source, index, Path(scratch), match, by_point=bool(first))
                                   for source in args.runs)]
-                return write_comparison(runs, Path(args.out), args.fail_below)
+                return write_comparison(runs, Path(args.out), args.fail_below, [Path(c) for c in args.claims])
             finally:
                 catalog.forget(index, Path(scratch))
 
@@ -564,6 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run ids (`reproflow runs`), results folders or `reproflow archive` "
                                            "files; the first is the baseline")
     p.add_argument("--out", default="compare", help="folder for compare.md, compare.html and the figures")
+    p.add_argument("--claims", nargs="+", default=[], metavar="CLAIMS_CSV",
+                   help="each run's claims.csv (from its report), in the runs' order: their verdicts side by side")
     p.add_argument("--match", default="",
                    help="match points by these parameters and coordinates only (comma-separated, e.g. "
                         "kernel,dtype,implementation,m,n,k), whatever their suites and experiments are called: "

@@ -317,10 +317,34 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
     return figures
 
 
-def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
-                     fail_below: float | None = None) -> tuple[list[Path], str, int]:
+def claims_side_by_side(files: Sequence[Path], labels: Sequence[str]) -> pd.DataFrame:
+    """The runs' claims (each run's claims.csv, as `reproflow report` writes it) in one table: per claim,
+    each run's verdict and ratio with its interval, and whether the verdicts differ."""
+    columns = []
+    for path, label in zip(files, labels, strict=True):
+        try:
+            table = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise ReproflowError(f"--claims {path}: not a claims table ({exc}). Give the claims.csv `reproflow "
+                                 "report` (or make reproduce) wrote beside each run's report.") from None
+        missing = {"family", "claim", "status", "measured", "low", "high"} - set(table.columns)
+        if missing:
+            raise ReproflowError(f"--claims {path}: no column {', '.join(sorted(missing))}; give the claims.csv "
+                                 "`reproflow report` wrote.")
+        shown = [f"{m:.3g}" + (f" [{lo:.3g}, {hi:.3g}]" if pd.notna(lo) else "") if pd.notna(m) else ""
+                 for m, lo, hi in table[["measured", "low", "high"]].itertuples(index=False)]
+        columns.append(table[["family", "claim"]].assign(**{label: table["status"], f"{label} ratio": shown})
+                       .set_index(["family", "claim"]))
+    joined = pd.concat(columns, axis=1).reset_index().fillna("")
+    verdicts = joined[list(labels)]
+    return joined.assign(differ=["yes" if len(set(row)) > 1 else "" for row in verdicts.itertuples(index=False)])
+
+
+def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below: float | None = None,
+                     claims: Sequence[Path] = ()) -> tuple[list[Path], str, int]:
     """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, the markdown
-    (the summary and the tables) and, with `fail_below`, how many metrics are slower beyond it or not valid."""
+    (the summary and the tables) and, with `fail_below`, how many metrics are slower beyond it or not valid.
+    `claims`: each run's claims.csv, in the runs' order, for a table of their verdicts side by side."""
     first, later = runs[0], runs[1:]
     tables = [(run, compare(first, run), only_in_one(first, run)) for run in later]
     slower = 0
@@ -334,6 +358,15 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path,
             else "The runs' provenance (commit, image, hardware, versions, nodes) is the same.")
     md.append(f"{text}\n\n{to_markdown(differ) if len(differ) else ''}")
     body.append(f"<p>{html.escape(text)}</p>{html_table(differ) if len(differ) else ''}")
+    if claims:
+        if len(claims) != len(runs):
+            raise ReproflowError(f"--claims: {len(claims)} file(s) for {len(runs)} run(s); give one claims.csv "
+                                 "per run, in the runs' order.")
+        side = claims_side_by_side(claims, [run.label for run in runs])
+        text = (f"The claims of each run (its claims.csv): {int((side['differ'] == 'yes').sum())} of {len(side)} "
+                "with verdicts that differ.")
+        md += [f"## Claims\n\n{text}\n", to_markdown(side)]
+        body.append(f"<section><h2>Claims</h2><p>{html.escape(text)}</p>{html_table(side)}</section>")
     for run, table, alone in tables:
         counts = table["verdict"].value_counts()
         summary = (f"{run.label} against {first.label}: {len(table)} metrics matched: "

@@ -146,6 +146,9 @@ def step_argv(step: Step, folders: Folders, executor: str = LOCAL, image: str = 
     argv = folders.argv(step.command, step.reference)
     if executor != SLURM:
         return argv
+    if image and not mounts:  # the steps' folders, each where it is here (a family's step reads its logs)
+        paths = [folders.results, folders.logs, folders.reports, *([folders.reference] if folders.reference else [])]
+        mounts = ",".join(f"{p.resolve()}:{p.resolve()}" for p in paths)
     extra = [*(["--image", image] if image else []), *(["--mounts", mounts] if mounts else [])]
     if argv[0] == "run":
         return ["submit", *argv[1:], *extra, "--retries", str(RETRIES)]
