@@ -105,15 +105,17 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
                  overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), nodes: int | None = None,
                  procs: int | None = None, partition: str | None = None, image: str = "", mounts: str = "",
                  runtime: str = "pyxis", force: bool = False, after: Sequence[str] = (), array: bool = False,
-                 max_parallel: int = 0, retries: int = 0, wait: bool = False, dry_run: bool = False) -> list[str]:
+                 max_parallel: int = 0, retries: int = 0, wait: bool = False, dry_run: bool = False,
+                 exclude: Sequence[str] = ()) -> list[str]:
     """Submit the suite's experiments to Slurm through submitit (`results` must be on storage the nodes
     share); returns the Slurm job ids. With `wait` or `retries`, waits for them and resubmits jobs that
     failed for the infrastructure (at most `retries` times, without the failed nodes). `after`: start
-    only after these jobs succeed; `array`: one array task per point; `dry_run`: print, submit nothing."""
+    only after these jobs succeed; `array`: one array task per point; `dry_run`: print, submit nothing;
+    `exclude`: nodes the jobs must not run on (`reproflow nodes` names suspects)."""
     loaded = named_suite(str(suite), [*override_strings(overrides or {}), *sets])
     executor = submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs=procs,
                                  partition=partition, image=image, mounts=mounts, runtime=runtime, force=force,
-                                 after=after, array=array, max_parallel=max_parallel)
+                                 after=after, array=array, max_parallel=max_parallel, exclude=exclude)
     ids: list[str] = []
     for exp in loaded.select(list(experiments)):
         if dry_run:
@@ -136,13 +138,14 @@ def submitit_executor(results: str | Path = "results", *, overrides: Mapping[str
                       sets: Sequence[str] = (), nodes: int | None = None, procs: int | None = None,
                       partition: str | None = None, image: str = "", mounts: str = "", runtime: str = "pyxis",
                       force: bool = False, after: Sequence[str] = (), array: bool = False,
-                      max_parallel: int = 0) -> SubmititExecutor:
+                      max_parallel: int = 0, exclude: Sequence[str] = ()) -> SubmititExecutor:
     """The executor that submit_suite submits with (`after`: job ids, comma-separated items allowed)."""
     from reproflow.launch.submit import SubmititExecutor
 
     jobs = tuple(j for item in after for j in item.split(",") if j)
     return SubmititExecutor(Path(results), project_root(), nodes, procs, partition, image, mounts, runtime, force,
-                            tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel)
+                            tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel,
+                            exclude=tuple(exclude))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -120,7 +120,19 @@ def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options of `reproflow submit` that say where and how its jobs run."""
     return {"sets": args.set, "nodes": args.nodes, "procs": args.procs, "partition": args.partition,
             "image": args.image, "mounts": args.mounts, "runtime": args.runtime, "force": args.force,
-            "after": args.after, "array": args.array, "max_parallel": args.max_parallel}
+            "after": args.after, "array": args.array, "max_parallel": args.max_parallel,
+            "exclude": _node_list(args.exclude)}
+
+
+def _node_list(text: str) -> tuple[str, ...]:
+    """--exclude's nodes: comma-separated names, or @FILE holding them (as `reproflow nodes` writes)."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise ReproflowError(f"--exclude {text}: cannot read the file ({exc.strerror}); give node names "
+                                 "(node7,node12) or @FILE with them.") from None
+    return tuple(n.strip() for n in text.replace("\n", ",").split(",") if n.strip())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -356,6 +368,31 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    """The nodes slower than their peers across the catalog's runs; exit 1 with --fail-on-suspect if any."""
+    from reproflow.reporting import catalog
+    from reproflow.reporting.history import Selection
+    from reproflow.reporting.nodes import residuals, suspects, write_nodes
+
+    _check_dates(args)
+    folders = catalog.catalog_folders(args.results)
+    if not folders:
+        raise ReproflowError("no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
+                             "theirs; or give a results folder with --results.")
+    chosen = Selection(args.suite, args.experiment, args.point, "*", args.metric, args.cluster, 0, args.since,
+                       args.until)
+
+    def read(index: Any) -> Any:
+        catalog.refresh(index, folders)
+        return residuals(index, folders, chosen)
+
+    table = suspects(catalog.using_index(read), args.margin)
+    paths, text = write_nodes(table, Path(args.out), args.margin)
+    print(text)
+    print(f"reproflow: {', '.join(str(p) for p in paths)}")
+    return 1 if args.fail_on_suspect and (table["verdict"] == "suspect").any() else 0
+
+
 def _check_dates(args: argparse.Namespace) -> None:
     import datetime as _dt
 
@@ -434,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mounts", default="", help="folders bound into the container, src:dst,... (default: results)")
     p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
     p.add_argument("--max-parallel", type=whole(0), default=0, help="with --array: at most this many tasks at once")
+    p.add_argument("--exclude", default="", metavar="NODES",
+                   help="nodes the jobs must not run on: node7,node12 or @FILE (reproflow nodes writes exclude.txt)")
     p.add_argument("--after", action="append", default=[], metavar="JOBID",
                    help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
     p.add_argument("--wait", action="store_true",
@@ -552,6 +591,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a change made a series worse (the whole interval of its ratio on the worse "
                         "side of 1): for a nightly check")
     p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("nodes", help="nodes whose ranks are slower than their peers', across runs",
+                       formatter_class=fmt,
+                       description="From the per-rank times of multi-node points in the catalog's runs (a rank's "
+                                   "compute or step time, per rank and repeat): each node's slowdown against its "
+                                   "peers once the run's and the rank's own effects are taken out (median polish), "
+                                   "with its interval over the runs it ran in, how often it was its run's slowest, "
+                                   "and the suspects (the whole interval above 1 + margin). Writes nodes.md, "
+                                   "nodes.csv, nodes.html and exclude.txt for `reproflow submit --exclude @...` or "
+                                   "`sbatch --exclude=$(cat ...)`.")
+    _catalog_options(p)
+    p.add_argument("--suite", default="*", help="suites matching this glob")
+    p.add_argument("--experiment", default="*", help="experiments matching this glob")
+    p.add_argument("--point", default="*", help="points matching this glob")
+    p.add_argument("--metric", default="", help="only this per-rank time (default: every one)")
+    p.add_argument("--margin", type=number(0), default=0.02,
+                   help="how much slower than its peers a node must be, over its whole interval (0.02: 2 %%)")
+    p.add_argument("--out", default="nodes", help="where the tables and exclude.txt go")
+    p.add_argument("--fail-on-suspect", action="store_true", help="exit 1 when a node is suspect")
+    p.set_defaults(func=cmd_nodes)
 
     p = sub.add_parser("compare", help="runs against runs: ratios with intervals, faster / slower / same",
                        formatter_class=fmt,

@@ -13,6 +13,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from reproflow.store import events
 from reproflow.store.files import append_line
 from reproflow.store.results import point_file_problem, point_path
 from reproflow.store.runs import RUN_ID_ENV
+
+NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a host name, as Slurm's NodeName is
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -92,6 +95,11 @@ class SubmititExecutor:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ReproflowError(f"{name} {value!r}: give a whole number >= 1, or leave it out for the "
                                      "suite's launch.")
+        for node in self.exclude:
+            if not NODE_RE.fullmatch(node):
+                raise ReproflowError(f"--exclude {node[:40]!r} is not a node name: give Slurm's node names, "
+                                     "comma-separated (node7,node12), or @FILE holding them (reproflow nodes writes "
+                                     "exclude.txt).")
         for job in self.after:
             if not JOB_ID_RE.fullmatch(job):
                 raise ReproflowError(f"--after {job[:40]!r} is not a Slurm job id. Give the ids sbatch or "

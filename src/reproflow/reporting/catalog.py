@@ -36,12 +36,13 @@ from reproflow.store.files import read_json_object
 from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
             "nccl_version")
 KEY = ["suite", "experiment", "point", "coords", "metric"]
+TIME_UNITS = ("s", "ms", "us", "ns")  # the per-rank metrics `reproflow nodes` reads: times, lower is better
 T = TypeVar("T")
 MATCH_KEY = ["family", "match", "metric"]  # compare --match: points matched by the named fields only
 _SCHEMA = f"""
@@ -53,6 +54,8 @@ CREATE TABLE IF NOT EXISTS points(path TEXT, folder TEXT, run_id TEXT, job_id TE
     {", ".join(f"{c} TEXT" for c in MANIFEST)}, invalid TEXT);
 CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
     coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
+CREATE TABLE IF NOT EXISTS ranks(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
+    coords TEXT, metric TEXT, rank INTEGER, node TEXT, log_median REAL);
 CREATE INDEX IF NOT EXISTS files_folder ON files(folder);
 CREATE INDEX IF NOT EXISTS dirs_folder ON dirs(folder);
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
@@ -61,6 +64,8 @@ CREATE INDEX IF NOT EXISTS points_path ON points(path);
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);
 CREATE INDEX IF NOT EXISTS samples_folder ON samples(folder);
 CREATE INDEX IF NOT EXISTS samples_path ON samples(path);
+CREATE INDEX IF NOT EXISTS ranks_folder ON ranks(folder);
+CREATE INDEX IF NOT EXISTS ranks_path ON ranks(path);
 PRAGMA user_version = {INDEX_VERSION};
 """
 
@@ -191,7 +196,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
         stale = [p for p in indexed if on_disk.get(p) != indexed[p]]
         fresh = [p for p in on_disk if indexed.get(p) != on_disk[p]]
         with con:
-            for table in ("files", "manifests", "points", "samples"):
+            for table in ("files", "manifests", "points", "samples", "ranks"):
                 con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in stale))
             for path in fresh:
                 _index_file(con, folder, Path(path))
@@ -207,7 +212,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
 def forget(con: sqlite3.Connection, under: Path) -> None:
     """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
     with con:
-        for table in ("files", "dirs", "manifests", "points", "samples"):
+        for table in ("files", "dirs", "manifests", "points", "samples", "ranks"):
             con.execute(f"DELETE FROM {table} WHERE folder LIKE ? || '%'", (str(under.resolve()),))
 
 
@@ -267,6 +272,30 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
             (str(path), run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
              *_statistics(merged or first_rank))
             for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
+        con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
+            (str(path), run_id, str(folder), suite, experiment, point, *timed)
+            for timed in _rank_times(mine, coords)))
+
+
+def _rank_times(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> Iterable[tuple[str, str, int, str, float]]:
+    """A multi-node point's times as each rank measured them (coordinates, metric, rank, the node it ran on,
+    the logarithm of its median over repeats): what `reproflow nodes` sets node against node with. Ranks
+    sit on the nodes in blocks, in the node list's order (Slurm's block distribution, one torchrun a node)."""
+    nodes = [h for h in rows[0].get("nodelist", "").split(",") if h]
+    size = rows[0].get("world_size", "")
+    world = int(float(size)) if size.replace(".", "", 1).isdigit() else 0
+    if len(nodes) < 2 or not world or world % len(nodes):
+        return []
+    per_node = world // len(nodes)
+    logs: dict[tuple[str, str, int], list[float]] = {}
+    for row in rows:
+        if row["rank"] == AGGREGATE or row["unit"] not in TIME_UNITS or not row["rank"].isdigit():
+            continue
+        value, rank = float(row["value"]), int(row["rank"])
+        if math.isfinite(value) and value > 0 and rank < world:
+            key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"], rank)
+            logs.setdefault(key, []).append(math.log(value))
+    return [(c, m, r, nodes[r // per_node], statistics.median(v)) for (c, m, r), v in logs.items()]
 
 
 def invalid(rows: Sequence[dict[str, str]], headline: str) -> str:

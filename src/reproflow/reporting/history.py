@@ -77,8 +77,8 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
         f"JOIN points p ON s.path = p.path AND s.suite = p.suite AND s.experiment = p.experiment "
         f"AND s.point = p.point WHERE s.folder IN ({marks})", con, params=[str(f.resolve()) for f in folders])
     headline = {name: f.headline for name, f in families().items()}
-    keep = (_glob(frame["suite"], chosen.suite) & _glob(frame["experiment"], chosen.experiment)
-            & _glob(frame["point"], chosen.point) & _glob(frame["coords"].fillna(""), chosen.coords)
+    keep = (matching(frame["suite"], chosen.suite) & matching(frame["experiment"], chosen.experiment)
+            & matching(frame["point"], chosen.point) & matching(frame["coords"].fillna(""), chosen.coords)
             & (frame["metric"] == chosen.metric if chosen.metric else frame["metric"] == frame["family"].map(headline)))
     frame = frame[keep & frame["log_mean"].notna()].copy()
     recorded = catalog.manifests(con, folders)
@@ -104,7 +104,8 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
     return frame.reset_index(drop=True)
 
 
-def _glob(column: pd.Series, pattern: str) -> pd.Series:
+def matching(column: pd.Series, pattern: str) -> pd.Series:
+    """Which values of `column` the glob `pattern` matches."""
     return column.map(lambda v: fnmatch.fnmatchcase(str(v), pattern))
 
 
