@@ -400,3 +400,16 @@ def test_claims_of_two_runs_side_by_side(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("family,claim\nx,y\n")
     with pytest.raises(ReproflowError, match=r"--claims .*bad.csv: no column high, low, measured, status; give the "):
         claims_side_by_side([first, tmp_path / "bad.csv"], ["local", "slurm"])
+
+
+def test_a_point_with_fewer_samples_than_it_asked_for_is_not_valid() -> None:
+    """Resharding asks for `runs` timed runs, one run_time row each: with 3 of 8 the point is not valid."""
+    from reproflow.spec.family import families
+
+    resharding = families()["resharding"]
+    rows = [{"metric": "run_time", "value": "0.1", "rank": "all", "repeat": "0", "runs": "8", "run": str(i),
+             "health_gate": "pass"} for i in range(3)]
+    assert catalog.invalid(rows, resharding.headline, resharding.samples) == \
+        "3 of the 8 samples it asked for (runs) measured (run_time)"
+    whole = [dict(row, run=str(i)) for i, row in enumerate(rows * 3)][:8]
+    assert catalog.invalid(whole, resharding.headline, resharding.samples) == ""

@@ -257,7 +257,8 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
         con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (12 + len(MANIFEST)))})",
                     (str(path), str(folder), run_id, job_id, suite, experiment, first["family"], point, 0,
                      first["timestamp"], json.dumps({c: _number(first[c]) for c in middle if c in params}),
-                     *(first.get(c, "") for c in MANIFEST), invalid(mine, known.headline if known else "")))
+                     *(first.get(c, "") for c in MANIFEST),
+                     invalid(mine, known.headline if known else "", known.samples if known else ())))
         groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
         for row in mine:
             key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"])
@@ -298,14 +299,21 @@ def _rank_times(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> Iterab
     return [(c, m, r, nodes[r // per_node], statistics.median(v)) for (c, m, r), v in logs.items()]
 
 
-def invalid(rows: Sequence[dict[str, str]], headline: str) -> str:
+def invalid(rows: Sequence[dict[str, str]], headline: str, samples: tuple[str, str] | tuple[()] = ()) -> str:
     """Why a point's rows cannot be judged faster, slower or the same ('' when they can): its job failed its
-    health gate, or its headline metric is zero or not finite in every row (a run that moved no bytes)."""
+    health gate, its headline metric is zero or not finite in every row (a run that moved no bytes), or it
+    has fewer samples than it asked for (`samples`: the parameter asking and the metric counted)."""
     if any(row.get("health_gate") == GATE_FAIL for row in rows):
         return "its job failed its health gate"
     values = [float(row["value"]) for row in rows if row["metric"] == headline]
     if values and not any(math.isfinite(v) and v > 0 for v in values):
         return f"its {headline} is {values[0]:g} in every row"
+    if samples and str(rows[0].get(samples[0], "")).isdigit():
+        asked = int(rows[0][samples[0]])
+        got = len({(row["repeat"], row["rank"], *(row[c] for c in row if c not in RESERVED)) for row in rows
+                   if row["metric"] == samples[1] and row["rank"] in (AGGREGATE, "0")})
+        if got < asked:
+            return f"{got} of the {asked} samples it asked for ({samples[0]}) measured ({samples[1]})"
     return ""
 
 

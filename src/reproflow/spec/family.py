@@ -71,6 +71,9 @@ class Family:
     # Coordinates that number repeated samples of one quantity (an iteration, a step), not conditions
     # like a message size: pooled, not matched, when runs are compared.
     sample_coords: tuple[str, ...] = ()
+    # (parameter, metric): the samples a point asks for and the metric with one row per sample; a point
+    # with fewer rows of it than asked is not valid (compare, history, the catalog's `invalid`).
+    samples: tuple[str, str] | tuple[()] = ()
 
     def param(self, name: str) -> Param:
         """The declaration of one parameter."""

@@ -120,6 +120,7 @@ def explain(params: Mapping[str, Any], host_size: int) -> str:
 FAMILY = Family(
     name="resharding",
     sample_coords=('run',),
+    samples=('runs', 'run_time'),
     headline="effective_bw",
     summary="cross-mesh resharding (Alpa): 1-to-m and n-to-m cases, send_recv vs broadcasts, load balancing",
     params=(

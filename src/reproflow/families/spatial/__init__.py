@@ -54,6 +54,7 @@ def table(params: Mapping[str, Any], rows: Sequence[Measurement]) -> str:
 FAMILY = Family(
     name="spatial",
     sample_coords=('epoch', 'step'),
+    samples=('steps', 'step_s'),
     headline="images_per_s",
     summary="spatial parallelism (MPI4DL): ResNet / AmoebaNet over image tiles with halo exchange",
     params=(
