@@ -112,7 +112,8 @@ def _doctor(image: str, folders: Folders, out: Callable[[str], None]) -> None:
     results folder; stops the reproduction with the fixes when something must be fixed."""
     from reproflow.launch.doctor import FAIL, diagnose
 
-    folders.results.mkdir(parents=True, exist_ok=True)
+    for folder in (folders.results, folders.logs, folders.reports):  # Pyxis mounts them: they must exist
+        folder.mkdir(parents=True, exist_ok=True)
     checks = diagnose(image, folders.results, 2)
     for check in checks:
         out(check.line())
