@@ -89,3 +89,12 @@ def test_run_dry_run_runs_nothing(tmp_path):
 def test_every_command_explains_itself(command):
     proc = reproflow(command, "--help")
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) > 5
+
+
+def test_an_mpi_suites_tasks_are_one_mpi_world_through_srun():
+    """submitit's srun of an MPI suite names the --mpi plugin (SRUN_MPI, else the image's, else pmix)."""
+    proc = reproflow("submit", "spatial-small", "-e", "check-resnet", "--dry-run")
+    assert proc.returncode == 0 and "--mpi=pmix" in proc.stdout, proc.stderr
+    proc = reproflow("submit", "spatial-small", "-e", "check-resnet", "--dry-run", env={"SRUN_MPI": "pmi2"})
+    assert "--mpi=pmi2" in proc.stdout
+    assert "--mpi=" not in reproflow("submit", "param-demo", "-e", "comms", "--dry-run").stdout

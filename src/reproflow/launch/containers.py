@@ -63,6 +63,15 @@ def image_skipped(image: str) -> dict[str, str]:
     return {part: "the image records it as skipped" for part in (found.group(1).split() if found else [])}
 
 
+def image_srun_mpi(image: str) -> str:
+    """The srun --mpi plugin the image's MPI needs (REPROFLOW_SRUN_MPI in its environment: pmi2 for the CPU
+    image's MPICH, pmix for the gpu image's Open MPI), as the sbatch template reads it; '' when unknown."""
+    if not image or not Path(image).is_file() or not shutil.which("unsquashfs"):
+        return ""
+    found = re.search(r"^REPROFLOW_SRUN_MPI=(\w+)$", output(["unsquashfs", "-cat", image, "etc/environment"]), re.M)
+    return found.group(1) if found else ""
+
+
 def oci_conf() -> Path:
     """Where Slurm reads oci.conf: beside the slurm.conf the controller reports (else /etc/slurm)."""
     found = re.search(r"^SLURM_CONF\s*=\s*(\S+)", output(["scontrol", "show", "config"]), re.M)
