@@ -66,7 +66,10 @@ def image_skipped(image: str) -> dict[str, str]:
 def image_srun_mpi(image: str) -> str:
     """The srun --mpi plugin the image's MPI needs (REPROFLOW_SRUN_MPI in its environment: pmi2 for the CPU
     image's MPICH, pmix for the gpu image's Open MPI), as the sbatch template reads it; '' when unknown."""
-    if not image or not Path(image).is_file() or not shutil.which("unsquashfs"):
+    try:
+        if not image or not Path(image).is_file() or not shutil.which("unsquashfs"):
+            return ""
+    except ValueError:  # a path no file can have (a NUL byte): image_problem says what is wrong
         return ""
     found = re.search(r"^REPROFLOW_SRUN_MPI=(\w+)$", output(["unsquashfs", "-cat", image, "etc/environment"]), re.M)
     return found.group(1) if found else ""
