@@ -56,14 +56,23 @@ def write_year(root: Path, changes_made: tuple[Change, ...], seed: int, nights: 
                           fields["git_commit"], "", "", run_id=run_id)
         measured = [(r, Measurement("busbw", run_level * float(np.exp(rng.normal(0, 0.01))), "GB/s",
                                     {"size_bytes": 1048576})) for r in range(8)]
-        folder = root / f"n{night:03d}"
-        rows = make_rows({"suite": "comms", "experiment": "c", "family": "param_comms",
-                          "point": "collective=all_reduce"}, {"collective": "all_reduce"}, measured, prov)
-        atomic_write(point_path(folder, "comms", "c", "all_reduce"), rows_to_csv(rows))
-        start = (START + dt.timedelta(days=night)).isoformat(timespec="seconds")
-        atomic_write(manifest_path(folder, run_id), json.dumps({"run_id": run_id, "start": start, "cluster": "c"}))
-        folders.append(folder)
+        folders.append(write_night(root, night, {"suite": "comms", "experiment": "c", "family": "param_comms",
+                                                 "point": "collective=all_reduce"}, {"collective": "all_reduce"},
+                                   measured, prov))
     return folders
+
+
+def write_night(root: Path, night: int, head: dict[str, str], params: dict[str, str],
+                measured: list[tuple[int, Measurement]], prov: Provenance) -> Path:
+    """Night `night`'s results folder under `root`: the point's rows and its run's manifest (started that
+    night at 02:00)."""
+    folder = root / f"n{night:03d}"
+    rows = make_rows(head, params, measured, prov)
+    atomic_write(point_path(folder, head["suite"], head["experiment"], "point"), rows_to_csv(rows))
+    start = (START + dt.timedelta(days=night)).isoformat(timespec="seconds")
+    atomic_write(manifest_path(folder, prov.run_id), json.dumps({"run_id": prov.run_id, "start": start,
+                                                                 "cluster": "c"}))
+    return folder
 
 
 def found(root: Path, folders: list[Path]):

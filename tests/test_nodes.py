@@ -4,24 +4,19 @@ a slow node none is named, whatever the run-to-run drift and the ranks' differen
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import reproflow
+from test_history import write_night
 
 from reproflow.reporting import catalog
 from reproflow.reporting.history import Selection
 from reproflow.reporting.nodes import residuals, suspects
 from reproflow.spec.family import Measurement
-from reproflow.store.files import atomic_write
 from reproflow.store.provenance import Provenance
-from reproflow.store.results import make_rows, point_path, rows_to_csv
-from reproflow.store.runs import manifest_path
 
-START = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.UTC)
 NODES = [f"node{i}" for i in range(1, 9)]
 
 
@@ -40,13 +35,8 @@ def write_nights(root: Path, slow: str, seed: int, nights: int = 60) -> list[Pat
         measured = [(repeat, Measurement("time_s", (1 + rank / 10) * drift * (1.10 if pair[rank // 4] == slow else 1)
                                          * float(np.exp(rng.normal(0, 0.01))), "s", {"m": 1024}, rank=rank))
                     for rank in range(8) for repeat in range(3)]
-        folder = root / f"n{night:03d}"
-        rows = make_rows({"suite": "compute", "experiment": "gemm", "family": "param_compute", "point": "gemm"},
-                         {}, measured, prov)
-        atomic_write(point_path(folder, "compute", "gemm", "gemm"), rows_to_csv(rows))
-        start = (START + dt.timedelta(days=night)).isoformat(timespec="seconds")
-        atomic_write(manifest_path(folder, run_id), json.dumps({"run_id": run_id, "start": start, "cluster": "c"}))
-        folders.append(folder)
+        folders.append(write_night(root, night, {"suite": "compute", "experiment": "gemm", "family": "param_compute",
+                                                 "point": "gemm"}, {}, measured, prov))
     return folders
 
 

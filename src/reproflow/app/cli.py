@@ -341,6 +341,14 @@ def _catalog_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
 
 
+def _series_options(p: argparse.ArgumentParser) -> None:
+    """Which points, as `history` and `nodes` take them: globs on suite, experiment and point."""
+    p.add_argument("--suite", default="*", help="suites matching this glob")
+    p.add_argument("--experiment", default="*", help="experiments matching this glob")
+    p.add_argument("--point", default="*", help="points matching this glob, as named in their rows "
+                                                "(collective=all_reduce)")
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     """A metric's values run after run and its change points; exit 1 with --fail-on-change on a worse one."""
     from reproflow.reporting import catalog
@@ -579,10 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "nodes). Writes history.md, a self-contained history.html with a figure per "
                                    "series, history.csv and change_points.csv.")
     _catalog_options(p)
-    p.add_argument("--suite", default="*", help="suites matching this glob")
-    p.add_argument("--experiment", default="*", help="experiments matching this glob")
-    p.add_argument("--point", default="*", help="points matching this glob, as named in their rows "
-                                                "(collective=all_reduce)")
+    _series_options(p)
     p.add_argument("--coords", default="*", help="coordinates matching this glob (*size_bytes*1048576*)")
     p.add_argument("--metric", default="", help="the metric (default: each family's headline: busbw, tflops, ...)")
     p.add_argument("--nodes", type=whole(0), default=0, help="only points measured on this many nodes (0: any)")
@@ -602,9 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "nodes.csv, nodes.html and exclude.txt for `reproflow submit --exclude @...` or "
                                    "`sbatch --exclude=$(cat ...)`.")
     _catalog_options(p)
-    p.add_argument("--suite", default="*", help="suites matching this glob")
-    p.add_argument("--experiment", default="*", help="experiments matching this glob")
-    p.add_argument("--point", default="*", help="points matching this glob")
+    _series_options(p)
     p.add_argument("--metric", default="", help="only this per-rank time (default: every one)")
     p.add_argument("--margin", type=number(0), default=0.02,
                    help="how much slower than its peers a node must be, over its whole interval (0.02: 2 %%)")
