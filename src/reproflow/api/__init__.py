@@ -178,8 +178,16 @@ def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
         if code:
             raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
         return []
-    return submit_suite(suite, results=where.results, image=where.image, mounts=where.mounts, force=where.force,
-                        after=where.after, dry_run=where.dry_run)
+    # A generated suite is a pipeline (CFP's analysis -> profile -> search): each experiment's jobs start
+    # after the previous experiment's succeed, in the order a run here takes them.
+    ids: list[str] = []
+    after = where.after
+    for exp in named_suite(str(suite), []).experiments:
+        submitted = submit_suite(suite, [exp.name], results=where.results, image=where.image, mounts=where.mounts,
+                                 force=where.force, after=after, dry_run=where.dry_run)
+        after = tuple(submitted) or after
+        ids += submitted
+    return ids
 
 
 def submit_call(name: str, fn: Callable[..., Any], *args: Any, folder: str | Path, minutes: int,
