@@ -56,23 +56,20 @@ def image_skipped(image: str) -> dict[str, str]:
             return dict(json.loads(sidecar.read_text()).get("skipped", {}))
         except (ValueError, TypeError):
             return {}
-    if not shutil.which("unsquashfs"):
-        return {}
-    environment = output(["unsquashfs", "-cat", image, "etc/environment"])
-    found = re.search(r"^REPROFLOW_IMAGE_SKIPPED=(.*)$", environment, re.M)
-    return {part: "the image records it as skipped" for part in (found.group(1).split() if found else [])}
+    skipped = image_variable(image, "REPROFLOW_IMAGE_SKIPPED")
+    return {part: "the image records it as skipped" for part in skipped.split()}
 
 
-def image_srun_mpi(image: str) -> str:
-    """The srun --mpi plugin the image's MPI needs (REPROFLOW_SRUN_MPI in its environment: pmi2 for the CPU
-    image's MPICH, pmix for the gpu image's Open MPI), as the sbatch template reads it; '' when unknown."""
+def image_variable(image: str, name: str) -> str:
+    """A variable the image records in its environment (etc/environment, read with unsquashfs); '' when
+    it records none, the file is no image, or unsquashfs is missing."""
     try:
         if not image or not Path(image).is_file() or not shutil.which("unsquashfs"):
             return ""
     except ValueError:  # a path no file can have (a NUL byte): image_problem says what is wrong
         return ""
-    found = re.search(r"^REPROFLOW_SRUN_MPI=(\w+)$", output(["unsquashfs", "-cat", image, "etc/environment"]), re.M)
-    return found.group(1) if found else ""
+    found = re.search(rf"^{name}=(.*)$", output(["unsquashfs", "-cat", image, "etc/environment"]), re.M)
+    return found.group(1).strip() if found else ""
 
 
 def oci_conf() -> Path:

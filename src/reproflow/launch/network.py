@@ -112,11 +112,8 @@ class EmulatedNetwork:
         run's subnet. A run is dead when its file in OWNERS can be locked. Where there is no file, the
         network is another mount namespace's (a container or a clean room sharing this network
         namespace, whose processes may be invisible here) and is left alone."""
-        listing = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
-                                 check=False).stdout + subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                                      text=True, check=False).stdout
         found: dict[str, list[str]] = {}
-        for name, tag, _ in re.findall(r"\b(rf(\d+)(br|h\d+))\b", listing):
+        for name, tag, _ in re.findall(r"\b(rf(\d+)(br|h\d+))\b", _devices()):
             found.setdefault(tag, []).append(name)
         for tag, names in found.items():
             try:
@@ -197,12 +194,15 @@ def _remove(names: list[str]) -> None:
                        capture_output=True, check=False)
 
 
+def _devices() -> str:
+    """This machine's bridges and network namespaces, as `ip` lists them."""
+    return "".join(subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+                   for cmd in (["ip", "-o", "link", "show", "type", "bridge"], ["ip", "netns", "list"]))
+
+
 def _named(name: str) -> list[str]:
     """The devices of the named network that exist now."""
-    listing = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
-                             check=False).stdout + subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                                  text=True, check=False).stdout
-    return sorted(set(re.findall(rf"\brf{re.escape(name)}(?:br|h\d+)\b", listing)))
+    return sorted(set(re.findall(rf"\brf{re.escape(name)}(?:br|h\d+)\b", _devices())))
 
 
 def main(argv: list[str] | None = None) -> int:

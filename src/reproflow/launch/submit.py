@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.launch import retry
-from reproflow.launch.containers import image_problem, image_srun_mpi, runtime_problems
+from reproflow.launch.containers import image_problem, image_variable, runtime_problems
 from reproflow.launch.local import worker_args
 from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
@@ -116,9 +116,10 @@ class SubmititExecutor:
                            self.procs or launch.procs_per_node, max(1, slurm_seconds(launch.time_limit) // 60),
                            self.partition or launch.partition)
         if launch.launcher == "mpi":
-            # One MPI world from srun's tasks: SRUN_MPI, else the plugin the image's MPI needs, else pmix
-            # (as the sbatch template chooses); without it every task is an MPI world of its own.
-            plugin = os.environ.get("SRUN_MPI") or image_srun_mpi(self.image) or "pmix"
+            # One MPI world from srun's tasks: SRUN_MPI, else the plugin the image's MPI needs (pmi2 for the
+            # CPU image's MPICH, pmix for the gpu image's Open MPI), else pmix, as the sbatch template
+            # chooses; without it every task is an MPI world of its own.
+            plugin = os.environ.get("SRUN_MPI") or image_variable(self.image, "REPROFLOW_SRUN_MPI") or "pmix"
             params["srun_args"] = [*params["srun_args"], f"--mpi={plugin}"]
         if launch.gpus_per_node:
             params["gpus_per_node"] = launch.gpus_per_node

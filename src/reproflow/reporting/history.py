@@ -80,20 +80,10 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
     keep = (matching(frame["suite"], chosen.suite) & matching(frame["experiment"], chosen.experiment)
             & matching(frame["point"], chosen.point) & matching(frame["coords"].fillna(""), chosen.coords)
             & (frame["metric"] == chosen.metric if chosen.metric else frame["metric"] == frame["family"].map(headline)))
-    frame = frame[keep & frame["log_mean"].notna()].copy()
-    recorded = catalog.manifests(con, folders)
-    frame["start"] = [recorded.get(r, {}).get("start") or t for r, t in zip(frame["run"], frame["timestamp"],
-                                                                             strict=True)]
-    frame["cluster"] = [str(recorded.get(r, {}).get("cluster", "")) for r in frame["run"]]
-    if chosen.cluster:
-        frame = frame[frame["cluster"].str.contains(chosen.cluster, regex=False)]
+    frame = chosen_runs(con, folders, frame[keep & frame["log_mean"].notna()].copy(), chosen)
     if chosen.nodes:
         frame = frame[frame["nodelist"].fillna("").map(lambda s: len([h for h in str(s).split(",") if h]))
                       == chosen.nodes]
-    if chosen.since:
-        frame = frame[frame["start"].str[:10] >= chosen.since]
-    if chosen.until:
-        frame = frame[frame["start"].str[:10] <= chosen.until]
     # A run that measured a point twice (a rerun into the same folder) counts once: its larger sample.
     frame = frame.sort_values("n").drop_duplicates([*catalog.KEY, "run"], keep="last").sort_values("start")
     # Each run's geometric mean and its t interval: compare's interval with nothing on the other side.
@@ -102,6 +92,25 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
         frame["log_mean"].to_numpy(float), frame["log_var"].to_numpy(float), frame["n"].to_numpy(float), zero, zero,
         one, level=LEVEL)
     return frame.reset_index(drop=True)
+
+
+def chosen_runs(con: sqlite3.Connection, folders: Sequence[Path], frame: pd.DataFrame,
+                chosen: Selection) -> pd.DataFrame:
+    """`frame`'s rows (a `run` column) with each run's start and cluster from its manifest (the start, where
+    none is recorded, from the rows' `timestamp`), in the selection's cluster and dates only."""
+    recorded = catalog.manifests(con, folders)
+    stamps = frame["timestamp"] if "timestamp" in frame.columns else pd.Series("", index=frame.index)
+    frame = frame.assign(start=[str(recorded.get(r, {}).get("start") or t) for r, t in zip(frame["run"], stamps,
+                                                                                           strict=True)],
+                         cluster=[str(recorded.get(r, {}).get("cluster", "")) for r in frame["run"]])
+    keep = pd.Series(True, index=frame.index)
+    if chosen.cluster:
+        keep &= frame["cluster"].str.contains(chosen.cluster, regex=False)
+    if chosen.since:
+        keep &= frame["start"].str[:10] >= chosen.since
+    if chosen.until:
+        keep &= frame["start"].str[:10] <= chosen.until
+    return frame[keep]
 
 
 def matching(column: pd.Series, pattern: str) -> pd.Series:

@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import stats
 
 from reproflow.reporting import catalog
-from reproflow.reporting.history import Selection, matching
+from reproflow.reporting.history import Selection, chosen_runs, matching
 from reproflow.reporting.page import CSS, html_table, to_markdown
 from reproflow.store.files import atomic_write
 
@@ -40,18 +40,9 @@ def residuals(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selectio
     frame = pd.read_sql_query(f"SELECT suite, experiment, point, coords, metric, run_id AS run, rank, node, "
                               f"log_median FROM ranks WHERE folder IN ({marks})", con,
                               params=[str(f.resolve()) for f in folders])
-    recorded = catalog.manifests(con, folders)
-    frame["start"] = [str(recorded.get(r, {}).get("start", "")) for r in frame["run"]]
-    frame["cluster"] = [str(recorded.get(r, {}).get("cluster", "")) for r in frame["run"]]
     keep = (matching(frame["suite"], chosen.suite) & matching(frame["experiment"], chosen.experiment)
             & matching(frame["point"], chosen.point) & (frame["metric"] == chosen.metric if chosen.metric else True))
-    if chosen.cluster:
-        keep &= frame["cluster"].str.contains(chosen.cluster, regex=False)
-    if chosen.since:
-        keep &= frame["start"].str[:10] >= chosen.since
-    if chosen.until:
-        keep &= frame["start"].str[:10] <= chosen.until
-    frame = frame[keep]
+    frame = chosen_runs(con, folders, frame[keep], chosen)
     parts = [_polish(series) for _, series in frame.groupby(catalog.KEY, sort=False)]
     parts = [p for p in parts if len(p)]
     if not parts:

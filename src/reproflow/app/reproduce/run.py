@@ -62,8 +62,8 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         result = StepResult(step, code, 0.0, counts["measured"], counts["skipped"], counts["failed"], job_ids, log,
                             counts["not_applicable"])
         if executor == SLURM:
-            # `submit --retries` waited for its jobs and retried them itself; the families' --submit did not.
-            if code == 0 and "--retries" not in argv:
+            # `submit` waited for its jobs and retried them itself (step_argv); the families' --submit did not.
+            if code == 0 and argv[0] != "submit":
                 progress.say(f"   waiting for Slurm job(s) {', '.join(job_ids)}")
                 unfinished = wait_for_jobs(job_ids, progress, folders.results, before)
                 if unfinished:
