@@ -168,12 +168,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check the cluster; exit 1 when something must be fixed before submitting."""
-    from reproflow.launch.doctor import FAIL, diagnose
+    from reproflow.launch.doctor import doctor
 
-    checks = diagnose(args.image, Path(args.results), args.nodes, args.runtime)
-    for check in checks:
-        print(check.line())
-    failed = sum(c.status == FAIL for c in checks)
+    failed = doctor(args.image, Path(args.results), args.nodes, args.runtime)
     print(f"reproflow doctor: {failed} problem(s) to fix" if failed else "reproflow doctor: ready to submit")
     return 1 if failed else 0
 

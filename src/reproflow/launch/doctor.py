@@ -13,6 +13,7 @@ import re
 import secrets
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,3 +170,12 @@ def diagnose(image: str, results: Path, nodes: int, runtime: str = "pyxis") -> l
     if slurm_ok and all(c.status != FAIL for c in checks[:3]):
         checks += check_shared_results(results, nodes) + check_gpus() + check_mpi()
     return checks
+
+
+def doctor(image: str, results: Path, nodes: int, runtime: str = "pyxis",
+           out: Callable[[str], None] = print) -> int:
+    """Every check's line through `out`; returns how many must be fixed before submitting."""
+    checks = diagnose(image, results, nodes, runtime)
+    for check in checks:
+        out(check.line())
+    return sum(c.status == FAIL for c in checks)

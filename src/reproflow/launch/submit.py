@@ -28,7 +28,7 @@ from reproflow.launch.render import shell_value
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import JOB_ID_RE, PARTITION_RE, Experiment, Point, Suite, slurm_seconds
 from reproflow.store import events
-from reproflow.store.files import append_line
+from reproflow.store.files import append_line, atomic_write
 from reproflow.store.results import point_file_problem, point_path
 from reproflow.store.runs import RUN_ID_ENV
 
@@ -176,11 +176,10 @@ class SubmititExecutor:
         file (a built-in suite's or one of the user's) is copied beside the jobs' pickles, by content."""
         if not self.image:
             return suite
-        data = suite.path.read_bytes()
-        copy = self.folder(suite) / "suites" / hashlib.sha256(data).hexdigest()[:12] / suite.path.name
-        if not copy.is_file():
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_bytes(data)
+        text = suite.path.read_text()
+        copy = self.folder(suite) / "suites" / hashlib.sha256(text.encode()).hexdigest()[:12] / suite.path.name
+        if not copy.is_file():  # two submissions at once write the same bytes: whole files either way
+            atomic_write(copy, text)
         return replace(suite, path=copy)
 
     def _python(self) -> str:

@@ -110,16 +110,13 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
 def _doctor(image: str, folders: Folders, out: Callable[[str], None]) -> None:
     """`reproflow doctor` before anything is submitted: Slurm, the image and its runtime, the shared
     results folder; stops the reproduction with the fixes when something must be fixed."""
-    from reproflow.launch.doctor import FAIL, diagnose
+    from reproflow.launch.doctor import doctor
 
     for folder in (folders.results, folders.logs, folders.reports):  # Pyxis mounts them: they must exist
         folder.mkdir(parents=True, exist_ok=True)
-    checks = diagnose(image, folders.results, 2)
-    for check in checks:
-        out(check.line())
-    failed = [c for c in checks if c.status == FAIL]
+    failed = doctor(image, folders.results, 2, out=out)
     if failed:
-        raise ReproflowError(f"reproflow doctor found {len(failed)} problem(s) to fix (above); nothing was "
+        raise ReproflowError(f"reproflow doctor found {failed} problem(s) to fix (above); nothing was "
                              "submitted. Fix them and run the same command again.")
 
 
