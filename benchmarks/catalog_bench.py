@@ -1,24 +1,33 @@
-"""`make bench`: the run catalog at the size of a year of nightly runs.
+"""`make bench`: the run catalog at the size of a year of nightly runs, on one cluster or several.
 
-Generates 365 results folders (one a night) of 274 points each, 100,010 point files in all, written by
-the result writer (param_comms rows: busBW and time at two message sizes, 5 repeats, a run id and a
-manifest each), lists their folders in a catalog of their own, then times each command in a process of
-its own and reads its peak memory (the child's maximum resident set):
+Generates a results folder per cluster and night (365 nights; by default one cluster of 274 points a
+night, 100,010 point files in all; `--clusters 3 --points 913` makes 1,000,000), written from the
+result writer's rows (param_comms: busBW and time at two message sizes, 5 repeats, a run id and a
+manifest each; plain writes, not the writer's fsync, to generate a million in minutes), lists them
+in a catalog of their own, then times each command in a process of its own and reads its peak
+memory (the largest resident set of the command's processes, its readers included):
 
 1. `reproflow runs`, the index built from nothing;
-2. `reproflow runs` again, nothing new (the files stat-ed, none read);
+2. `reproflow runs` again, nothing new;
 3. one more night written, then `reproflow runs` (only its files read);
 4. `reproflow compare` of the first night and the last, by run id;
-5. the same two nights given as results folders.
+5. the same two nights given as results folders;
+6. `reproflow history` of one point's busBW over the year, on every cluster.
 
--> <out>/catalog.csv (step, points in the catalog, points compared, seconds, peak MiB).
+With `--baseline REV`, each step runs with that commit's reproflow too (its `src` in a catalog of its
+own), just before this checkout's, on the same folders: before and after in one run.
+
+-> <out>/catalog.csv (version, step, points in the catalog, points compared, seconds, µs a point
+for the cold index, peak MiB).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -31,23 +40,25 @@ import numpy as np
 import pandas as pd
 
 from reproflow.spec.family import Measurement
-from reproflow.store.files import append_line, atomic_write
+from reproflow.store.files import append_line
 from reproflow.store.provenance import Provenance
 from reproflow.store.results import make_rows, point_path, rows_to_csv
 from reproflow.store.runs import manifest_path
 
 NIGHTS, POINTS = 365, 274
 SIZES = (1 << 20, 1 << 26)
+HISTORY_POINT = "collective=all_reduce,group=0"
 
 
-def write_night(root: Path, night: int, rng: np.random.Generator) -> tuple[str, Path]:
-    """One night's results folder: POINTS points and the run's manifest; returns (run id, folder)."""
+def write_night(root: Path, points: int, cluster: int, night: int) -> tuple[str, Path]:
+    """One cluster's night: a results folder of `points` points and the run's manifest; (run id, folder)."""
+    rng = np.random.default_rng([cluster, night])
     day = _dt.date(2025, 11, 26) + _dt.timedelta(days=night)
-    run_id = f"{day:%Y%m%d}-020000-{night:06x}"
-    results = root / f"{day}" / "results"
-    prov = Provenance(f"{1000 + night}", "node1,node2", 16, "nccl", "cuda", "NVIDIA H100 80GB HBM3", "2.13.0",
-                      "2.28.9", f"{night:040x}", "", "", run_id=run_id)
-    for point in range(POINTS):
+    run_id = f"{day:%Y%m%d}-02{cluster:02d}00-{night:06x}"
+    results = root / f"c{cluster}" / f"{day}" / "results"
+    prov = Provenance(f"{1000 + night}", f"c{cluster}n1,c{cluster}n2", 16, "nccl", "cuda", "NVIDIA H100 80GB HBM3",
+                      "2.13.0", "2.28.9", f"{night:040x}", "", "", run_id=run_id)
+    for point in range(points):
         collective = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")[point % 4]
         measured = []
         for size in SIZES:
@@ -58,12 +69,16 @@ def write_night(root: Path, night: int, rng: np.random.Generator) -> tuple[str, 
         key = f"collective={collective},group={point}"
         rows = make_rows({"suite": "nightly", "experiment": "comms", "family": "param_comms", "point": key},
                          {"collective": collective, "iters": point}, measured, prov)
-        atomic_write(point_path(results, "nightly", "comms", key), rows_to_csv(rows))
+        path = point_path(results, "nightly", "comms", key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rows_to_csv(rows))
     manifest = {"run_id": run_id, "command": ["reproflow", "submit", "nightly"], "results": str(results),
-                "suites": ["nightly"], "executor": "slurm", "cluster": "bench", "nodes": 2,
-                "start": f"{day}T02:00:00+00:00", "end": f"{day}T02:40:00+00:00", "state": "completed",
+                "suites": ["nightly"], "executor": "slurm", "cluster": f"bench{cluster}", "nodes": 2,
+                "start": f"{day}T02:{cluster:02d}:00+00:00", "end": f"{day}T02:40:00+00:00", "state": "completed",
                 "exit_code": 0}
-    atomic_write(manifest_path(results, run_id), json.dumps(manifest) + "\n")
+    path = manifest_path(results, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest) + "\n")
     return run_id, results
 
 
@@ -85,44 +100,66 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results", help="folder for catalog.csv")
     parser.add_argument("--work", default="", help="where the generated folders go (default: a temporary folder)")
-    parser.add_argument("--nights", type=int, default=NIGHTS, help="results folders to generate")
+    parser.add_argument("--nights", type=int, default=NIGHTS, help="nights a cluster")
+    parser.add_argument("--clusters", type=int, default=1, help="clusters, a results folder each a night")
+    parser.add_argument("--points", type=int, default=POINTS, help="points a night and cluster")
+    parser.add_argument("--baseline", default="", help="a commit whose reproflow runs each step too")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="reproflow-catalog-bench-"))
-    catalog = work / "catalog"
-    env = dict(os.environ, REPROFLOW_CATALOG=str(catalog))
-    env.pop("REPROFLOW_RUN_ID", None)
-    rng = np.random.default_rng(0)
+    versions = {"now": dict(os.environ, REPROFLOW_CATALOG=str(work / "catalog-now"))}
+    if args.baseline:
+        tree = work / "baseline"
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        versions = {args.baseline: dict(os.environ, REPROFLOW_CATALOG=str(work / "catalog-baseline"),
+                                        PYTHONPATH=str(tree / "src")), **versions}
+    for env in versions.values():
+        env.pop("REPROFLOW_RUN_ID", None)
     start = time.perf_counter()
-    nights = [write_night(work, n, rng) for n in range(args.nights)]
-    for _, results in nights:
-        append_line(catalog / "folders.txt", str(results.resolve()))
+    jobs = [(c, n) for c in range(args.clusters) for n in range(args.nights)]
+    write = functools.partial(write_night, work, args.points)
+    with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
+        nights = pool.starmap(write, jobs, chunksize=4)
+    for env in versions.values():
+        for _, results in nights:
+            append_line(Path(env["REPROFLOW_CATALOG"]) / "folders.txt", str(results.resolve()))
     generated = time.perf_counter() - start
-    total = args.nights * POINTS
-    print(f"bench: {total} points in {args.nights} folders written in {generated:.0f} s under {work}")
-    rows = [{"step": "generate the folders (not reproflow)", "catalog_points": total, "compared_points": 0,
-             "seconds": generated, "peak_mib": np.nan}]
+    total = len(jobs) * args.points
+    print(f"bench: {total} points in {len(jobs)} folders written in {generated:.0f} s under {work}")
+    rows = [{"version": "", "step": "generate the folders (not reproflow)", "catalog_points": total,
+             "compared_points": 0, "seconds": generated, "us_per_point": np.nan, "peak_mib": np.nan}]
 
     def step(name: str, command: list[str], compared: int = 0) -> None:
-        seconds, peak, last = timed(command, env, work / "command.log")
-        rows.append({"step": name, "catalog_points": total, "compared_points": compared, "seconds": seconds,
-                     "peak_mib": peak})
-        print(f"bench: {name}: {seconds:.1f} s, {peak:.0f} MiB peak; {last}")
+        for version, env in versions.items():
+            seconds, peak, last = timed(command, env, work / "command.log")
+            per_point = seconds / total * 1e6 if name.startswith("runs, index built") else np.nan
+            rows.append({"version": version, "step": name, "catalog_points": total, "compared_points": compared,
+                         "seconds": seconds, "us_per_point": per_point, "peak_mib": peak})
+            print(f"bench: {version}: {name}: {seconds:.2f} s, {peak:.0f} MiB peak; {last}")
 
     step("runs, index built from nothing", ["runs", "--limit", "5"])
     step("runs, nothing new", ["runs", "--limit", "5"])
-    extra = write_night(work, args.nights, rng)
-    append_line(catalog / "folders.txt", str(extra[1].resolve()))
-    total += POINTS
+    extra = write_night(work, args.points, 0, args.nights)
+    for env in versions.values():
+        append_line(Path(env["REPROFLOW_CATALOG"]) / "folders.txt", str(extra[1].resolve()))
+    total += args.points
     step("runs, one night added", ["runs", "--limit", "5"])
     first, last = nights[0], extra
     out = work / "compare"
-    step("compare two nights by run id", ["compare", first[0], last[0], "--out", str(out)], 2 * POINTS)
-    step("compare two nights as folders", ["compare", str(first[1]), str(last[1]), "--out", str(out)], 2 * POINTS)
+    step("compare two nights by run id", ["compare", first[0], last[0], "--out", str(out)], 2 * args.points)
+    step("compare two nights as folders", ["compare", str(first[1]), str(last[1]), "--out", str(out)],
+         2 * args.points)
+    step("history of one point over the year", ["history", "--suite", "nightly", "--point", HISTORY_POINT,
+                                                 "--metric", "busbw", "--out", str(work / "history")],
+         2 * (len(jobs) + 1))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    table = pd.DataFrame(rows).assign(host_cpus=len(os.sched_getaffinity(0)),
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    table = pd.DataFrame(rows).assign(commit=commit, host_cpus=len(os.sched_getaffinity(0)),
                                       timestamp=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
-    table.to_csv(Path(args.out) / "catalog.csv", index=False, float_format="%.4g")
-    print(f"bench: {Path(args.out) / 'catalog.csv'}")
+    name = "catalog.csv" if total < 500_000 else "catalog-million.csv"
+    table.to_csv(Path(args.out) / name, index=False, float_format="%.4g")
+    print(f"bench: {Path(args.out) / name}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -6,7 +6,8 @@
 # the image through Pyxis, waited for and retried, the figures and the report. Then, where a local
 # make demo's rows and claims are at hand (LOCAL, default results/ and reports/ of this checkout),
 # `reproflow compare` of the two runs, metric by metric and claim by claim.
-# Usage: tests/cluster-reproduce.sh [OUT]    (make cluster-reproduce; OUT default cluster-run/)
+# Usage: tests/cluster-reproduce.sh [OUT]    (make cluster-reproduce; OUT default cluster-run/; ONLY=targets
+# as make reproduce takes them)
 # Rerun after a failure, it submits only what is not measured. The test cluster stays up until the end.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +18,9 @@ say() { printf 'cluster-reproduce: %s\n' "$*"; }
 
 cd "$repo"
 make test-setup
-export LOCAL_SLURM_NODES=5 LOCAL_SLURM_CPUS=8
+# One job at a time: the five nodes share this machine's cores, so jobs run side by side would time each
+# other (the first full run's CFP and Aceso verdicts moved so, docs/cluster.md); a cluster's nodes do not.
+export LOCAL_SLURM_NODES=5 LOCAL_SLURM_CPUS=8 LOCAL_SLURM_JOBS=${LOCAL_SLURM_JOBS:-1}
 bash tests/slurm/start.sh
 trap 'bash tests/slurm/stop.sh' EXIT
 start=$SECONDS

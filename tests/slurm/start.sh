@@ -37,7 +37,9 @@
 # Knobs: LOCAL_SLURM_DIR (state, logs, pids; default <repo>/.local-slurm), LOCAL_SLURM_NODES (2),
 # LOCAL_SLURM_GPUS (8 per node), LOCAL_SLURM_CPUS (each node's, default this machine's cores; more lets a
 # job start more ranks than there are cores, as local runs do), LOCAL_SLURM_NETWORK (each node's link
-# rate, default 1gbit; '' for loopback), PYXIS_PLUGIN.
+# rate, default 1gbit; '' for loopback), LOCAL_SLURM_JOBS (jobs running at once, default 0: no limit; the
+# nodes share this machine's cores, so timings of jobs run side by side disturb each other, which a
+# cluster's nodes do not: 1 runs them one at a time, an accounting limit on root's jobs), PYXIS_PLUGIN.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,12 +49,13 @@ repo=$(cd "$here/../.." && pwd)
 : "${LOCAL_SLURM_GPUS:=8}"
 : "${LOCAL_SLURM_NETWORK=1gbit}"
 : "${LOCAL_SLURM_CPUS:=$(nproc)}"
+: "${LOCAL_SLURM_JOBS:=0}"
 : "${PYXIS_PLUGIN:=/usr/local/lib/slurm/spank_pyxis.so}"
 DIR=$LOCAL_SLURM_DIR
 CLUSTER=reproflowtest
 pyxis=""
 if [ -f "$PYXIS_PLUGIN" ] && command -v enroot >/dev/null; then pyxis=$PYXIS_PLUGIN; fi
-SIGNATURE="nodes=$LOCAL_SLURM_NODES cpus=$LOCAL_SLURM_CPUS gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none} network=${LOCAL_SLURM_NETWORK:-loopback}"
+SIGNATURE="nodes=$LOCAL_SLURM_NODES cpus=$LOCAL_SLURM_CPUS gpus=$LOCAL_SLURM_GPUS dir=$DIR pyxis=${pyxis:-none} network=${LOCAL_SLURM_NETWORK:-loopback} jobs=$LOCAL_SLURM_JOBS"
 MANIFEST=$DIR/system-files
 MUNGE_SOCKET=$DIR/munge/munge.socket
 DB_PORT=16819
@@ -136,7 +139,8 @@ set -E
 trap 'say "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 trap 'rc=$?; if [ $rc -ne 0 ]; then say "start failed; stopping what was started"; bash "$here/stop.sh" >/dev/null 2>&1; fi' EXIT
 mkdir -p "$DIR"/{log,pids,spool,ctld}
-rm -rf "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge "${DIR:?}"/runc
+# A pid file left by daemons that did not stop (the machine went down) would be read as the new one's.
+rm -rf "${DIR:?}"/pids/* "${DIR:?}"/ctld/* "${DIR:?}"/spool/* "${DIR:?}"/log/* "${DIR:?}"/mysql "${DIR:?}"/munge "${DIR:?}"/runc
 : > "$DIR/daemons"
 : > "$MANIFEST"
 record() { echo "$1 $2" >> "$DIR/daemons"; }
@@ -230,6 +234,7 @@ AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 TaskProlog=$DIR/task-prolog
+$( [ "$LOCAL_SLURM_JOBS" -gt 0 ] && echo "AccountingStorageEnforce=associations,limits" || true )
 # The nodes' CPUs as configured (LOCAL_SLURM_CPUS), not as slurmd counts them on this machine.
 SlurmdParameters=config_overrides
 EOF
@@ -363,6 +368,11 @@ idle() { [ "$(slurm sinfo -h -N -o '%T' | grep -c '^idle')" -eq "$LOCAL_SLURM_NO
 wait_for 30 "idle nodes" idle
 clustered() { slurm sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; }
 wait_for 30 "accounting registration" clustered
+if [ "$LOCAL_SLURM_JOBS" -gt 0 ]; then
+    slurm sacctmgr -i modify user root set GrpJobs="$LOCAL_SLURM_JOBS" >/dev/null
+    limited() { [ "$(slurm scontrol show assoc_mgr users=root flags=assoc 2>/dev/null | grep -c "GrpJobs=$LOCAL_SLURM_JOBS(")" -ge 1 ]; }
+    wait_for 30 "root's limit of $LOCAL_SLURM_JOBS job(s) at once" limited
+fi
 slurm true
 say "up: $LOCAL_SLURM_NODES nodes ($description), accounting on; state in $DIR"
 say "files the cluster reads, each written by this start (SHA-256 in $MANIFEST):"

@@ -13,17 +13,19 @@ where several writers on Lustre or NFS break SQLite's locks.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import glob
 import json
 import math
+import multiprocessing
 import os
 import sqlite3
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -36,7 +38,7 @@ from reproflow.store.files import read_json_object
 from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 5
+INDEX_VERSION = 6
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
@@ -56,6 +58,8 @@ CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TE
     coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
 CREATE TABLE IF NOT EXISTS ranks(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
     coords TEXT, metric TEXT, rank INTEGER, node TEXT, log_median REAL);
+CREATE TABLE IF NOT EXISTS runs_in(folder TEXT, run_id TEXT, suites TEXT, points INTEGER, failed INTEGER,
+    first TEXT, last TEXT, hardware TEXT, nodes TEXT, commits TEXT);
 CREATE INDEX IF NOT EXISTS files_folder ON files(folder);
 CREATE INDEX IF NOT EXISTS dirs_folder ON dirs(folder);
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
@@ -64,6 +68,8 @@ CREATE INDEX IF NOT EXISTS points_path ON points(path);
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);
 CREATE INDEX IF NOT EXISTS samples_folder ON samples(folder);
 CREATE INDEX IF NOT EXISTS samples_path ON samples(path);
+CREATE INDEX IF NOT EXISTS samples_point ON samples(point);
+CREATE INDEX IF NOT EXISTS runs_in_folder ON runs_in(folder);
 CREATE INDEX IF NOT EXISTS ranks_folder ON ranks(folder);
 CREATE INDEX IF NOT EXISTS ranks_path ON ranks(path);
 PRAGMA user_version = {INDEX_VERSION};
@@ -98,7 +104,7 @@ def using_index(work: Callable[[sqlite3.Connection], T]) -> T:
     path = index_path()
     for attempt in (1, 2):
         try:
-            with closing(connect(path)) as con:
+            with contextlib.closing(connect(path)) as con:
                 return work(con)
         except sqlite3.OperationalError as exc:  # locked, or not writable: never removed
             raise ReproflowError(f"the catalog's index {path} cannot be used ({exc}): another reproflow may hold "
@@ -160,86 +166,131 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
     return files, subdirs
 
 
+# Fewer new files than this are read in this process: starting a pool costs more than it saves.
+_POOL_FILES = 2000
+_TABLES = ("manifests", "points", "samples", "ranks")
+Records = dict[str, list[tuple]]
+
+
+@dataclass
+class _Changes:
+    """What one results folder's files are, against the index: the files to forget and to read, every
+    indexed file's (mtime, size) and every folder's (mtime, subfolders) to record."""
+
+    stale: list[str]
+    fresh: list[str]
+    on_disk: dict[str, tuple[int, int]]
+    seen: dict[str, tuple[int, list[str]]]
+
+
 def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = False) -> int:
     """Bring the index up to date with the folders' files; returns how many files were read again.
 
     A folder whose modification time is the one indexed has gained, lost and renamed no file, so its
     files are taken as indexed without a stat each (reproflow replaces files by renaming them, which
-    changes the folder's time); `rescan` stats every file, for files edited in place."""
-    read = 0
-    for folder in folders:
-        folder = folder.resolve()
-        known = {} if rescan else {p: (m, json.loads(sub)) for p, m, sub in con.execute(
-            "SELECT path, mtime_ns, subdirs FROM dirs WHERE folder = ?", (str(folder),))}
-        on_disk: dict[str, tuple[int, int]] = {}
-        unchanged: set[str] = set()
-        seen: dict[str, tuple[int, list[str]]] = {}
-        now = time.time_ns()
-        stack = [str(folder)] if folder.is_dir() else []
-        while stack:
-            directory = stack.pop()
-            try:
-                mtime = os.stat(directory).st_mtime_ns
-                if directory in known and known[directory][0] == mtime:
-                    unchanged.add(directory)
-                    subdirs = known[directory][1]
-                else:
-                    files, subdirs = _list(folder, directory)
-                    on_disk.update(files)
-            except FileNotFoundError:  # removed while walked
-                continue
-            seen[directory] = (mtime if now - mtime > _RACY_NS else 0, subdirs)
-            stack += subdirs
-        indexed = {p: (m, s) for p, m, s in con.execute("SELECT path, mtime_ns, size FROM files WHERE folder = ?",
-                                                        (str(folder),))}
-        on_disk.update({p: v for p, v in indexed.items() if os.path.dirname(p) in unchanged})
-        stale = [p for p in indexed if on_disk.get(p) != indexed[p]]
-        fresh = [p for p in on_disk if indexed.get(p) != on_disk[p]]
-        with con:
-            for table in ("files", "manifests", "points", "samples", "ranks"):
-                con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in stale))
-            for path in fresh:
-                _index_file(con, folder, Path(path))
-            con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
-                            ((p, str(folder), *on_disk[p]) for p in fresh))
-            con.execute("DELETE FROM dirs WHERE folder = ?", (str(folder),))
-            con.executemany("INSERT INTO dirs VALUES (?, ?, ?, ?)",
-                            ((d, str(folder), m, json.dumps(sub)) for d, (m, sub) in seen.items()))
-        read += len(fresh)
-    return read
+    changes the folder's time), and a results folder none of whose folders changed is not looked at
+    further; `rescan` stats every file, for files edited in place. New files are read by a process
+    per core when there are many (a cold index), and written in one transaction per results folder."""
+    todo = [(folder, changes) for folder in (f.resolve() for f in folders)
+            if (changes := _changes(con, folder, rescan)) is not None]
+    cores = len(os.sched_getaffinity(0))
+    with contextlib.ExitStack() as stack:
+        read_all: Callable[[Callable[[str], Records], list[str]], Iterable[Records]] = map
+        if cores > 1 and sum(len(c.fresh) for _, c in todo) >= _POOL_FILES:
+            # fork: the workers need this process's family registry, not a fresh import of every family
+            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
+            read_all = functools.partial(pool.imap, chunksize=64)
+        for folder, changes in todo:
+            records: Records = {table: [] for table in _TABLES}
+            for part in read_all(functools.partial(_file_records, folder), changes.fresh):
+                for table, rows in part.items():
+                    records[table] += rows
+            with con:
+                for table in ("files", *_TABLES):
+                    con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in changes.stale))
+                for table, rows in records.items():
+                    if rows:
+                        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+                con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
+                                ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))
+                con.execute("DELETE FROM dirs WHERE folder = ?", (str(folder),))
+                con.executemany("INSERT INTO dirs VALUES (?, ?, ?, ?)",
+                                ((d, str(folder), m, json.dumps(sub)) for d, (m, sub) in changes.seen.items()))
+                # What `reproflow runs` lists of each run in this folder, kept so that listing a year of runs
+                # reads a row a run and folder, not every point.
+                con.execute("DELETE FROM runs_in WHERE folder = ?", (str(folder),))
+                con.execute("INSERT INTO runs_in SELECT folder, run_id, GROUP_CONCAT(DISTINCT suite), "
+                            "SUM(failed = 0), SUM(failed), MIN(timestamp), MAX(timestamp), "
+                            "GROUP_CONCAT(DISTINCT device_name), GROUP_CONCAT(DISTINCT nodelist), "
+                            "GROUP_CONCAT(DISTINCT git_commit) FROM points WHERE folder = ? GROUP BY run_id",
+                            (str(folder),))
+    return sum(len(c.fresh) for _, c in todo)
+
+
+def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | None:
+    """A results folder's files to forget and to read (None: every folder in it as indexed, none gone)."""
+    known = {} if rescan else {p: (m, json.loads(sub)) for p, m, sub in con.execute(
+        "SELECT path, mtime_ns, subdirs FROM dirs WHERE folder = ?", (str(folder),))}
+    on_disk: dict[str, tuple[int, int]] = {}
+    unchanged: set[str] = set()
+    seen: dict[str, tuple[int, list[str]]] = {}
+    now = time.time_ns()
+    stack = [str(folder)] if folder.is_dir() else []
+    while stack:
+        directory = stack.pop()
+        try:
+            mtime = os.stat(directory).st_mtime_ns
+            if directory in known and known[directory][0] == mtime:
+                unchanged.add(directory)
+                subdirs = known[directory][1]
+            else:
+                files, subdirs = _list(folder, directory)
+                on_disk.update(files)
+        except FileNotFoundError:  # removed while walked
+            continue
+        seen[directory] = (mtime if now - mtime > _RACY_NS else 0, subdirs)
+        stack += subdirs
+    if known and len(unchanged) == len(seen) == len(known):
+        return None
+    indexed = {p: (m, s) for p, m, s in con.execute("SELECT path, mtime_ns, size FROM files WHERE folder = ?",
+                                                    (str(folder),))}
+    on_disk.update({p: v for p, v in indexed.items() if os.path.dirname(p) in unchanged})
+    return _Changes([p for p in indexed if on_disk.get(p) != indexed[p]],
+                    [p for p in on_disk if indexed.get(p) != on_disk[p]], on_disk, seen)
 
 
 def forget(con: sqlite3.Connection, under: Path) -> None:
     """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
     with con:
-        for table in ("files", "dirs", "manifests", "points", "samples", "ranks"):
+        for table in ("files", "dirs", "runs_in", *_TABLES):
             con.execute(f"DELETE FROM {table} WHERE folder LIKE ? || '%'", (str(under.resolve()),))
 
 
-def _index_file(con: sqlite3.Connection, folder: Path, path: Path) -> None:
+def _file_records(folder: Path, name: str) -> Records:
+    """One file's rows for the index: a run's manifest, a failed point's record, or a point file's points
+    with their samples' statistics and per-rank times (nothing for a file not whole yet)."""
+    path = Path(name)
+    records: Records = {table: [] for table in _TABLES}
     if path.parent == folder / RUNS:
         record = read_json_object(path)
-        if record is None:
-            return  # half written by a run starting now (read again when it is whole), or not a manifest
-        con.execute("INSERT INTO manifests VALUES (?, ?, ?, ?)",
-                    (str(path), str(folder), str(record.get("run_id", path.stem)), json.dumps(record)))
+        if record is not None:  # else half written by a run starting now (read again when it is whole)
+            records["manifests"].append((name, str(folder), str(record.get("run_id", path.stem)), json.dumps(record)))
     elif path.name.endswith(".failed.json"):
         record = read_json_object(path)
-        if record is None:
-            return
-        experiment, suite = path.parent.name, path.parent.parent.name
-        con.execute("INSERT INTO points (path, folder, run_id, job_id, suite, experiment, point, failed, timestamp) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)",
-                    (str(path), str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
-                     str(record.get("job_id", "")), suite, experiment, str(record.get("point", "")),
-                     str(record.get("timestamp", ""))))
+        if record is not None:
+            experiment, suite = path.parent.name, path.parent.parent.name
+            records["points"].append(
+                (name, str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
+                 str(record.get("job_id", "")), suite, experiment, None, str(record.get("point", "")), 1,
+                 str(record.get("timestamp", "")), None, *(None for _ in MANIFEST), None))
     else:
         rows, problem = read_point_file(path)
         if not problem:
-            _index_rows(con, folder, path, rows)
+            _point_records(records, folder, name, rows)
+    return records
 
 
-def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[dict[str, str]]) -> None:
+def _point_records(records: Records, folder: Path, path: str, rows: list[dict[str, str]]) -> None:
     """A file's points (one, or several put together) with their provenance, and per point, coordinates
     and metric the samples' statistics (the rows aggregated across ranks where the metric has them, else
     rank 0's)."""
@@ -254,31 +305,45 @@ def _index_rows(con: sqlite3.Connection, folder: Path, path: Path, rows: list[di
                   else {c for c in middle if len({r[c] for r in mine}) == 1})
         coords = [c for c in middle if c not in params and c not in (known.sample_coords if known else ())]
         run_id = first.get("run_id") or job_run_id(job_id)
-        con.execute(f"INSERT INTO points VALUES ({', '.join('?' * (12 + len(MANIFEST)))})",
-                    (str(path), str(folder), run_id, job_id, suite, experiment, first["family"], point, 0,
-                     first["timestamp"], json.dumps({c: _number(first[c]) for c in middle if c in params}),
-                     *(first.get(c, "") for c in MANIFEST),
-                     invalid(mine, known.headline if known else "", known.samples if known else ())))
+        records["points"].append(
+            (path, str(folder), run_id, job_id, suite, experiment, first["family"], point, 0, first["timestamp"],
+             json.dumps({c: _number(first[c]) for c in middle if c in params}),
+             *(first.get(c, "") for c in MANIFEST),
+             invalid(mine, known.headline if known else "", known.samples if known else ())))
+        keys = _coords_keys(mine, coords)
         groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
-        for row in mine:
-            key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"])
-            _, merged, first_rank = groups.setdefault(key, (row["unit"], [], []))
+        for row, coords_key in zip(mine, keys, strict=True):
+            _, merged, first_rank = groups.setdefault((coords_key, row["metric"]), (row["unit"], [], []))
             value = float(row["value"])
             if math.isfinite(value):
                 if row["rank"] == AGGREGATE:
                     merged.append(value)
                 elif row["rank"] == "0":
                     first_rank.append(value)
-        con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
-            (str(path), run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
+        records["samples"] += [
+            (path, run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
              *_statistics(merged or first_rank))
-            for (coords_key, metric), (unit, merged, first_rank) in groups.items()))
-        con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
-            (str(path), run_id, str(folder), suite, experiment, point, *timed)
-            for timed in _rank_times(mine, coords)))
+            for (coords_key, metric), (unit, merged, first_rank) in groups.items()]
+        records["ranks"] += [(path, run_id, str(folder), suite, experiment, point, *timed)
+                             for timed in _rank_times(mine, keys)]
 
 
-def _rank_times(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> Iterable[tuple[str, str, int, str, float]]:
+def _coords_keys(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> list[str]:
+    """Each row's coordinates as the index keeps them (JSON, numbers written one way), made once per
+    distinct coordinates rather than once per row."""
+    if not coords:
+        return [""] * len(rows)
+    made: dict[tuple[str, ...], str] = {}
+    keys = []
+    for row in rows:
+        values = tuple(row[c] for c in coords)
+        if values not in made:
+            made[values] = json.dumps({c: _number(v) for c, v in zip(coords, values, strict=True)})
+        keys.append(made[values])
+    return keys
+
+
+def _rank_times(rows: Sequence[dict[str, str]], keys: Sequence[str]) -> Iterable[tuple[str, str, int, str, float]]:
     """A multi-node point's times as each rank measured them (coordinates, metric, rank, the node it ran on,
     the logarithm of its median over repeats): what `reproflow nodes` sets node against node with. Ranks
     sit on the nodes in blocks, in the node list's order (Slurm's block distribution, one torchrun a node)."""
@@ -289,13 +354,12 @@ def _rank_times(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> Iterab
         return []
     per_node = world // len(nodes)
     logs: dict[tuple[str, str, int], list[float]] = {}
-    for row in rows:
+    for row, coords_key in zip(rows, keys, strict=True):
         if row["rank"] == AGGREGATE or row["unit"] not in TIME_UNITS or not row["rank"].isdigit():
             continue
         value, rank = float(row["value"]), int(row["rank"])
         if math.isfinite(value) and value > 0 and rank < world:
-            key = (json.dumps({c: _number(row[c]) for c in coords}) if coords else "", row["metric"], rank)
-            logs.setdefault(key, []).append(math.log(value))
+            logs.setdefault((coords_key, row["metric"], rank), []).append(math.log(value))
     return [(c, m, r, nodes[r // per_node], statistics.median(v)) for (c, m, r), v in logs.items()]
 
 
@@ -336,7 +400,10 @@ def _statistics(values: Sequence[float]) -> tuple[int, float | None, float | Non
     if min(values) <= 0:
         return len(values), None, None, median
     logs = [math.log(v) for v in values]
-    return len(values), statistics.fmean(logs), statistics.variance(logs) if len(logs) > 1 else 0.0, median
+    mean = math.fsum(logs) / len(logs)
+    # In floats: statistics.variance's exact fractions were half the cost of reading a point file.
+    variance = math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1) if len(logs) > 1 else 0.0
+    return len(values), mean, variance, median
 
 
 def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dict]:
@@ -353,12 +420,11 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
     its name) and start date (YYYY-MM-DD, both ends included); the newest `limit` (0: all)."""
     marks = ", ".join("?" * len(folders))
     where = [str(f.resolve()) for f in folders]
-    points = pd.read_sql_query(
-        f"SELECT run_id, folder, GROUP_CONCAT(DISTINCT suite) AS suites, SUM(failed = 0) AS points, "
-        f"SUM(failed) AS failed, MIN(timestamp) AS first, MAX(timestamp) AS last, "
-        f"GROUP_CONCAT(DISTINCT device_name) AS hardware, GROUP_CONCAT(DISTINCT nodelist) AS nodes, "
-        f"GROUP_CONCAT(DISTINCT git_commit) AS commits FROM points WHERE folder IN ({marks}) GROUP BY run_id",
-        con, params=where).set_index("run_id")
+    per_folder = pd.read_sql_query(f"SELECT * FROM runs_in WHERE folder IN ({marks})", con, params=where)
+    points = per_folder.groupby("run_id").agg(
+        folder=("folder", "first"), suites=("suites", _union), points=("points", "sum"), failed=("failed", "sum"),
+        first=("first", "min"), last=("last", "max"), hardware=("hardware", _union), nodes=("nodes", _union),
+        commits=("commits", _union))
     recorded = manifests(con, folders)
     out = []
     for run_id in sorted(set(points.index) | set(recorded)):
@@ -390,6 +456,11 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
         table = table.head(limit)
     table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
     return table.reset_index(drop=True)
+
+
+def _union(texts: pd.Series) -> str:
+    """Comma-separated lists of several folders as one, each item once, sorted."""
+    return ",".join(sorted({item for text in texts.dropna() for item in str(text).split(",") if item}))
 
 
 def _short(commits: str) -> str:

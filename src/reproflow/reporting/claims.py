@@ -32,7 +32,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+# scipy.special, not scipy.stats: the t quantile is stdtrit either way, and scipy.stats takes half a second to
+# import, which every compare, history and report command would pay.
+from scipy import special
 
 from reproflow.spec.errors import NOT_APPLICABLE
 from reproflow.store.files import atomic_write, read_json_object
@@ -199,7 +202,7 @@ def log_ratio_intervals(mean_a: np.ndarray, var_a: np.ndarray, n_a: np.ndarray, 
                                                                                            strict=True))
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(denominators > 0, se2 ** 2 / denominators, 1.0)
-    half = stats.t.ppf((1 + level) / 2, df) * np.sqrt(se2)
+    half = special.stdtrit(df, (1 + level) / 2) * np.sqrt(se2)
     ratio = np.exp(mean_a - mean_b)
     repeats = (n_a > 1) | (n_b > 1)
     return ratio, np.where(repeats, ratio * np.exp(-half), np.nan), np.where(repeats, ratio * np.exp(half), np.nan)
@@ -244,7 +247,7 @@ def _welch(log_ratio: float, parts: Sequence[tuple[float, int]],
     if se2 == 0:
         return ratio, (ratio, ratio)
     df = se2 ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
-    half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(se2)
+    half = float(special.stdtrit(df, (1 + level) / 2)) * math.sqrt(se2)
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
 
 
@@ -259,7 +262,7 @@ def paired_ratio_interval(pairs: Sequence[tuple[Sequence[float], Sequence[float]
         return pooled_ratio_interval(pairs, level)
     logs = [la.mean() - lb.mean() for la, lb in (_logs(n, d) for n, d in pairs)]
     ratio = float(np.exp(np.mean(logs)))
-    half = float(stats.t.ppf((1 + level) / 2, len(logs) - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
+    half = float(special.stdtrit(len(logs) - 1, (1 + level) / 2)) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
     return ratio, (ratio * math.exp(-half), ratio * math.exp(half))
 
 
@@ -284,6 +287,8 @@ def median_ratio_interval(value: float, samples: Sequence[float],
     if len(x) == 1:
         return ratio, None
     # The j-th and (n + 1 - j)-th smallest cover the median unless at most j - 1 samples fall on one side.
+    from scipy import stats  # only here (see the import of scipy.special)
+
     j = max(int(stats.binom.ppf((1 - level) / 2, len(x), 0.5)), 1)
     return ratio, (float(value / x[len(x) - j]), float(value / x[j - 1]))
 

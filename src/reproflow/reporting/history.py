@@ -70,17 +70,21 @@ class Selection:
 def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) -> pd.DataFrame:
     """One row per series and run: key, run, start, cluster, n, log mean and variance, value (the geometric
     mean), the interval's ends, unit, the point's validity and its provenance; in start order."""
-    marks = ", ".join("?" * len(folders))
+    # The globs and the metric are SQLite's to apply (a point named in full is looked up by the index, not
+    # found among a year's samples here); the folders are this process's (a catalog's every folder, mostly).
+    headline = sorted((name, f.headline) for name, f in families().items())
+    metric = "s.metric = ?" if chosen.metric else (
+        f"s.metric = CASE p.family {' '.join('WHEN ? THEN ?' for _ in headline)} END")
     frame = pd.read_sql_query(
-        f"SELECT s.suite, s.experiment, s.point, s.coords, s.metric, s.unit, s.run_id AS run, s.n, s.log_mean, "
-        f"s.log_var, p.family, p.timestamp, p.invalid, {', '.join('p.' + c for c in ACROSS)} FROM samples s "
-        f"JOIN points p ON s.path = p.path AND s.suite = p.suite AND s.experiment = p.experiment "
-        f"AND s.point = p.point WHERE s.folder IN ({marks})", con, params=[str(f.resolve()) for f in folders])
-    headline = {name: f.headline for name, f in families().items()}
-    keep = (matching(frame["suite"], chosen.suite) & matching(frame["experiment"], chosen.experiment)
-            & matching(frame["point"], chosen.point) & matching(frame["coords"].fillna(""), chosen.coords)
-            & (frame["metric"] == chosen.metric if chosen.metric else frame["metric"] == frame["family"].map(headline)))
-    frame = chosen_runs(con, folders, frame[keep & frame["log_mean"].notna()].copy(), chosen)
+        f"SELECT s.suite, s.experiment, s.point, s.coords, s.metric, s.unit, s.run_id AS run, s.folder, s.n, "
+        f"s.log_mean, s.log_var, p.family, p.timestamp, p.invalid, {', '.join('p.' + c for c in ACROSS)} "
+        f"FROM samples s JOIN points p ON s.path = p.path AND s.suite = p.suite AND s.experiment = p.experiment "
+        f"AND s.point = p.point WHERE s.suite GLOB ? AND s.experiment GLOB ? AND s.point GLOB ? "
+        f"AND COALESCE(s.coords, '') GLOB ? AND s.log_mean IS NOT NULL AND {metric}", con,
+        params=[_glob(chosen.suite), _glob(chosen.experiment), _glob(chosen.point), _glob(chosen.coords),
+                *([chosen.metric] if chosen.metric else [v for pair in headline for v in pair])])
+    frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
+    frame = chosen_runs(con, folders, frame, chosen)
     if chosen.nodes:
         frame = frame[frame["nodelist"].fillna("").map(lambda s: len([h for h in str(s).split(",") if h]))
                       == chosen.nodes]
@@ -111,6 +115,11 @@ def chosen_runs(con: sqlite3.Connection, folders: Sequence[Path], frame: pd.Data
     if chosen.until:
         keep &= frame["start"].str[:10] <= chosen.until
     return frame[keep]
+
+
+def _glob(pattern: str) -> str:
+    """A shell glob as SQLite's GLOB takes it (fnmatch's [!...] is GLOB's [^...])."""
+    return pattern.replace("[!", "[^")
 
 
 def matching(column: pd.Series, pattern: str) -> pd.Series:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from reproflow.reporting import catalog
 from reproflow.reporting.history import Selection, chosen_runs, matching
@@ -80,7 +80,7 @@ def suspects(per_run: pd.DataFrame, margin: float) -> pd.DataFrame:
         logs = values.to_numpy(float)
         mean = float(logs.mean())
         if len(logs) >= 2 and logs.std(ddof=1) > 0:
-            half = float(stats.t.ppf(0.5 + level / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs)))
+            half = float(special.stdtrit(len(logs) - 1, 0.5 + level / 2) * logs.std(ddof=1) / math.sqrt(len(logs)))
         else:
             half = math.inf
         low, high = math.exp(mean - half), math.exp(mean + half)
