@@ -320,6 +320,30 @@ def test_the_index_lists_only_folders_whose_time_changed(tmp_path: Path) -> None
     assert str(point) not in {p for (p,) in index.execute("SELECT path FROM files")}
 
 
+def test_an_index_read_by_a_pool_is_the_one_read_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold index read by a process per core holds what one read in this process holds, the runs are
+    listed from its per-folder summaries, and a file removed is taken off them."""
+    for i, name in enumerate(("a", "b", "c")):
+        write_run(tmp_path / name, i + 1, busbw=10.0 + i, latency=5.0, commit=f"c{i}", device="a CPU")
+    folders = [tmp_path / n for n in ("a", "b", "c")]
+    here = catalog.connect(tmp_path / "here.sqlite")
+    read = catalog.refresh(here, folders)
+    monkeypatch.setattr(catalog, "_POOL_FILES", 1)
+    monkeypatch.setattr(catalog.os, "sched_getaffinity", lambda _: {0, 1})
+    pooled = catalog.connect(tmp_path / "pooled.sqlite")
+    assert catalog.refresh(pooled, folders) == read == 3
+    for table in ("files", "manifests", "points", "samples", "ranks", "runs_in"):
+        rows = [sorted(map(repr, con.execute(f"SELECT * FROM {table}"))) for con in (here, pooled)]
+        assert rows[0] == rows[1], table
+    # One job's rows in three folders: one run, its points and commits put together from each folder's.
+    listed = catalog.runs_table(pooled, folders).iloc[0]
+    assert (listed["run"], listed["points"], listed["commit"]) == ("job-7", 3, "c0,c1,c2")
+    next(iter((tmp_path / "b").rglob("*.csv"))).unlink()
+    catalog.refresh(pooled, folders)
+    listed = catalog.runs_table(pooled, folders).iloc[0]
+    assert (listed["points"], listed["commit"]) == (2, "c0,c2")
+
+
 def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Path) -> None:
     """A year of nightly folders in the catalog: comparing two runs by id reads those two runs' folders,
     not every folder the catalog knows."""
