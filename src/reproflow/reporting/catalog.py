@@ -166,8 +166,9 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
     return files, subdirs
 
 
-# Fewer new files than this are read in this process: starting a pool costs more than it saves.
-_POOL_FILES = 2000
+# A results folder with fewer new files than this is read in this process (starting a pool costs about
+# what reading them does); from the first with more on, a process per core reads them.
+_POOL_FILES = 500
 _TABLES = ("manifests", "points", "samples", "ranks")
 Records = dict[str, list[tuple]]
 
@@ -191,18 +192,20 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
     changes the folder's time), and a results folder none of whose folders changed is not looked at
     further; `rescan` stats every file, for files edited in place. New files are read by a process
     per core when there are many (a cold index), and written in one transaction per results folder."""
-    todo = [(folder, changes) for folder in (f.resolve() for f in folders)
-            if (changes := _changes(con, folder, rescan)) is not None]
-    cores = len(os.sched_getaffinity(0))
+    cores, read = len(os.sched_getaffinity(0)), 0
     with contextlib.ExitStack() as stack:
-        read_all: Callable[[Callable[[str], Records], list[str]], Iterable[Records]] = map
-        if cores > 1 and sum(len(c.fresh) for _, c in todo) >= _POOL_FILES:
-            # fork: the workers need this process's family registry, not a fresh import of every family
-            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
-            read_all = functools.partial(pool.imap, chunksize=64)
-        for folder, changes in todo:
+        pool = None
+        # One results folder at a time, so that a cold index of a million files never holds them all.
+        for folder in (f.resolve() for f in folders):
+            changes = _changes(con, folder, rescan)
+            if changes is None:
+                continue
+            if pool is None and cores > 1 and len(changes.fresh) >= _POOL_FILES:
+                # fork: the workers need this process's family registry, not a fresh import of every family
+                pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
             records: Records = {table: [] for table in _TABLES}
-            for part in read_all(functools.partial(_file_records, folder), changes.fresh):
+            reader = functools.partial(_file_records, folder)
+            for part in (pool.imap(reader, changes.fresh, chunksize=64) if pool else map(reader, changes.fresh)):
                 for table, rows in part.items():
                     records[table] += rows
             with con:
@@ -224,7 +227,8 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
                             "GROUP_CONCAT(DISTINCT device_name), GROUP_CONCAT(DISTINCT nodelist), "
                             "GROUP_CONCAT(DISTINCT git_commit) FROM points WHERE folder = ? GROUP BY run_id",
                             (str(folder),))
-    return sum(len(c.fresh) for _, c in todo)
+            read += len(changes.fresh)
+    return read
 
 
 def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | None:
@@ -262,8 +266,11 @@ def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | 
 def forget(con: sqlite3.Connection, under: Path) -> None:
     """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
     with con:
+        # A range, not LIKE: the folder indexes find it (LIKE scanned a million points' rows).
+        below = str(under.resolve()) + os.sep
+        after = below[:-1] + chr(ord(os.sep) + 1)
         for table in ("files", "dirs", "runs_in", *_TABLES):
-            con.execute(f"DELETE FROM {table} WHERE folder LIKE ? || '%'", (str(under.resolve()),))
+            con.execute(f"DELETE FROM {table} WHERE folder >= ? AND folder < ?", (below, after))
 
 
 def _file_records(folder: Path, name: str) -> Records:
@@ -413,6 +420,9 @@ def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dic
         f"SELECT run_id, record FROM manifests WHERE folder IN ({marks})", [str(f.resolve()) for f in folders])}
 
 
+_LISTS = ("suites", "hardware", "nodes", "commits")  # runs_in's comma-separated columns
+
+
 def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str = "", cluster: str = "",
                since: str = "", until: str = "", limit: int = 0) -> pd.DataFrame:
     """The runs in the folders, newest first: when, where, what, points measured and failed, and each
@@ -420,27 +430,33 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
     its name) and start date (YYYY-MM-DD, both ends included); the newest `limit` (0: all)."""
     marks = ", ".join("?" * len(folders))
     where = [str(f.resolve()) for f in folders]
-    per_folder = pd.read_sql_query(f"SELECT * FROM runs_in WHERE folder IN ({marks})", con, params=where)
-    points = per_folder.groupby("run_id").agg(
-        folder=("folder", "first"), suites=("suites", _union), points=("points", "sum"), failed=("failed", "sum"),
-        first=("first", "min"), last=("last", "max"), hardware=("hardware", _union), nodes=("nodes", _union),
-        commits=("commits", _union))
+    # Each run's summary put together from its folders' rows (a run's jobs may write into several).
+    points: dict[str, dict] = {}
+    for folder, run_id, *row in con.execute(f"SELECT * FROM runs_in WHERE folder IN ({marks})", where):
+        merged = points.setdefault(run_id, {"folder": folder, "points": 0, "failed": 0, "first": None,
+                                            "last": None, **{k: set() for k in _LISTS}})
+        counts = dict(zip(("suites", "points", "failed", "first", "last", *_LISTS[1:]), row, strict=True))
+        merged["points"] += counts["points"] or 0
+        merged["failed"] += counts["failed"] or 0
+        merged["first"] = min(filter(None, (merged["first"], counts["first"])), default=None)
+        merged["last"] = max(filter(None, (merged["last"], counts["last"])), default=None)
+        for key in _LISTS:
+            merged[key].update(item for item in str(counts[key] or "").split(",") if item)
     recorded = manifests(con, folders)
     out = []
-    for run_id in sorted(set(points.index) | set(recorded)):
+    for run_id in sorted(set(points) | set(recorded)):
         m = recorded.get(run_id, {})
-        p = points.loc[run_id] if run_id in points.index else None
-        suites = sorted(set(str(p["suites"]).split(",")) if p is not None else set(m.get("suites", [])))
+        p = points.get(run_id)
         out.append({
-            "run": run_id, "start": m.get("start") or (p["first"] if p is not None else ""),
-            "end": m.get("end") or (p["last"] if p is not None else ""),
+            "run": run_id, "start": m.get("start") or ((p["first"] or "") if p else ""),
+            "end": m.get("end") or ((p["last"] or "") if p else ""),
             "state": m.get("state", "no manifest (rows only)"), "cluster": m.get("cluster", ""),
-            "suites": ",".join(suites), "points": int(p["points"]) if p is not None else 0,
-            "failed": int(p["failed"]) if p is not None else 0,
-            "hardware": (p["hardware"] if p is not None and p["hardware"] else m.get("cpu_model", "")),
-            "nodes": ",".join(sorted(set(str(p["nodes"]).split(",")))) if p is not None and p["nodes"] else "",
-            "commit": _short(str(m.get("git_commit") or (p["commits"] if p is not None else ""))),
-            "folder": m.get("results") or (p["folder"] if p is not None else "")})
+            "suites": ",".join(sorted(p["suites"] if p else m.get("suites", []))),
+            "points": p["points"] if p else 0, "failed": p["failed"] if p else 0,
+            "hardware": ",".join(sorted(p["hardware"])) if p and p["hardware"] else m.get("cpu_model", ""),
+            "nodes": ",".join(sorted(p["nodes"])) if p else "",
+            "commit": _short(str(m.get("git_commit") or (",".join(sorted(p["commits"])) if p else ""))),
+            "folder": m.get("results") or (p["folder"] if p else "")})
     table = pd.DataFrame(out, columns=["run", "start", "end", "state", "cluster", "suites", "points", "failed",
                                        "hardware", "nodes", "commit", "folder"])
     if suite:
@@ -456,11 +472,6 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
         table = table.head(limit)
     table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
     return table.reset_index(drop=True)
-
-
-def _union(texts: pd.Series) -> str:
-    """Comma-separated lists of several folders as one, each item once, sorted."""
-    return ",".join(sorted({item for text in texts.dropna() for item in str(text).split(",") if item}))
 
 
 def _short(commits: str) -> str:
@@ -482,9 +493,11 @@ def _headline(con: sqlite3.Connection, run_id: str) -> str:
 
 def resolve(con: sqlite3.Connection, name: str) -> Selection | None:
     """The run called `name` (its id, or the start of one id only); None when no run or several are."""
-    query = ("SELECT run_id, folder FROM points WHERE run_id LIKE ? || '%' "
-             "UNION SELECT run_id, folder FROM manifests WHERE run_id LIKE ? || '%'")
-    found = dict(con.execute(query, (name, name)).fetchall())
+    # GLOB on the name with its wildcards escaped: a prefix the run_id index finds (LIKE, case-blind, scans).
+    pattern = "".join(f"[{c}]" if c in "*?[" else c for c in name) + "*"
+    query = ("SELECT run_id, folder FROM points WHERE run_id GLOB ? "
+             "UNION SELECT run_id, folder FROM manifests WHERE run_id GLOB ?")
+    found = dict(con.execute(query, (pattern, pattern)).fetchall())
     if name in found:
         return Selection(name, found[name], name)
     if len(found) == 1:

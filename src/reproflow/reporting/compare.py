@@ -211,18 +211,19 @@ def _limits(family: pd.Series, both: pd.DataFrame, side: str) -> pd.Series:
     table = limits()
     bounded = {(u.family, u.metric) for u in table.uses}
     wanted = [(f, m) in bounded for f, m in zip(family, both["metric"], strict=True)]
-    out = pd.Series(np.nan, index=both.index)
+    out = np.full(len(both), np.nan)
     cache: dict[tuple[str, ...], float] = {}
+    columns = [family.to_numpy(), *(both[c].to_numpy() for c in ("metric", f"device_name_{side}",
+                                                              f"nodelist_{side}", f"world_size_{side}",
+                                                              f"params_{side}"))]
     for i in np.flatnonzero(wanted):
-        row = both.iloc[i]
-        key = (family.iloc[i], row["metric"], row[f"device_name_{side}"], row[f"nodelist_{side}"],
-               row[f"world_size_{side}"], row[f"params_{side}"])
+        key = tuple(column[i] for column in columns)
         if key not in cache:
             hosts = len(str(key[3]).split(","))
             found = table.limit(key[0], key[1], json.loads(key[5] or "{}"), str(key[2]), hosts, int(key[4] or 1))
             cache[key] = found[0] if found else np.nan
-        out.iloc[i] = cache[key]
-    return out
+        out[i] = cache[key]
+    return pd.Series(out, index=both.index)
 
 
 def only_in_one(first: Run | Reference, later: Run) -> pd.DataFrame:
