@@ -5,8 +5,14 @@ The result files stay the only truth: the index holds, per point file, who measu
 provenance) and, per metric, the count, the mean and variance of the logarithms and the median of
 its repeated samples, which is all the comparisons' statistics need. A file newer or larger than
 when it was indexed is read again, a file gone is forgotten; deleting the index loses nothing.
-SQLite rather than DuckDB: it is in Python's standard library, and an index of point files is many
-small writes and lookups by run, not scans over columns. Only the process that reads it writes it,
+SQLite rather than DuckDB, decided by measurement (benchmarks/catalog_bench.py, docs/results.md): what
+a cold index costs is reading and parsing a CSV per point, and DuckDB's read_csv over the same
+2,192 point files took 331 µs a file with one schema and 2.6 ms with union_by_name (which families'
+differing columns need), against 214 µs for this module's readers on 2 cores; what a warm one
+costs is looking up runs, points and series, which SQLite's indexes answer in milliseconds at a
+million points. Hence no second engine and no columnar copy beside the files: a results folder
+none of whose folders changed is skipped on its folders' times, runs are listed from a summary per
+run and folder, and new files are read by a process per core. Only the process that reads it writes it,
 in the catalog's folder (store.runs.catalog_home): never a rank, never inside a results folder,
 where several writers on Lustre or NFS break SQLite's locks.
 """
@@ -166,9 +172,9 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
     return files, subdirs
 
 
-# A results folder with fewer new files than this is read in this process (starting a pool costs about
-# what reading them does); from the first with more on, a process per core reads them.
-_POOL_FILES = 500
+# Until this many new files, they are read in this process (starting a pool costs about what reading a
+# thousand does); from the results folder that reaches it on, a process per core reads them.
+_POOL_FILES = 2000
 _TABLES = ("manifests", "points", "samples", "ranks")
 Records = dict[str, list[tuple]]
 
@@ -200,7 +206,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
             changes = _changes(con, folder, rescan)
             if changes is None:
                 continue
-            if pool is None and cores > 1 and len(changes.fresh) >= _POOL_FILES:
+            if pool is None and cores > 1 and read + len(changes.fresh) >= _POOL_FILES:
                 # fork: the workers need this process's family registry, not a fresh import of every family
                 pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
             records: Records = {table: [] for table in _TABLES}
