@@ -47,8 +47,9 @@ help:
 	@echo "make figures  tables and figures from $(RESULTS)/ into $(REPORTS)/"
 	@echo "make sbatch   re-render sbatch/*.sbatch from templates/ and workflows/"
 	@echo "make lock     re-resolve every Python package into constraints.txt (the venv's and the images' versions)"
-	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost, runs and compare on a year of"
-	@echo "              nightly runs (100,000 points) -> benchmarks/results/*.csv"
+	@echo "make bench    reproflow vs bare torch timing loops, Aceso search cost, runs, compare and history on a year"
+	@echo "              of nightly runs (100,000 points; CATALOG_BENCH=\"--clusters 3 --points 913 --baseline REV\":"
+	@echo "              a million, each step with commit REV beside) -> benchmarks/results/*.csv"
 	@echo "make bench-gpu  (GPU node) GEMM vs bare torch.mm and the bf16 peak -> benchmarks/results/gpu/gemm.csv"
 	@echo "make containers  build the images (FLAVOURS=gpu cpu) and squash them -> \$$APPS/reproflow-<flavour>.sqsh"
 	@echo "make gpu-image-here  build the gpu image here on a stand-in CUDA base, squash it, check inside it"
@@ -156,7 +157,7 @@ sbatch: venv
 bench: venv
 	$(BIN)/python benchmarks/param_bench.py --out benchmarks/results
 	$(BIN)/python benchmarks/aceso_bench.py --out benchmarks/results
-	$(BIN)/python benchmarks/catalog_bench.py --out benchmarks/results
+	$(BIN)/python benchmarks/catalog_bench.py --out benchmarks/results $(CATALOG_BENCH)
 	$(BIN)/python benchmarks/history_bench.py --out benchmarks/results
 
 # On a GPU node: GEMM against a bare torch.mm loop and the dense bf16 peak (figures kept in benchmarks/results/gpu).
