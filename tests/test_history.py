@@ -130,3 +130,14 @@ def test_the_noise_scale_is_the_series_own(noise):
     logs[120:] += np.log(0.95)
     cuts = change_points(logs)
     assert (cuts == [120]) if noise < 0.01 else (len(cuts) <= 1)
+
+
+def test_a_series_is_chosen_by_globs_as_the_shell_reads_them(tmp_path):
+    """Suite, point and coordinates are selected by shell globs ([!...] included), in the index's query."""
+    folders = write_year(tmp_path, (), seed=3)[:4]
+    index = catalog.connect(tmp_path / "index.sqlite")
+    catalog.refresh(index, folders)
+    for chosen, runs in ((Selection(suite="co?ms", point="collective=all_*"), 4), (Selection(suite="[!c]*"), 0),
+                         (Selection(coords="*1048576*"), 4), (Selection(coords="*65536*"), 0),
+                         (Selection(suite="comms", metric="latency"), 0)):
+        assert series(index, folders, chosen)["run"].nunique() == runs, chosen

@@ -18,7 +18,6 @@ image digest, torch and NCCL versions, device, nodes.
 
 from __future__ import annotations
 
-import fnmatch
 import html
 import itertools
 import math
@@ -75,14 +74,15 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
     headline = sorted((name, f.headline) for name, f in families().items())
     metric = "s.metric = ?" if chosen.metric else (
         f"s.metric = CASE p.family {' '.join('WHEN ? THEN ?' for _ in headline)} END")
+    where, args = points_where(chosen, "s")
     frame = pd.read_sql_query(
         f"SELECT s.suite, s.experiment, s.point, s.coords, s.metric, s.unit, s.run_id AS run, s.folder, s.n, "
         f"s.log_mean, s.log_var, p.family, p.timestamp, p.invalid, {', '.join('p.' + c for c in ACROSS)} "
         f"FROM samples s JOIN points p ON s.path = p.path AND s.suite = p.suite AND s.experiment = p.experiment "
-        f"AND s.point = p.point WHERE s.suite GLOB ? AND s.experiment GLOB ? AND s.point GLOB ? "
-        f"AND COALESCE(s.coords, '') GLOB ? AND s.log_mean IS NOT NULL AND {metric}", con,
-        params=[_glob(chosen.suite), _glob(chosen.experiment), _glob(chosen.point), _glob(chosen.coords),
-                *([chosen.metric] if chosen.metric else [v for pair in headline for v in pair])])
+        f"AND s.point = p.point WHERE {where} AND COALESCE(s.coords, '') GLOB ? AND s.log_mean IS NOT NULL "
+        f"AND {metric}", con,
+        params=[*args, _glob(chosen.coords), *([chosen.metric] if chosen.metric else [v for pair in headline
+                                                                                      for v in pair])])
     frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
     frame = chosen_runs(con, folders, frame, chosen)
     if chosen.nodes:
@@ -117,14 +117,15 @@ def chosen_runs(con: sqlite3.Connection, folders: Sequence[Path], frame: pd.Data
     return frame[keep]
 
 
+def points_where(chosen: Selection, table: str) -> tuple[str, list[str]]:
+    """The selection's suite, experiment and point globs as an SQL condition on `table`, and its arguments."""
+    return (f"{table}.suite GLOB ? AND {table}.experiment GLOB ? AND {table}.point GLOB ?",
+            [_glob(chosen.suite), _glob(chosen.experiment), _glob(chosen.point)])
+
+
 def _glob(pattern: str) -> str:
     """A shell glob as SQLite's GLOB takes it (fnmatch's [!...] is GLOB's [^...])."""
     return pattern.replace("[!", "[^")
-
-
-def matching(column: pd.Series, pattern: str) -> pd.Series:
-    """Which values of `column` the glob `pattern` matches."""
-    return column.map(lambda v: fnmatch.fnmatchcase(str(v), pattern))
 
 
 def noise(logs: np.ndarray) -> float:

@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import special
 
 from reproflow.reporting import catalog
-from reproflow.reporting.history import Selection, chosen_runs, matching
+from reproflow.reporting.history import Selection, chosen_runs, points_where
 from reproflow.reporting.page import CSS, html_table, to_markdown
 from reproflow.store.files import atomic_write
 
@@ -36,13 +36,13 @@ EXCLUDE = "exclude.txt"  # the suspect nodes as Slurm's --exclude takes them
 def residuals(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) -> pd.DataFrame:
     """Per run of two nodes or more and per node, the mean of its ranks' residuals (logarithms) over every
     series of the run, less the mean of the other nodes' (`residual`)."""
-    marks = ", ".join("?" * len(folders))
+    where, args = points_where(chosen, "r")
+    if chosen.metric:
+        where, args = f"{where} AND r.metric = ?", [*args, chosen.metric]
     frame = pd.read_sql_query(f"SELECT suite, experiment, point, coords, metric, run_id AS run, rank, node, "
-                              f"log_median FROM ranks WHERE folder IN ({marks})", con,
-                              params=[str(f.resolve()) for f in folders])
-    keep = (matching(frame["suite"], chosen.suite) & matching(frame["experiment"], chosen.experiment)
-            & matching(frame["point"], chosen.point) & (frame["metric"] == chosen.metric if chosen.metric else True))
-    frame = chosen_runs(con, folders, frame[keep], chosen)
+                              f"log_median, folder FROM ranks r WHERE {where}", con, params=args)
+    frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
+    frame = chosen_runs(con, folders, frame, chosen)
     parts = [_polish(series) for _, series in frame.groupby(catalog.KEY, sort=False)]
     parts = [p for p in parts if len(p)]
     if not parts:
