@@ -344,6 +344,48 @@ def test_an_index_read_by_a_pool_is_the_one_read_here(tmp_path: Path, monkeypatc
     assert (listed["points"], listed["commit"]) == (2, "c0,c2")
 
 
+def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point files parsed together hold in the index what the result store's reader makes of each one:
+    of one parse, only the files with a short line or a row missing are left out; a line break inside a
+    field or a value not a number sends its parse to the reader one file at a time, CRLF lines and a cut
+    last line go there alone."""
+    from reproflow.store.results import read_point_file
+
+    for name in ("r", "r2"):
+        write_run(tmp_path / name, 1, busbw=10.0, latency=5.0, commit="c", device="a CPU")
+    (good,) = (tmp_path / "r").rglob("*.csv")
+    (good2,) = (tmp_path / "r2").rglob("*.csv")
+    text = good.read_text()
+    head, first, *rest = text.splitlines(keepends=True)
+    fields = first.split(",")
+    value = fields[head.split(",").index("value")]
+    variants = {good: {"short": head + ",".join(fields[:-2] + fields[-1:]) + "".join(rest),
+                       "row": head + "".join(rest), "crlf": text.replace("\n", "\r\n"), "cut": text[:-5]},
+                good2: {"newline": text.replace("a CPU", '"a\nCPU"'),
+                        "word": head + first.replace(f",{value},", ",fast,", 1) + "".join(rest)}}
+    for beside, files in variants.items():
+        for name, body in files.items():
+            (beside.parent / f"{name}.csv").write_bytes(body.encode())
+    parsed = []
+    real = catalog._parse_together
+    monkeypatch.setattr(catalog, "_parse_together", lambda head, files: parsed.append(real(head, files)) or parsed[-1])
+    together = catalog.connect(tmp_path / "together.sqlite")
+    for name in ("r", "r2"):  # a parse each (one refresh parses its folders' files with one header together)
+        catalog.refresh(together, [tmp_path / name])
+    assert [None if frame is None else sorted(frame["@file"].map(lambda f: Path(f).stem).unique())
+            for frame in parsed] == [["all_reduce"], None]
+    monkeypatch.setattr(catalog, "_parse_together", lambda head, files: None)
+    alone = catalog.connect(tmp_path / "alone.sqlite")
+    catalog.refresh(alone, [tmp_path / "r", tmp_path / "r2"])
+    for table in ("files", "points", "samples", "ranks", "runs_in"):
+        rows = [sorted(map(repr, con.execute(f"SELECT * FROM {table}"))) for con in (together, alone)]
+        assert rows[0] == rows[1], table
+    indexed = {str(Path(p).relative_to(tmp_path)) for (p,) in together.execute("SELECT path FROM points")}
+    whole = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.csv") if not read_point_file(p)[1]}
+    assert indexed == whole and {Path(p).stem for p in whole} == {"all_reduce", "crlf", "newline"}
+
+
 def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Path) -> None:
     """A year of nightly folders in the catalog: comparing two runs by id reads those two runs' folders,
     not every folder the catalog knows."""
@@ -431,9 +473,8 @@ def test_a_point_with_fewer_samples_than_it_asked_for_is_not_valid() -> None:
     from reproflow.spec.family import families
 
     resharding = families()["resharding"]
-    rows = [{"metric": "run_time", "value": "0.1", "rank": "all", "repeat": "0", "runs": "8", "run": str(i),
-             "health_gate": "pass"} for i in range(3)]
-    assert catalog.invalid(rows, resharding.headline, resharding.samples) == \
-        "3 of the 8 samples it asked for (runs) measured (run_time)"
-    whole = [dict(row, run=str(i)) for i, row in enumerate(rows * 3)][:8]
-    assert catalog.invalid(whole, resharding.headline, resharding.samples) == ""
+    rows = pd.DataFrame([{"point": "short", "metric": "run_time", "value": "0.1", "@value": 0.1, "rank": "all",
+                          "repeat": "0", "runs": "8", "run": str(i), "health_gate": "pass"} for i in range(3)])
+    whole = pd.concat([rows] * 3, ignore_index=True)[:8].assign(point="whole", run=[str(i) for i in range(8)])
+    why = catalog.invalid(pd.concat([rows, whole]), resharding.headline, resharding.samples, by="point")
+    assert why.to_dict() == {"short": "3 of the 8 samples it asked for (runs) measured (run_time)", "whole": ""}

@@ -74,6 +74,8 @@ def test_jobs_record_their_environment_without_the_submitters_variables(tmp_path
         env_seen = record["environment"]
         assert "LEAK_MARKER" not in env_seen and env_seen["API_TOKEN"] == "<redacted>"
         assert env_seen["SLURM_JOB_ID"] == job and env_seen["REPROFLOW_IMAGE"] == ""
+        # The two nodes share this machine's cores: each rank's torch gets its node's share (the TaskProlog).
+        assert env_seen["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert not [p for p in results.rglob("*") if p.is_file() and "s3cr3t-value" in p.read_text(errors="replace")]
     proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "sub"),
                      "--wait",

@@ -279,11 +279,16 @@ RunTimeKill="runc --root=$DIR/runc kill -a $id"
 RunTimeDelete="runc --root=$DIR/runc delete --force $id"
 RunTimeRun="runc --root=$DIR/runc run $id --bundle %b"
 EOF
-# Every task learns the network it runs on, as a site's TaskProlog sets a job's environment.
+# Every task learns the network it runs on, as a site's TaskProlog sets a job's environment. And its
+# node's share of this machine's cores as torch's thread count: the nodes share the cores, and a rank
+# that takes them all runs its threads against the other node's (a cluster's nodes have their own).
+threads=$(( $(nproc) / LOCAL_SLURM_NODES ))
 cat > "$DIR/task-prolog" <<END
 #!/bin/sh
-# Written by the test cluster's start (tests/slurm/start.sh): the network every task runs on.
+# Written by the test cluster's start (tests/slurm/start.sh): the network every task runs on, and
+# each node's share of the machine's cores (unless the job sets OMP_NUM_THREADS).
 echo "export REPROFLOW_NETWORK=$description"
+[ -n "\$OMP_NUM_THREADS" ] || echo "export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))"
 END
 chmod 755 "$DIR/task-prolog"
 written /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf /etc/slurm/oci.conf "$DIR/task-prolog"

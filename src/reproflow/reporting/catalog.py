@@ -20,28 +20,30 @@ where several writers on Lustre or NFS break SQLite's locks.
 from __future__ import annotations
 
 import contextlib
+import csv
 import fnmatch
-import functools
 import glob
+import io
 import json
 import math
 import multiprocessing
 import os
 import sqlite3
-import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import pandas as pd
 
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
-from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED, read_point_file
+from reproflow.store.results import GATE_FAIL, HEAD_COLUMNS, QUARANTINE, READABLE_SCHEMAS, RESERVED, read_point_file
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
 INDEX_VERSION = 6
@@ -196,45 +198,56 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
     A folder whose modification time is the one indexed has gained, lost and renamed no file, so its
     files are taken as indexed without a stat each (reproflow replaces files by renaming them, which
     changes the folder's time), and a results folder none of whose folders changed is not looked at
-    further; `rescan` stats every file, for files edited in place. New files are read by a process
-    per core when there are many (a cold index), and written in one transaction per results folder."""
+    further; `rescan` stats every file, for files edited in place. New files are read in batches of
+    results folders, a few thousand files each (a cold index of a million files never holds them all),
+    by a process per core when there are many, and each batch is written in one transaction."""
     cores, read = len(os.sched_getaffinity(0)), 0
     with contextlib.ExitStack() as stack:
         pool = None
-        # One results folder at a time, so that a cold index of a million files never holds them all.
-        for folder in (f.resolve() for f in folders):
-            changes = _changes(con, folder, rescan)
-            if changes is None:
+        batch: list[tuple[Path, _Changes]] = []
+        for folder in [*(f.resolve() for f in folders), None]:
+            changes = _changes(con, folder, rescan) if folder else None
+            if changes:
+                batch.append((folder, changes))
+            fresh = [(f, name) for f, c in batch for name in c.fresh]
+            if folder and len(fresh) < _CHUNK * cores:
                 continue
-            if pool is None and cores > 1 and read + len(changes.fresh) >= _POOL_FILES:
+            if pool is None and cores > 1 and read + len(fresh) >= _POOL_FILES:
                 # fork: the workers need this process's family registry, not a fresh import of every family
                 pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
-            records: Records = {table: [] for table in _TABLES}
-            reader = functools.partial(_file_records, folder)
-            for part in (pool.imap(reader, changes.fresh, chunksize=64) if pool else map(reader, changes.fresh)):
-                for table, rows in part.items():
-                    records[table] += rows
-            with con:
-                for table in ("files", *_TABLES):
-                    con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in changes.stale))
-                for table, rows in records.items():
-                    if rows:
-                        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
-                con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
-                                ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))
-                con.execute("DELETE FROM dirs WHERE folder = ?", (str(folder),))
-                con.executemany("INSERT INTO dirs VALUES (?, ?, ?, ?)",
-                                ((d, str(folder), m, json.dumps(sub)) for d, (m, sub) in changes.seen.items()))
-                # What `reproflow runs` lists of each run in this folder, kept so that listing a year of runs
-                # reads a row a run and folder, not every point.
-                con.execute("DELETE FROM runs_in WHERE folder = ?", (str(folder),))
-                con.execute("INSERT INTO runs_in SELECT folder, run_id, GROUP_CONCAT(DISTINCT suite), "
-                            "SUM(failed = 0), SUM(failed), MIN(timestamp), MAX(timestamp), "
-                            "GROUP_CONCAT(DISTINCT device_name), GROUP_CONCAT(DISTINCT nodelist), "
-                            "GROUP_CONCAT(DISTINCT git_commit) FROM points WHERE folder = ? GROUP BY run_id",
-                            (str(folder),))
-            read += len(changes.fresh)
+            # With a pool, a part per process at least, or a night's few hundred files keep one busy.
+            size = max(1, min(_CHUNK, -(-len(fresh) // cores))) if pool else _CHUNK
+            parts = [fresh[i:i + size] for i in range(0, len(fresh), size)]
+            _write(con, batch, pool.imap(_read_files, parts) if pool else map(_read_files, parts))
+            read += len(fresh)
+            batch = []
     return read
+
+
+def _write(con: sqlite3.Connection, batch: Sequence[tuple[Path, _Changes]], parts: Iterable[Records]) -> None:
+    """A batch of results folders' changes written to the index, with the records read of their files."""
+    with con:
+        for _, changes in batch:
+            for table in ("files", *_TABLES):
+                con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in changes.stale))
+        for part in parts:
+            for table, rows in part.items():
+                if rows:
+                    con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        for folder, changes in batch:
+            con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
+                            ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))
+            con.execute("DELETE FROM dirs WHERE folder = ?", (str(folder),))
+            con.executemany("INSERT INTO dirs VALUES (?, ?, ?, ?)",
+                            ((d, str(folder), m, json.dumps(sub)) for d, (m, sub) in changes.seen.items()))
+            # What `reproflow runs` lists of each run in this folder, kept so that listing a year of runs
+            # reads a row a run and folder, not every point.
+            con.execute("DELETE FROM runs_in WHERE folder = ?", (str(folder),))
+            con.execute("INSERT INTO runs_in SELECT folder, run_id, GROUP_CONCAT(DISTINCT suite), "
+                        "SUM(failed = 0), SUM(failed), MIN(timestamp), MAX(timestamp), "
+                        "GROUP_CONCAT(DISTINCT device_name), GROUP_CONCAT(DISTINCT nodelist), "
+                        "GROUP_CONCAT(DISTINCT git_commit) FROM points WHERE folder = ? GROUP BY run_id",
+                        (str(folder),))
 
 
 def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | None:
@@ -279,119 +292,259 @@ def forget(con: sqlite3.Connection, under: Path) -> None:
             con.execute(f"DELETE FROM {table} WHERE folder >= ? AND folder < ?", (below, after))
 
 
-def _file_records(folder: Path, name: str) -> Records:
-    """One file's rows for the index: a run's manifest, a failed point's record, or a point file's points
-    with their samples' statistics and per-rank times (nothing for a file not whole yet)."""
-    path = Path(name)
+# Point files are parsed this many at a time: one pandas parse of many files' lines is what makes
+# them cheap to read, and the rows of a thousand small files take some 30 MiB (4,096: 100 MiB).
+_CHUNK = 1024
+# A field put at the end of every line before the parse together: a line with a field too few or too
+# many shows as one whose last field is not this.
+_END = "\x01"
+
+
+def _read_files(files: Sequence[tuple[Path, str]]) -> Records:
+    """Files' rows for the index (each file with its results folder): runs' manifests, failed points'
+    records, and point files' points with their samples' statistics and per-rank times (nothing for a
+    point file not whole yet). Point files with one header are parsed together by pandas' C reader;
+    where it cannot vouch for every file's lines (a line break inside a field, text not UTF-8, a
+    carriage return) they are read one by one with the result store's own reader, which says what is
+    wrong with a file."""
     records: Records = {table: [] for table in _TABLES}
-    if path.parent == folder / RUNS:
-        record = read_json_object(path)
-        if record is not None:  # else half written by a run starting now (read again when it is whole)
-            records["manifests"].append((name, str(folder), str(record.get("run_id", path.stem)), json.dumps(record)))
-    elif path.name.endswith(".failed.json"):
-        record = read_json_object(path)
-        if record is not None:
-            experiment, suite = path.parent.name, path.parent.parent.name
-            records["points"].append(
-                (name, str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
-                 str(record.get("job_id", "")), suite, experiment, None, str(record.get("point", "")), 1,
-                 str(record.get("timestamp", "")), None, *(None for _ in MANIFEST), None))
-    else:
-        rows, problem = read_point_file(path)
-        if not problem:
-            _point_records(records, folder, name, rows)
+    by_header: dict[bytes, list[tuple[Path, str, bytes]]] = {}
+    frames = []
+    for folder, name in files:
+        if name.endswith(".json"):
+            _json_records(records, folder, Path(name))
+            continue
+        try:
+            with open(name, "rb") as file:
+                data = file.read()
+        except OSError:  # gone since it was listed: forgotten on the next refresh
+            continue
+        head, _, body = data.partition(b"\n")
+        if body.endswith(b"\n") and b"\r" not in data:
+            by_header.setdefault(head, []).append((folder, name, body))
+        elif (alone := _parse_alone(folder, name)) is not None:
+            frames.append(alone)
+    for head, same in by_header.items():
+        together = _parse_together(head, same)
+        frames += [together] if together is not None else [
+            alone for folder, name, _ in same if (alone := _parse_alone(folder, name)) is not None]
+    for frame in frames:
+        if len(frame):
+            _point_records(records, frame)
     return records
 
 
-def _point_records(records: Records, folder: Path, path: str, rows: list[dict[str, str]]) -> None:
-    """A file's points (one, or several put together) with their provenance, and per point, coordinates
-    and metric the samples' statistics (the rows aggregated across ranks where the metric has them, else
-    rank 0's)."""
-    by_point: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
-    for row in rows:
-        by_point.setdefault((row["suite"], row["experiment"], row["point"], row["job_id"]), []).append(row)
-    for (suite, experiment, point, job_id), mine in by_point.items():
-        first = mine[0]
-        known = families().get(first["family"])
-        middle = [c for c in first if c not in RESERVED]
-        params = ({p.name for p in known.params} if known
-                  else {c for c in middle if len({r[c] for r in mine}) == 1})
-        coords = [c for c in middle if c not in params and c not in (known.sample_coords if known else ())]
-        run_id = first.get("run_id") or job_run_id(job_id)
+def _json_records(records: Records, folder: Path, path: Path) -> None:
+    """A run's manifest, or a failed point's record (nothing while it is half written)."""
+    record = read_json_object(path)
+    if record is None:
+        return
+    if path.parent == folder / RUNS:
+        records["manifests"].append((str(path), str(folder), str(record.get("run_id", path.stem)),
+                                     json.dumps(record)))
+    elif path.name.endswith(".failed.json"):
+        experiment, suite = path.parent.name, path.parent.parent.name
         records["points"].append(
-            (path, str(folder), run_id, job_id, suite, experiment, first["family"], point, 0, first["timestamp"],
-             json.dumps({c: _number(first[c]) for c in middle if c in params}),
-             *(first.get(c, "") for c in MANIFEST),
-             invalid(mine, known.headline if known else "", known.samples if known else ())))
-        keys = _coords_keys(mine, coords)
-        groups: dict[tuple[str, str], tuple[str, list[float], list[float]]] = {}
-        for row, coords_key in zip(mine, keys, strict=True):
-            _, merged, first_rank = groups.setdefault((coords_key, row["metric"]), (row["unit"], [], []))
-            value = float(row["value"])
-            if math.isfinite(value):
-                if row["rank"] == AGGREGATE:
-                    merged.append(value)
-                elif row["rank"] == "0":
-                    first_rank.append(value)
-        records["samples"] += [
-            (path, run_id, str(folder), suite, experiment, point, coords_key, metric, unit,
-             *_statistics(merged or first_rank))
-            for (coords_key, metric), (unit, merged, first_rank) in groups.items()]
-        records["ranks"] += [(path, run_id, str(folder), suite, experiment, point, *timed)
-                             for timed in _rank_times(mine, keys)]
+            (str(path), str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
+             str(record.get("job_id", "")), suite, experiment, None, str(record.get("point", "")), 1,
+             str(record.get("timestamp", "")), None, *(None for _ in MANIFEST), None))
 
 
-def _coords_keys(rows: Sequence[dict[str, str]], coords: Sequence[str]) -> list[str]:
+def _parse_together(head: bytes, files: Sequence[tuple[Path, str, bytes]]) -> pd.DataFrame | None:
+    """The rows of point files that share a header line, as text columns with `@folder`, `@file`, `@pid`
+    (the point's number) and `@value` (the value as a number), less the files the result store's reader
+    refuses (a line the wrong length, a schema it cannot read, fewer rows than written); None where one
+    parse cannot vouch for each file."""
+    try:
+        header = next(csv.reader([head.decode("utf-8")]))
+    except (UnicodeDecodeError, csv.Error, StopIteration):
+        return None
+    if tuple(header[:len(HEAD_COLUMNS)]) != HEAD_COLUMNS or len(set(header)) < len(header):
+        return None
+    lines = [body.count(b"\n") for _, _, body in files]
+    blob = b"".join(body for _, _, body in files).replace(b"\n", f",{_END}\n".encode())
+    try:
+        with warnings.catch_warnings():  # a first line too long: caught below by its last field
+            warnings.simplefilter("ignore", pd.errors.ParserWarning)
+            frame = pd.read_csv(io.BytesIO(blob), header=None, names=[*header, "@end"], dtype=object,
+                                na_filter=False, index_col=False, engine="c", encoding="utf-8")
+        values = frame["value"].to_numpy().astype(float)  # float()'s reading of each, as the store's reader
+    except (ValueError, UnicodeDecodeError):  # pandas' ParserError is a ValueError; so is a value not a number
+        return None
+    if len(frame) != sum(lines):  # a line break inside a quoted field
+        return None
+    frame["@folder"] = np.repeat(np.array([str(folder) for folder, _, _ in files], dtype=object), lines)
+    frame["@file"] = np.repeat(np.array([name for _, name, _ in files], dtype=object), lines)
+    frame["@value"] = values
+    frame = _numbered(frame)
+    whole = frame["@end"].eq(_END) & frame["schema_version"].isin([str(v) for v in READABLE_SCHEMAS])
+    if "point_rows" in header:
+        point = frame["@pid"].to_numpy()
+        written = np.array([str(n) for n in np.bincount(point)], dtype=object)[point]
+        whole &= frame["point_rows"].to_numpy() == written
+    if not whole.all():
+        frame = frame[~frame["@file"].isin(frame.loc[~whole, "@file"])]
+    return frame.drop(columns="@end")
+
+
+def _parse_alone(folder: Path, name: str) -> pd.DataFrame | None:
+    """One point file's rows as `_parse_together` gives them, read by the result store's reader."""
+    rows, problem = read_point_file(Path(name))
+    if problem:
+        return None
+    frame = pd.DataFrame(rows, dtype=object)
+    return _numbered(frame.assign(**{"@folder": str(folder), "@file": name,
+                                     "@value": frame["value"].to_numpy().astype(float)}))
+
+
+def _numbered(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its rows' points numbered (`@pid`): a point is its file, suite, experiment, point and job."""
+    return frame.assign(**{"@pid": frame.groupby(["@file", "suite", "experiment", "point", "job_id"],
+                                                 sort=False).ngroup().to_numpy()})
+
+
+def _point_records(records: Records, frame: pd.DataFrame) -> None:
+    """Point files' points (one a file, or several put together) with their provenance, and per point,
+    coordinates and metric the samples' statistics; family by family, since a family says which of a
+    point's columns are its parameters and which coordinates inside it."""
+    middle = [c for c in frame.columns if c not in RESERVED and not c.startswith("@")]
+    firsts = frame.drop_duplicates("@pid")
+    registry = families()
+    for family, points in firsts.groupby("family", sort=False):
+        rows = frame[frame["@pid"].isin(points["@pid"])]
+        known = registry.get(family)
+        if known:
+            _family_records(records, rows, points, middle, {p.name for p in known.params},
+                            known.sample_coords, known.headline, known.samples)
+            continue
+        # A family this reproflow does not know (renamed, or gone): its parameters are the columns that
+        # stay the same across a point's rows.
+        for pid, one in rows.groupby("@pid", sort=False):
+            params = {c for c in middle if one[c].nunique() == 1}
+            _family_records(records, one, points[points["@pid"] == pid], middle, params, (), "", ())
+
+
+def _family_records(records: Records, rows: pd.DataFrame, points: pd.DataFrame,
+                    middle: Sequence[str], params: set[str], sample_coords: Sequence[str], headline: str,
+                    samples: tuple[str, str] | tuple[()]) -> None:
+    """One family's points of a parse: a row a point, a row per coordinates and metric with the samples'
+    statistics (the rows aggregated across ranks where the metric has them, else rank 0's), and the
+    per-rank times of multi-node points."""
+    coords = [c for c in middle if c not in params and c not in sample_coords]
+    rows = rows.assign(**{"@coords": _coords_keys(rows, coords)})
+    why = invalid(rows, headline, samples)
+    where: dict[int, tuple[str, ...]] = {}
+    named = [c for c in middle if c in params]
+    own = points.reindex(columns=["@pid", "@folder", "@file", "job_id", "suite", "experiment", "family", "point",
+                                  "timestamp", "run_id"], fill_value="")
+    columns = zip(own.itertuples(index=False, name=None), why[points["@pid"]].tolist(),
+                  points.reindex(columns=list(MANIFEST), fill_value="").itertuples(index=False, name=None),
+                  points[named].itertuples(index=False, name=None), strict=True)
+    for (pid, folder, path, job_id, suite, experiment, family, point, timestamp, run_id), reason, manifest, values \
+            in columns:
+        run_id = run_id or job_run_id(job_id)
+        where[pid] = (path, run_id, folder, suite, experiment, point)
+        records["points"].append(
+            (path, folder, run_id, job_id, suite, experiment, family, point, 0, timestamp,
+             json.dumps({c: _number(v) for c, v in zip(named, values, strict=True)}), *manifest, reason))
+    records["samples"] += [(*where[pid], coords_key, metric, *stats)
+                           for (pid, coords_key, metric), stats in _sample_statistics(rows)]
+    records["ranks"] += [(*where[pid], *timed) for pid, *timed in _rank_times(rows, points)]
+
+
+def _coords_keys(rows: pd.DataFrame, coords: Sequence[str]) -> np.ndarray | str:
     """Each row's coordinates as the index keeps them (JSON, numbers written one way), made once per
     distinct coordinates rather than once per row."""
     if not coords:
-        return [""] * len(rows)
-    made: dict[tuple[str, ...], str] = {}
-    keys = []
-    for row in rows:
-        values = tuple(row[c] for c in coords)
-        if values not in made:
-            made[values] = json.dumps({c: _number(v) for c, v in zip(coords, values, strict=True)})
-        keys.append(made[values])
-    return keys
+        return ""
+    distinct = rows[coords].drop_duplicates()  # in the order groupby's ngroup numbers them
+    made = [json.dumps({c: _number(v) for c, v in zip(coords, values, strict=True)})
+            for values in distinct.itertuples(index=False, name=None)]
+    return np.array(made, dtype=object)[rows.groupby(coords, sort=False).ngroup().to_numpy()]
 
 
-def _rank_times(rows: Sequence[dict[str, str]], keys: Sequence[str]) -> Iterable[tuple[str, str, int, str, float]]:
-    """A multi-node point's times as each rank measured them (coordinates, metric, rank, the node it ran on,
-    the logarithm of its median over repeats): what `reproflow nodes` sets node against node with. Ranks
-    sit on the nodes in blocks, in the node list's order (Slurm's block distribution, one torchrun a node)."""
-    nodes = [h for h in rows[0].get("nodelist", "").split(",") if h]
-    size = rows[0].get("world_size", "")
-    world = int(float(size)) if size.replace(".", "", 1).isdigit() else 0
-    if len(nodes) < 2 or not world or world % len(nodes):
+def _sample_statistics(rows: pd.DataFrame) -> list[tuple[tuple, tuple]]:
+    """Per point, coordinates and metric: the unit, and the count, the mean and variance of the logarithms
+    (None unless every value is positive) and the median of the samples: the finite values aggregated
+    across ranks where there are any, else rank 0's."""
+    keys = ["@pid", "@coords", "metric"]
+    group = rows.groupby(keys, sort=False).ngroup().to_numpy()
+    groups, firsts = np.unique(group, return_index=True)
+    value = rows["@value"].to_numpy()
+    finite = np.isfinite(value)
+    merged = rows["rank"].to_numpy() == AGGREGATE
+    has_merged = np.bincount(group, weights=merged & finite, minlength=len(groups)) > 0
+    chosen = finite & (merged | ((rows["rank"].to_numpy() == "0") & ~has_merged[group]))
+    taken, value = group[chosen], value[chosen]
+    n = np.bincount(taken, minlength=len(groups))
+    by = pd.Series(value).groupby(taken)
+    median = by.median().reindex(groups).to_numpy()
+    positive = by.min().reindex(groups).to_numpy() > 0  # NaN (no samples) compares False
+    logs = np.log(np.where(value > 0, value, 1.0))
+    mean = np.bincount(taken, weights=logs, minlength=len(groups)) / np.maximum(n, 1)
+    squares = np.bincount(taken, weights=(logs - mean[taken]) ** 2, minlength=len(groups))
+    variance = np.where(n > 1, squares / np.maximum(n - 1, 1), 0.0)
+    return [((pid, coords, metric), (unit, count, m if ok else None, v if ok else None, _none(med)))
+            for pid, coords, metric, unit, count, m, v, ok, med in zip(
+                *(rows[c].to_numpy()[firsts].tolist() for c in (*keys, "unit")), n.tolist(), mean.tolist(),
+                variance.tolist(), positive.tolist(), median.tolist(), strict=True)]
+
+
+def _none(value: float) -> float | None:
+    return None if value != value else value  # NaN: no value
+
+
+def _rank_times(rows: pd.DataFrame, points: pd.DataFrame) -> list[tuple[int, str, str, int, str, float]]:
+    """Multi-node points' times as each rank measured them (point, coordinates, metric, rank, the node it
+    ran on, the logarithm of its median over repeats): what `reproflow nodes` sets node against node with.
+    Ranks sit on the nodes in blocks, in the node list's order (Slurm's block distribution, one torchrun
+    a node)."""
+    nodes, worlds = {}, {}
+    for pid, nodelist, size in zip(points["@pid"], points.get("nodelist", ""), points.get("world_size", ""),
+                                   strict=True):
+        hosts = [h for h in str(nodelist).split(",") if h]
+        world = int(float(size)) if str(size).replace(".", "", 1).isdigit() else 0
+        if len(hosts) >= 2 and world and not world % len(hosts):
+            nodes[pid], worlds[pid] = hosts, world
+    if not nodes:
         return []
-    per_node = world // len(nodes)
-    logs: dict[tuple[str, str, int], list[float]] = {}
-    for row, coords_key in zip(rows, keys, strict=True):
-        if row["rank"] == AGGREGATE or row["unit"] not in TIME_UNITS or not row["rank"].isdigit():
-            continue
-        value, rank = float(row["value"]), int(row["rank"])
-        if math.isfinite(value) and value > 0 and rank < world:
-            logs.setdefault((coords_key, row["metric"], rank), []).append(math.log(value))
-    return [(c, m, r, nodes[r // per_node], statistics.median(v)) for (c, m, r), v in logs.items()]
+    timed = rows[rows["@pid"].isin(list(nodes)) & rows["unit"].isin(TIME_UNITS) & rows["rank"].str.isdigit()]
+    rank = timed["rank"].astype(int)
+    value = timed["@value"]
+    keep = np.isfinite(value) & (value > 0) & (rank < timed["@pid"].map(worlds))
+    timed = timed[keep].assign(**{"@rank": rank[keep], "@log": np.log(value[keep])})
+    medians = timed.groupby(["@pid", "@coords", "metric", "@rank"], sort=False)["@log"].median()
+    return [(pid, coords, metric, rank, nodes[pid][rank // (worlds[pid] // len(nodes[pid]))], log)
+            for (pid, coords, metric, rank), log in zip(medians.index, medians.tolist(), strict=True)]
 
 
-def invalid(rows: Sequence[dict[str, str]], headline: str, samples: tuple[str, str] | tuple[()] = ()) -> str:
-    """Why a point's rows cannot be judged faster, slower or the same ('' when they can): its job failed its
-    health gate, its headline metric is zero or not finite in every row (a run that moved no bytes), or it
-    has fewer samples than it asked for (`samples`: the parameter asking and the metric counted)."""
-    if any(row.get("health_gate") == GATE_FAIL for row in rows):
-        return "its job failed its health gate"
-    values = [float(row["value"]) for row in rows if row["metric"] == headline]
-    if values and not any(math.isfinite(v) and v > 0 for v in values):
-        return f"its {headline} is {values[0]:g} in every row"
-    if samples and str(rows[0].get(samples[0], "")).isdigit():
-        asked = int(rows[0][samples[0]])
-        got = len({(row["repeat"], row["rank"], *(row[c] for c in row if c not in RESERVED)) for row in rows
-                   if row["metric"] == samples[1] and row["rank"] in (AGGREGATE, "0")})
-        if got < asked:
-            return f"{got} of the {asked} samples it asked for ({samples[0]}) measured ({samples[1]})"
-    return ""
+def invalid(rows: pd.DataFrame, headline: str, samples: tuple[str, str] | tuple[()] = (),
+            by: str = "@pid") -> pd.Series:
+    """Why each point's rows (text columns, `@value` the value as a number; points told apart by `by`)
+    cannot be judged faster, slower or the same ('' where they can): its job failed its health gate,
+    its headline metric is zero or not finite in every row (a run that moved no bytes), or it has fewer
+    samples than it asked for (`samples`: the parameter asking and the metric counted)."""
+    why = pd.Series("", index=pd.unique(rows[by]), dtype=object)
+    firsts = rows.drop_duplicates(by).set_index(by)
+    if samples and samples[0] in firsts:
+        asked = firsts[samples[0]][firsts[samples[0]].str.isdigit()].astype(int)
+        middle = [c for c in rows.columns if c not in RESERVED and not c.startswith("@") and c != by]
+        counted = rows[rows["metric"].eq(samples[1]) & rows["rank"].isin([AGGREGATE, "0"])]
+        got = counted.drop_duplicates([by, "repeat", "rank", *middle]).groupby(by).size()
+        got = got.reindex(asked.index, fill_value=0)
+        short = got < asked
+        why[short.index[short]] = [f"{g} of the {a} samples it asked for ({samples[0]}) measured ({samples[1]})"
+                                   for g, a in zip(got[short], asked[short], strict=True)]
+    head = rows[rows["metric"].eq(headline)]
+    if len(head):
+        moved = (np.isfinite(head["@value"]) & (head["@value"] > 0)).groupby(head[by]).any()
+        first = head.drop_duplicates(by).set_index(by)["@value"]
+        none = moved.index[~moved]
+        why[none] = [f"its {headline} is {v:g} in every row" for v in first[none]]
+    if "health_gate" in rows:
+        gated = rows["health_gate"].eq(GATE_FAIL).groupby(rows[by]).any()
+        why[gated.index[gated]] = "its job failed its health gate"
+    return why
 
 
 def _number(text: str) -> str:
@@ -403,20 +556,6 @@ def _number(text: str) -> str:
     if not math.isfinite(value):
         return text
     return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
-
-
-def _statistics(values: Sequence[float]) -> tuple[int, float | None, float | None, float | None]:
-    """Count, mean and variance of the logarithms (None unless every value is positive), median."""
-    if not values:
-        return 0, None, None, None
-    median = statistics.median(values)
-    if min(values) <= 0:
-        return len(values), None, None, median
-    logs = [math.log(v) for v in values]
-    mean = math.fsum(logs) / len(logs)
-    # In floats: statistics.variance's exact fractions were half the cost of reading a point file.
-    variance = math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1) if len(logs) > 1 else 0.0
-    return len(values), mean, variance, median
 
 
 def manifests(con: sqlite3.Connection, folders: Sequence[Path]) -> dict[str, dict]:
