@@ -331,7 +331,7 @@ def test_an_index_read_by_a_pool_is_the_one_read_here(tmp_path: Path, monkeypatc
     monkeypatch.setattr(catalog, "_POOL_FILES", 1)
     monkeypatch.setattr(catalog.os, "sched_getaffinity", lambda _: {0, 1})
     pooled = catalog.connect(tmp_path / "pooled.sqlite")
-    assert catalog.refresh(pooled, folders) == read == 3
+    assert catalog.refresh(pooled, [*folders, folders[0]]) == read == 3  # a folder named twice is read once
     for table in ("files", "manifests", "points", "samples", "ranks", "runs_in"):
         rows = [sorted(map(repr, con.execute(f"SELECT * FROM {table}"))) for con in (here, pooled)]
         assert rows[0] == rows[1], table

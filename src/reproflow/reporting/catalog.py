@@ -8,11 +8,12 @@ when it was indexed is read again, a file gone is forgotten; deleting the index 
 SQLite rather than DuckDB, decided by measurement (benchmarks/catalog_bench.py, docs/results.md): what
 a cold index costs is reading and parsing a CSV per point, and DuckDB's read_csv over the same
 2,192 point files took 331 µs a file with one schema and 2.6 ms with union_by_name (which families'
-differing columns need), against 214 µs for this module's readers on 2 cores; what a warm one
-costs is looking up runs, points and series, which SQLite's indexes answer in milliseconds at a
-million points. Hence no second engine and no columnar copy beside the files: a results folder
-none of whose folders changed is skipped on its folders' times, runs are listed from a summary per
-run and folder, and new files are read by a process per core. Only the process that reads it writes it,
+differing columns need), where pandas' C reader, given a thousand files' lines at once, parses them
+in about 40 µs a file; what a warm index costs is looking up runs, points and series, which
+SQLite's indexes answer in milliseconds at a million points. Hence no second engine and no columnar
+copy beside the files: a results folder none of whose folders changed is skipped on its folders'
+times, runs are listed from a summary per run and folder, and new files are parsed many at a time,
+by a process per core. Only the process that reads it writes it,
 in the catalog's folder (store.runs.catalog_home): never a rank, never inside a results folder,
 where several writers on Lustre or NFS break SQLite's locks.
 """
@@ -200,16 +201,20 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
     changes the folder's time), and a results folder none of whose folders changed is not looked at
     further; `rescan` stats every file, for files edited in place. New files are read in batches of
     results folders, a few thousand files each (a cold index of a million files never holds them all),
-    by a process per core when there are many, and each batch is written in one transaction."""
+    by a process per core when there are many (reading a batch while the one before is written), and
+    each batch is written in one transaction."""
     cores, read = len(os.sched_getaffinity(0)), 0
     with contextlib.ExitStack() as stack:
         pool = None
         batch: list[tuple[Path, _Changes]] = []
-        for folder in [*(f.resolve() for f in folders), None]:
+        fresh: list[tuple[Path, str]] = []
+        reading = None  # a batch the pool reads while the one before it is written
+        # Each folder once: a batch's changes are listed before any of it is written.
+        for folder in [*dict.fromkeys(f.resolve() for f in folders), None]:
             changes = _changes(con, folder, rescan) if folder else None
             if changes:
                 batch.append((folder, changes))
-            fresh = [(f, name) for f, c in batch for name in c.fresh]
+                fresh += [(folder, name) for name in changes.fresh]
             if folder and len(fresh) < _CHUNK * cores:
                 continue
             if pool is None and cores > 1 and read + len(fresh) >= _POOL_FILES:
@@ -218,9 +223,16 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
             # With a pool, a part per process at least, or a night's few hundred files keep one busy.
             size = max(1, min(_CHUNK, -(-len(fresh) // cores))) if pool else _CHUNK
             parts = [fresh[i:i + size] for i in range(0, len(fresh), size)]
-            _write(con, batch, pool.imap(_read_files, parts) if pool else map(_read_files, parts))
+            if pool:
+                before, reading = reading, (batch, pool.map_async(_read_files, parts))
+                if before:
+                    _write(con, before[0], before[1].get())
+            else:
+                _write(con, batch, map(_read_files, parts))
             read += len(fresh)
-            batch = []
+            batch, fresh = [], []
+        if reading:
+            _write(con, reading[0], reading[1].get())
     return read
 
 
@@ -491,7 +503,7 @@ def _sample_statistics(rows: pd.DataFrame) -> list[tuple[tuple, tuple]]:
 
 
 def _none(value: float) -> float | None:
-    return None if value != value else value  # NaN: no value
+    return None if math.isnan(value) else value
 
 
 def _rank_times(rows: pd.DataFrame, points: pd.DataFrame) -> list[tuple[int, str, str, int, str, float]]:
