@@ -350,6 +350,7 @@ def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_pat
     of one parse, only the files with a short line or a row missing are left out; a line break inside a
     field or a value not a number sends its parse to the reader one file at a time, CRLF lines and a cut
     last line go there alone."""
+    from reproflow.store import frames
     from reproflow.store.results import read_point_file
 
     for name in ("r", "r2"):
@@ -368,14 +369,14 @@ def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_pat
         for name, body in files.items():
             (beside.parent / f"{name}.csv").write_bytes(body.encode())
     parsed = []
-    real = catalog._parse_together
-    monkeypatch.setattr(catalog, "_parse_together", lambda head, files: parsed.append(real(head, files)) or parsed[-1])
+    real = frames._parse_together
+    monkeypatch.setattr(frames, "_parse_together", lambda head, files: parsed.append(real(head, files)) or parsed[-1])
     together = catalog.connect(tmp_path / "together.sqlite")
     for name in ("r", "r2"):  # a parse each (one refresh parses its folders' files with one header together)
         catalog.refresh(together, [tmp_path / name])
     assert [None if frame is None else sorted(frame["@file"].map(lambda f: Path(f).stem).unique())
             for frame in parsed] == [["all_reduce"], None]
-    monkeypatch.setattr(catalog, "_parse_together", lambda head, files: None)
+    monkeypatch.setattr(frames, "_parse_together", lambda head, files: None)
     alone = catalog.connect(tmp_path / "alone.sqlite")
     catalog.refresh(alone, [tmp_path / "r", tmp_path / "r2"])
     for table in ("files", "points", "samples", "ranks", "runs_in"):

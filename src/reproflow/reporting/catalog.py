@@ -12,7 +12,7 @@ differing columns need), where pandas' C reader, given a thousand files' lines a
 in about 40 µs a file; what a warm index costs is looking up runs, points and series, which
 SQLite's indexes answer in milliseconds at a million points. Hence no second engine and no columnar
 copy beside the files: a results folder none of whose folders changed is skipped on its folders'
-times, runs are listed from a summary per run and folder, and new files are parsed many at a time,
+times, runs are listed from a summary per run and folder, and new files are parsed many at a time (store.frames),
 by a process per core. Only the process that reads it writes it,
 in the catalog's folder (store.runs.catalog_home): never a rank, never inside a results folder,
 where several writers on Lustre or NFS break SQLite's locks.
@@ -21,10 +21,8 @@ where several writers on Lustre or NFS break SQLite's locks.
 from __future__ import annotations
 
 import contextlib
-import csv
 import fnmatch
 import glob
-import io
 import json
 import math
 import multiprocessing
@@ -32,7 +30,6 @@ import os
 import sqlite3
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +41,8 @@ import pandas as pd
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
-from reproflow.store.results import GATE_FAIL, HEAD_COLUMNS, QUARANTINE, READABLE_SCHEMAS, RESERVED, read_point_file
+from reproflow.store.frames import CHUNK, read_point_frames
+from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
 INDEX_VERSION = 6
@@ -215,13 +213,13 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
             if changes:
                 batch.append((folder, changes))
                 fresh += [(folder, name) for name in changes.fresh]
-            if folder and len(fresh) < _CHUNK * cores:
+            if folder and len(fresh) < CHUNK * cores:
                 continue
             if pool is None and cores > 1 and read + len(fresh) >= _POOL_FILES:
                 # fork: the workers need this process's family registry, not a fresh import of every family
                 pool = stack.enter_context(multiprocessing.get_context("fork").Pool(cores))
             # With a pool, a part per process at least, or a night's few hundred files keep one busy.
-            size = max(1, min(_CHUNK, -(-len(fresh) // cores))) if pool else _CHUNK
+            size = max(1, min(CHUNK, -(-len(fresh) // cores))) if pool else CHUNK
             parts = [fresh[i:i + size] for i in range(0, len(fresh), size)]
             if pool:
                 before, reading = reading, (batch, pool.map_async(_read_files, parts))
@@ -304,45 +302,16 @@ def forget(con: sqlite3.Connection, under: Path) -> None:
             con.execute(f"DELETE FROM {table} WHERE folder >= ? AND folder < ?", (below, after))
 
 
-# Point files are parsed this many at a time: one pandas parse of many files' lines is what makes
-# them cheap to read, and the rows of a thousand small files take some 30 MiB (4,096: 100 MiB).
-_CHUNK = 1024
-# A field put at the end of every line before the parse together: a line with a field too few or too
-# many shows as one whose last field is not this.
-_END = "\x01"
-
-
 def _read_files(files: Sequence[tuple[Path, str]]) -> Records:
     """Files' rows for the index (each file with its results folder): runs' manifests, failed points'
     records, and point files' points with their samples' statistics and per-rank times (nothing for a
-    point file not whole yet). Point files with one header are parsed together by pandas' C reader;
-    where it cannot vouch for every file's lines (a line break inside a field, text not UTF-8, a
-    carriage return) they are read one by one with the result store's own reader, which says what is
-    wrong with a file."""
+    point file not whole yet; the store reads them many at a time, store.frames)."""
     records: Records = {table: [] for table in _TABLES}
-    by_header: dict[bytes, list[tuple[Path, str, bytes]]] = {}
-    frames = []
     for folder, name in files:
         if name.endswith(".json"):
             _json_records(records, folder, Path(name))
-            continue
-        try:
-            with open(name, "rb") as file:
-                data = file.read()
-        except OSError:  # gone since it was listed: forgotten on the next refresh
-            continue
-        head, _, body = data.partition(b"\n")
-        if body.endswith(b"\n") and b"\r" not in data:
-            by_header.setdefault(head, []).append((folder, name, body))
-        elif (alone := _parse_alone(folder, name)) is not None:
-            frames.append(alone)
-    for head, same in by_header.items():
-        together = _parse_together(head, same)
-        frames += [together] if together is not None else [
-            alone for folder, name, _ in same if (alone := _parse_alone(folder, name)) is not None]
-    for frame in frames:
-        if len(frame):
-            _point_records(records, frame)
+    for frame in read_point_frames([(folder, name) for folder, name in files if not name.endswith(".json")]):
+        _point_records(records, frame)
     return records
 
 
@@ -360,59 +329,6 @@ def _json_records(records: Records, folder: Path, path: Path) -> None:
             (str(path), str(folder), record.get("run_id") or job_run_id(str(record.get("job_id", ""))),
              str(record.get("job_id", "")), suite, experiment, None, str(record.get("point", "")), 1,
              str(record.get("timestamp", "")), None, *(None for _ in MANIFEST), None))
-
-
-def _parse_together(head: bytes, files: Sequence[tuple[Path, str, bytes]]) -> pd.DataFrame | None:
-    """The rows of point files that share a header line, as text columns with `@folder`, `@file`, `@pid`
-    (the point's number) and `@value` (the value as a number), less the files the result store's reader
-    refuses (a line the wrong length, a schema it cannot read, fewer rows than written); None where one
-    parse cannot vouch for each file."""
-    try:
-        header = next(csv.reader([head.decode("utf-8")]))
-    except (UnicodeDecodeError, csv.Error, StopIteration):
-        return None
-    if tuple(header[:len(HEAD_COLUMNS)]) != HEAD_COLUMNS or len(set(header)) < len(header):
-        return None
-    lines = [body.count(b"\n") for _, _, body in files]
-    blob = b"".join(body for _, _, body in files).replace(b"\n", f",{_END}\n".encode())
-    try:
-        with warnings.catch_warnings():  # a first line too long: caught below by its last field
-            warnings.simplefilter("ignore", pd.errors.ParserWarning)
-            frame = pd.read_csv(io.BytesIO(blob), header=None, names=[*header, "@end"], dtype=object,
-                                na_filter=False, index_col=False, engine="c", encoding="utf-8")
-        values = frame["value"].to_numpy().astype(float)  # float()'s reading of each, as the store's reader
-    except (ValueError, UnicodeDecodeError):  # pandas' ParserError is a ValueError; so is a value not a number
-        return None
-    if len(frame) != sum(lines):  # a line break inside a quoted field
-        return None
-    frame["@folder"] = np.repeat(np.array([str(folder) for folder, _, _ in files], dtype=object), lines)
-    frame["@file"] = np.repeat(np.array([name for _, name, _ in files], dtype=object), lines)
-    frame["@value"] = values
-    frame = _numbered(frame)
-    whole = frame["@end"].eq(_END) & frame["schema_version"].isin([str(v) for v in READABLE_SCHEMAS])
-    if "point_rows" in header:
-        point = frame["@pid"].to_numpy()
-        written = np.array([str(n) for n in np.bincount(point)], dtype=object)[point]
-        whole &= frame["point_rows"].to_numpy() == written
-    if not whole.all():
-        frame = frame[~frame["@file"].isin(frame.loc[~whole, "@file"])]
-    return frame.drop(columns="@end")
-
-
-def _parse_alone(folder: Path, name: str) -> pd.DataFrame | None:
-    """One point file's rows as `_parse_together` gives them, read by the result store's reader."""
-    rows, problem = read_point_file(Path(name))
-    if problem:
-        return None
-    frame = pd.DataFrame(rows, dtype=object)
-    return _numbered(frame.assign(**{"@folder": str(folder), "@file": name,
-                                     "@value": frame["value"].to_numpy().astype(float)}))
-
-
-def _numbered(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with its rows' points numbered (`@pid`): a point is its file, suite, experiment, point and job."""
-    return frame.assign(**{"@pid": frame.groupby(["@file", "suite", "experiment", "point", "job_id"],
-                                                 sort=False).ngroup().to_numpy()})
 
 
 def _point_records(records: Records, frame: pd.DataFrame) -> None:
