@@ -330,23 +330,25 @@ def test_aceso_profile_then_search_as_dependent_jobs(tmp_path, write_suite):
 
 def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     """`reproflow aceso reproduce small --submit`: profile, search, the screen of every Megatron-LM plan,
-    the choice of the fastest and the ABBA rounds of Aceso's config against it as Slurm jobs chained with
-    afterok; the trainings span both nodes."""
+    the choice of the fastest, the ABBA rounds of Aceso's config against it, the ops profiled again and
+    both configs predicted from them, as Slurm jobs chained with afterok; the trainings span both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     run = reproflow("aceso", "reproduce", "small", "--models", "t5", "--num-nodes", "2", "--num-gpus-per-node", "1",
                     "--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
                     "--screen-iters", "3", "--log-path", str(logs), "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]
-    # profile (the ops on both nodes, then P2P between them), search, screen, the choice, the rounds
-    assert len(lines) == 6, run.stdout
-    ops, p2p, search, screen, choice, rounds = [line.split(":", 1)[1].strip() for line in lines]
-    states = {job: wait(job, timeout=900)[job] for job in (ops, p2p, search, screen, choice, rounds)}
+    # profile (the ops on both nodes, then P2P between them), search, screen, the choice, the rounds, the
+    # ops profiled again, the predictions from them
+    assert len(lines) == 8, run.stdout
+    jobs = [line.split(":", 1)[1].strip() for line in lines]
+    ops, p2p, search, screen, choice, rounds, again, predict = jobs
+    states = {job: wait(job, timeout=900)[job] for job in jobs}
     assert all(s["state"] == "COMPLETED" for s in states.values()), (states, run.stdout)
     assert states[search]["start"] >= max(states[ops]["end"], states[p2p]["end"])
-    assert states[p2p]["nodes"] == "node[1-2]"
+    assert states[p2p]["nodes"] == states[again]["nodes"] == "node[1-2]"
     assert (logs / "profiled-time" / "p2p_inter_node.csv").is_file()
-    for before, after in ((search, screen), (screen, choice), (choice, rounds)):
+    for before, after in ((search, screen), (screen, choice), (choice, rounds), (rounds, again), (again, predict)):
         assert states[after]["start"] >= states[before]["end"]
     assert states[screen]["nodes"] == states[rounds]["nodes"] == "node[1-2]"
     folder = logs / "aceso" / "search" / "t5" / "tiny"
@@ -361,8 +363,11 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     for plan, name in (("aceso", chosen["aceso"]), ("megatron", chosen["measured_best"])):
         csvs = sorted((logs / plan / "runtime" / "t5" / "tiny" / "csv").glob(f"{Path(name).stem}_*.csv"))
         assert len(csvs) == 2, plan  # one per rank, on both nodes
+    assert len(list((folder / "csv").glob("info_*-after-training.csv"))) == 2
     tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
     assert tables.returncode == 0 and "-------- [t5] End-to-end Throughput (Samples/s) --------" in tables.stdout
+    accuracy = reproflow("aceso", "perf-model-acc", "small", "--log-path", str(logs))
+    assert accuracy.returncode == 0 and "from its ops profiled again right after training: " in accuracy.stdout
 
 
 SPATIAL = """

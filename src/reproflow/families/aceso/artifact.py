@@ -182,9 +182,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                            folder, confirm_trainings(rounds, bool(mcore_impl), configs), nodes, gpn,
                            {**params, "train_iters": train_iters, "train_seconds": train_seconds,
                             "warmup_iters": warmup_iters}, network)
-        api.run_generated_suite(text, name, replace(here, after=after))
-        if not where.submit:
-            profile_after_training(prof, search_req, ("aceso", "megatron"), label, here)
+        trained = api.run_generated_suite(text, name, replace(here, after=after))
+        profile_after_training(prof, search_req, ("aceso", "megatron"), label, replace(here, after=tuple(trained)))
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
@@ -226,37 +225,65 @@ def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object],
 
 
 def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, plans: tuple[str, ...], label: str,
-                           where: Placement) -> list[Path]:
+                           where: Placement) -> tuple[str, ...]:
     """Profile the ops of the configs of `plans` just trained again, at once, in one job, and predict each
     from that profile too (`info_<config>-after-training.csv` beside the search's `info_<config>.csv`):
     ranks sharing a machine run at a speed that drifts over minutes, and the search's profile is minutes
-    before the training. Only what the configs use is profiled (their ops' TP sizes, micro-batches and
-    algos on as many ranks as before, the collectives of their TP and DP groups within a node), into a
-    database of this profile and the search's for the rest (its P2P link among them: a link does not
-    drift as a shared CPU does). Once per case: rounds added later (a claim asking for more) reuse it."""
+    before the training. Here only what the configs use is profiled (their ops' TP sizes, micro-batches
+    and algos on as many ranks as before, the collectives of their TP and DP groups within a node);
+    submitted, the configs do not exist yet when the jobs are, so every op the search's profile took is
+    profiled again, and the predictions are a job after it. Either way into a database of this profile
+    and the search's for the rest (its P2P link among them: a link does not drift as a shared CPU does).
+    Once per case: rounds added later (a claim asking for more) reuse it. Returns the submitted job ids."""
+    mbs, tps = list(prof.prof_mbs_list), list(prof.prof_tp_size)
+    algos: list[int] | None = None  # None: the model's every algo, the collectives of every TP size
+    groups: list[int] | None = None
+    if not where.submit:
+        setup = Setup(search_req)
+        configs = [read_json(resolve_config(search_req.config_save_path, p), setup.model, setup.ops) for p in plans]
+        ops = [(c.micro_bs, tp, dp, algo) for c in configs for stage in c.stages
+               for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo, strict=True)]
+        mbs, tps = sorted({m // d for m, _, d, _ in ops}), sorted({t for _, t, _, _ in ops})
+        algos = sorted({a for *_, a in ops})
+        # groups across nodes are priced from the P2P link, not a collectives table
+        groups = sorted({n for _, t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)})
+    text = profile_suite(prof.prof_model_name, prof.prof_model_size, mbs, tps, prof.prof_seq_len,
+                         prof.prof_warmup_times, prof.prof_repeat_times, prof.prof_comm_sizes, algos=algos,
+                         ranks=max(prof.prof_tp_size), repeat_seconds=prof.prof_repeat_seconds, groups=groups,
+                         p2p=False, nodes=prof.prof_num_nodes, network=prof.network)
+    ids = api.run_generated_suite(text, f"aceso-profile-{label}{AFTER_TRAINING}", where)
+    if not where.submit:
+        predict_after_training(where.results, prof.prof_path, search_req, plans, label)
+        return ()
+    absolute = replace(search_req, profiled_time_path=search_req.profiled_time_path.resolve(),
+                       config_save_path=search_req.config_save_path.resolve(),
+                       log_path=search_req.log_path.resolve() if search_req.log_path else None, from_results=None)
+    job = api.submit_call("aceso-predict-again", predict_after_training, where.results.resolve(),
+                          prof.prof_path.resolve(), absolute, plans, label,
+                          folder=absolute.config_save_path / "submitit", minutes=10,
+                          where=replace(where, after=tuple(ids) or where.after))
+    print(f"submitted the predictions from the ops profiled again as Slurm job {job}, after the profile")
+    print(f"job ids: {job}")
+    return (job,)
+
+
+def predict_after_training(results: Path, prof_path: Path, search_req: SearchRequest, plans: tuple[str, ...],
+                           label: str) -> list[Path]:
+    """The configs of `plans` predicted from their ops profiled again after training (the rows of suite
+    aceso-profile-<label>-after-training, over a copy of the search's database); the info CSVs written."""
     from reproflow.reporting.report import load_results
 
     setup = Setup(search_req)
     paths = [resolve_config(search_req.config_save_path, plan) for plan in plans]
-    configs = [read_json(path, setup.model, setup.ops) for path in paths]
-    ops = [(c.micro_bs, tp, dp, algo) for c in configs for stage in c.stages
-           for tp, dp, algo in zip(stage.tp, stage.dp, stage.algo, strict=True)]
-    text = profile_suite(prof.prof_model_name, prof.prof_model_size, sorted({m // d for m, _, d, _ in ops}),
-                         sorted({t for _, t, _, _ in ops}), prof.prof_seq_len, prof.prof_warmup_times,
-                         prof.prof_repeat_times, prof.prof_comm_sizes, algos=sorted({a for *_, a in ops}),
-                         ranks=max(prof.prof_tp_size), repeat_seconds=prof.prof_repeat_seconds,
-                         # groups across nodes are priced from the P2P link, not a collectives table
-                         groups=sorted({n for _, t, d, _ in ops for n in (t, d) if 1 < n <= max(prof.prof_tp_size)}),
-                         p2p=False, nodes=prof.prof_num_nodes, network=prof.network)
-    name = f"aceso-profile-{label}{AFTER_TRAINING}"
-    api.run_generated_suite(text, name, where)
-    after = Path(f"{prof.prof_path}{AFTER_TRAINING}-{label}")
-    shutil.copytree(prof.prof_path, after, dirs_exist_ok=True)  # what was not profiled again
-    rows = load_results(where.results)
-    write_from_rows(rows[rows["suite"].astype(str) == name], after, after_training=True)
+    after = Path(f"{prof_path}{AFTER_TRAINING}-{label}")
+    shutil.copytree(prof_path, after, dirs_exist_ok=True)  # what was not profiled again
+    rows = load_results(results)
+    write_from_rows(rows[rows["suite"].astype(str) == f"aceso-profile-{label}{AFTER_TRAINING}"], after,
+                    after_training=True)
     again = Setup(replace(search_req, profiled_time_path=after)).cost
     written = []
-    for path, config in zip(paths, configs, strict=True):
+    for path in paths:
+        config = read_json(path, setup.model, setup.ops)
         pred = again.predict(config)
         info = search_req.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
         stage_info(pred, info)
