@@ -141,3 +141,21 @@ def test_a_series_is_chosen_by_globs_as_the_shell_reads_them(tmp_path):
                          (Selection(coords="*1048576*"), 4), (Selection(coords="*65536*"), 0),
                          (Selection(suite="comms", metric="latency"), 0)):
         assert series(index, folders, chosen)["run"].nunique() == runs, chosen
+
+
+def test_pelt_segments_as_ruptures_does():
+    """The change-point search gives ruptures' KernelCPD (linear kernel, PELT) segmentation on generated
+    series with and without steps, normal and heavy-tailed, short and a year and more long."""
+    import ruptures
+
+    from reproflow.reporting.history import pelt
+
+    rng = np.random.default_rng(7)
+    for trial in range(120):
+        n = int(rng.integers(6, 1200))
+        z = rng.standard_t(3, n) if trial % 2 else rng.normal(0, 1, n)
+        for _ in range(int(rng.integers(0, 4))):
+            z[int(rng.integers(0, n)):] += rng.normal(0, 3)
+        penalty = 6 * np.log(n) * rng.uniform(0.2, 1.5)
+        fit = ruptures.KernelCPD(kernel="linear", min_size=3, jump=1).fit(z.reshape(-1, 1))
+        assert pelt(z, penalty, 3) == fit.predict(pen=penalty)[:-1], (trial, n)

@@ -579,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt,
                        description="For the series selected (a point's metric across the catalog's runs, in start "
                                    "order): each run's geometric mean with its 95 %% interval, and the change points "
-                                   "(PELT, ruptures) with the runs either side, the ratio after / before with its "
+                                   "(PELT) with the runs either side, the ratio after / before with its "
                                    "interval and what the rows say differs across it (commit, image, versions, "
                                    "nodes). Writes history.md, a self-contained history.html with a figure per "
                                    "series, history.csv and change_points.csv.")

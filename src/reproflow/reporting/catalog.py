@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import glob
 import json
 import math
@@ -41,11 +42,11 @@ import pandas as pd
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
-from reproflow.store.frames import CHUNK, read_point_frames
+from reproflow.store.frames import CHUNK, PointFrame, read_point_frames
 from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED
 from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
 
-INDEX_VERSION = 6
+INDEX_VERSION = 7
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
 MANIFEST = ("git_commit", "reproflow_version", "image", "image_sha256", "container_runtime", "enroot_version",
             "device", "device_name", "backend", "world_size", "nodelist", "host_cpus", "network", "torch_version",
@@ -54,31 +55,29 @@ KEY = ["suite", "experiment", "point", "coords", "metric"]
 TIME_UNITS = ("s", "ms", "us", "ns")  # the per-rank metrics `reproflow nodes` reads: times, lower is better
 T = TypeVar("T")
 MATCH_KEY = ["family", "match", "metric"]  # compare --match: points matched by the named fields only
+# Samples and per-rank times refer to their point by its row id: a point's names, run and folder are kept
+# once, in points, not on each of its metrics' rows (a third of the index's size and of its writes).
 _SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER);
+CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, size INTEGER) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dirs(path TEXT PRIMARY KEY, folder TEXT, mtime_ns INTEGER, subdirs TEXT);
 CREATE TABLE IF NOT EXISTS manifests(path TEXT PRIMARY KEY, folder TEXT, run_id TEXT, record TEXT);
-CREATE TABLE IF NOT EXISTS points(path TEXT, folder TEXT, run_id TEXT, job_id TEXT, suite TEXT,
-    experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
+CREATE TABLE IF NOT EXISTS points(id INTEGER PRIMARY KEY, path TEXT, folder TEXT, run_id TEXT, job_id TEXT,
+    suite TEXT, experiment TEXT, family TEXT, point TEXT, failed INTEGER, timestamp TEXT, params TEXT,
     {", ".join(f"{c} TEXT" for c in MANIFEST)}, invalid TEXT);
-CREATE TABLE IF NOT EXISTS samples(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
-    coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL, log_var REAL, median REAL);
-CREATE TABLE IF NOT EXISTS ranks(path TEXT, run_id TEXT, folder TEXT, suite TEXT, experiment TEXT, point TEXT,
-    coords TEXT, metric TEXT, rank INTEGER, node TEXT, log_median REAL);
+CREATE TABLE IF NOT EXISTS samples(pid INTEGER, coords TEXT, metric TEXT, unit TEXT, n INTEGER, log_mean REAL,
+    log_var REAL, median REAL);
+CREATE TABLE IF NOT EXISTS ranks(pid INTEGER, coords TEXT, metric TEXT, rank INTEGER, node TEXT, log_median REAL);
 CREATE TABLE IF NOT EXISTS runs_in(folder TEXT, run_id TEXT, suites TEXT, points INTEGER, failed INTEGER,
     first TEXT, last TEXT, hardware TEXT, nodes TEXT, commits TEXT);
-CREATE INDEX IF NOT EXISTS files_folder ON files(folder);
 CREATE INDEX IF NOT EXISTS dirs_folder ON dirs(folder);
+CREATE INDEX IF NOT EXISTS manifests_folder ON manifests(folder);
 CREATE INDEX IF NOT EXISTS points_run ON points(run_id);
 CREATE INDEX IF NOT EXISTS points_folder ON points(folder);
 CREATE INDEX IF NOT EXISTS points_path ON points(path);
-CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);
-CREATE INDEX IF NOT EXISTS samples_folder ON samples(folder);
-CREATE INDEX IF NOT EXISTS samples_path ON samples(path);
-CREATE INDEX IF NOT EXISTS samples_point ON samples(point);
+CREATE INDEX IF NOT EXISTS points_point ON points(point);
+CREATE INDEX IF NOT EXISTS samples_pid ON samples(pid);
+CREATE INDEX IF NOT EXISTS ranks_pid ON ranks(pid);
 CREATE INDEX IF NOT EXISTS runs_in_folder ON runs_in(folder);
-CREATE INDEX IF NOT EXISTS ranks_folder ON ranks(folder);
-CREATE INDEX IF NOT EXISTS ranks_path ON ranks(path);
 PRAGMA user_version = {INDEX_VERSION};
 """
 
@@ -177,6 +176,11 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
 # thousand does); from the results folder that reaches it on, a process per core reads them.
 _POOL_FILES = 2000
 _TABLES = ("manifests", "points", "samples", "ranks")
+# A point's columns the index reads from its first row only (its provenance, the same on each row of a job's
+# point): the parse of every other row leaves them out (store.frames).
+_PER_POINT = RESERVED - {"metric", "value", "unit", "repeat", "rank", "health_gate"}
+_POINT_FIELDS = 12 + len(MANIFEST) + 1  # id, path ... params, the provenance, invalid
+_encode = json.encoder.encode_basestring_ascii  # json.dumps' own, for texts (ensure_ascii)
 Records = dict[str, list[tuple]]
 
 
@@ -238,12 +242,21 @@ def _write(con: sqlite3.Connection, batch: Sequence[tuple[Path, _Changes]], part
     """A batch of results folders' changes written to the index, with the records read of their files."""
     with con:
         for _, changes in batch:
-            for table in ("files", *_TABLES):
-                con.executemany(f"DELETE FROM {table} WHERE path = ?", ((p,) for p in changes.stale))
+            stale = [(p,) for p in changes.stale]
+            for table in ("samples", "ranks"):
+                con.executemany(f"DELETE FROM {table} WHERE pid IN (SELECT id FROM points WHERE path = ?)", stale)
+            for table in ("files", "manifests", "points"):
+                con.executemany(f"DELETE FROM {table} WHERE path = ?", stale)
         for part in parts:
-            for table, rows in part.items():
-                if rows:
-                    con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+            # A part's points numbered from the next free row id; its samples and ranks name them so.
+            first = con.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM points").fetchone()[0]
+            con.executemany(f"INSERT INTO points VALUES ({', '.join('?' * _POINT_FIELDS)})",
+                            ((first + i, *row) for i, row in enumerate(part["points"])))
+            con.executemany("INSERT INTO manifests VALUES (?, ?, ?, ?)", part["manifests"])
+            con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                            ((first + k, *row) for k, *row in part["samples"]))
+            con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?)",
+                            ((first + k, *row) for k, *row in part["ranks"]))
         for folder, changes in batch:
             con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
                             ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))
@@ -258,6 +271,12 @@ def _write(con: sqlite3.Connection, batch: Sequence[tuple[Path, _Changes]], part
                         "GROUP_CONCAT(DISTINCT device_name), GROUP_CONCAT(DISTINCT nodelist), "
                         "GROUP_CONCAT(DISTINCT git_commit) FROM points WHERE folder = ? GROUP BY run_id",
                         (str(folder),))
+
+
+def _below(folder: str) -> tuple[str, str]:
+    """The range of paths inside `folder` (a range the primary keys' indexes find, where LIKE scans)."""
+    below = folder + os.sep
+    return below, folder + chr(ord(os.sep) + 1)
 
 
 def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | None:
@@ -285,8 +304,8 @@ def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | 
         stack += subdirs
     if known and len(unchanged) == len(seen) == len(known):
         return None
-    indexed = {p: (m, s) for p, m, s in con.execute("SELECT path, mtime_ns, size FROM files WHERE folder = ?",
-                                                    (str(folder),))}
+    indexed = {p: (m, s) for p, m, s in con.execute(
+        "SELECT path, mtime_ns, size FROM files WHERE path >= ? AND path < ?", _below(str(folder)))}
     on_disk.update({p: v for p, v in indexed.items() if os.path.dirname(p) in unchanged})
     return _Changes([p for p in indexed if on_disk.get(p) != indexed[p]],
                     [p for p in on_disk if indexed.get(p) != on_disk[p]], on_disk, seen)
@@ -295,22 +314,26 @@ def _changes(con: sqlite3.Connection, folder: Path, rescan: bool) -> _Changes | 
 def forget(con: sqlite3.Connection, under: Path) -> None:
     """Drop the entries of the folders under `under` (archives unpacked for one comparison)."""
     with con:
-        # A range, not LIKE: the folder indexes find it (LIKE scanned a million points' rows).
-        below = str(under.resolve()) + os.sep
-        after = below[:-1] + chr(ord(os.sep) + 1)
-        for table in ("files", "dirs", "runs_in", *_TABLES):
-            con.execute(f"DELETE FROM {table} WHERE folder >= ? AND folder < ?", (below, after))
+        inside = _below(str(under.resolve()))
+        for table in ("samples", "ranks"):
+            con.execute(f"DELETE FROM {table} WHERE pid IN (SELECT id FROM points WHERE folder >= ? AND folder < ?)",
+                        inside)
+        for table in ("files", "dirs", "manifests", "points"):  # every path of a folder inside is inside
+            con.execute(f"DELETE FROM {table} WHERE path >= ? AND path < ?", inside)
+        con.execute("DELETE FROM runs_in WHERE folder >= ? AND folder < ?", inside)
 
 
 def _read_files(files: Sequence[tuple[Path, str]]) -> Records:
     """Files' rows for the index (each file with its results folder): runs' manifests, failed points'
     records, and point files' points with their samples' statistics and per-rank times (nothing for a
-    point file not whole yet; the store reads them many at a time, store.frames)."""
+    point file not whole yet; the store reads them many at a time, store.frames). Samples and ranks
+    name their point by its place in `points`."""
     records: Records = {table: [] for table in _TABLES}
     for folder, name in files:
         if name.endswith(".json"):
             _json_records(records, folder, Path(name))
-    for frame in read_point_frames([(folder, name) for folder, name in files if not name.endswith(".json")]):
+    for frame in read_point_frames([(folder, name) for folder, name in files if not name.endswith(".json")],
+                                   per_point=_PER_POINT):
         _point_records(records, frame)
     return records
 
@@ -331,23 +354,26 @@ def _json_records(records: Records, folder: Path, path: Path) -> None:
              str(record.get("timestamp", "")), None, *(None for _ in MANIFEST), None))
 
 
-def _point_records(records: Records, frame: pd.DataFrame) -> None:
+def _point_records(records: Records, frame: PointFrame) -> None:
     """Point files' points (one a file, or several put together) with their provenance, and per point,
     coordinates and metric the samples' statistics; family by family, since a family says which of a
     point's columns are its parameters and which coordinates inside it."""
-    middle = [c for c in frame.columns if c not in RESERVED and not c.startswith("@")]
-    firsts = frame.drop_duplicates("@pid")
+    rows, first = frame.rows, frame.first
+    middle = [c for c in rows.columns if c not in RESERVED and not c.startswith("@")]
     registry = families()
-    for family, points in firsts.groupby("family", sort=False):
-        rows = frame[frame["@pid"].isin(points["@pid"])]
-        known = registry.get(family)
+    family = first["family"].to_numpy()
+    for name in pd.unique(family):
+        mine = family == name
+        points = first if mine.all() else first[mine]
+        chosen = rows if mine.all() else rows[np.isin(rows["@pid"].to_numpy(), points["@pid"].to_numpy())]
+        known = registry.get(name)
         if known:
-            _family_records(records, rows, points, middle, {p.name for p in known.params},
+            _family_records(records, chosen, points, middle, {p.name for p in known.params},
                             known.sample_coords, known.headline, known.samples)
             continue
         # A family this reproflow does not know (renamed, or gone): its parameters are the columns that
         # stay the same across a point's rows.
-        for pid, one in rows.groupby("@pid", sort=False):
+        for pid, one in chosen.groupby("@pid", sort=False):
             params = {c for c in middle if one[c].nunique() == 1}
             _family_records(records, one, points[points["@pid"] == pid], middle, params, (), "", ())
 
@@ -358,75 +384,114 @@ def _family_records(records: Records, rows: pd.DataFrame, points: pd.DataFrame,
     """One family's points of a parse: a row a point, a row per coordinates and metric with the samples'
     statistics (the rows aggregated across ranks where the metric has them, else rank 0's), and the
     per-rank times of multi-node points."""
-    coords = [c for c in middle if c not in params and c not in sample_coords]
-    rows = rows.assign(**{"@coords": _coords_keys(rows, coords)})
+    coords, keys = _coords_codes(rows, [c for c in middle if c not in params and c not in sample_coords])
+    metric, metrics = _factorize(rows["metric"])
     why = invalid(rows, headline, samples)
-    where: dict[int, tuple[str, ...]] = {}
     named = [c for c in middle if c in params]
     own = points.reindex(columns=["@pid", "@folder", "@file", "job_id", "suite", "experiment", "family", "point",
                                   "timestamp", "run_id"], fill_value="")
-    columns = zip(own.itertuples(index=False, name=None), why[points["@pid"]].tolist(),
+    place = {}  # a point's @pid -> its place in records["points"]
+    columns = zip(own.itertuples(index=False, name=None), why.reindex(points["@pid"]).tolist(),
                   points.reindex(columns=list(MANIFEST), fill_value="").itertuples(index=False, name=None),
                   points[named].itertuples(index=False, name=None), strict=True)
     for (pid, folder, path, job_id, suite, experiment, family, point, timestamp, run_id), reason, manifest, values \
             in columns:
-        run_id = run_id or job_run_id(job_id)
-        where[pid] = (path, run_id, folder, suite, experiment, point)
+        place[pid] = len(records["points"])
         records["points"].append(
-            (path, folder, run_id, job_id, suite, experiment, family, point, 0, timestamp,
-             json.dumps({c: _number(v) for c, v in zip(named, values, strict=True)}), *manifest, reason))
-    records["samples"] += [(*where[pid], coords_key, metric, *stats)
-                           for (pid, coords_key, metric), stats in _sample_statistics(rows)]
-    records["ranks"] += [(*where[pid], *timed) for pid, *timed in _rank_times(rows, points)]
-
-
-def _coords_keys(rows: pd.DataFrame, coords: Sequence[str]) -> np.ndarray | str:
-    """Each row's coordinates as the index keeps them (JSON, numbers written one way), made once per
-    distinct coordinates rather than once per row."""
-    if not coords:
-        return ""
-    distinct = rows[coords].drop_duplicates()  # in the order groupby's ngroup numbers them
-    made = [json.dumps({c: _number(v) for c, v in zip(coords, values, strict=True)})
-            for values in distinct.itertuples(index=False, name=None)]
-    return np.array(made, dtype=object)[rows.groupby(coords, sort=False).ngroup().to_numpy()]
-
-
-def _sample_statistics(rows: pd.DataFrame) -> list[tuple[tuple, tuple]]:
-    """Per point, coordinates and metric: the unit, and the count, the mean and variance of the logarithms
-    (None unless every value is positive) and the median of the samples: the finite values aggregated
-    across ranks where there are any, else rank 0's."""
-    keys = ["@pid", "@coords", "metric"]
-    group = rows.groupby(keys, sort=False).ngroup().to_numpy()
-    groups, firsts = np.unique(group, return_index=True)
-    value = rows["@value"].to_numpy()
+            (path, folder, run_id or job_run_id(job_id), job_id, suite, experiment, family, point, 0, timestamp,
+             _json_object(named, [_number(v) for v in values]), *manifest, reason))
+    # Per point, coordinates and metric (a group): the unit, and the count, the mean and variance of the
+    # logarithms (None unless every value is positive) and the median of the samples, the finite values
+    # aggregated across ranks where there are any, else rank 0's.
+    pid = rows["@pid"].to_numpy()
+    group, firsts = _groups(pid, coords, metric)
+    value, rank = rows["@value"].to_numpy(), rows["rank"].to_numpy()
     finite = np.isfinite(value)
-    merged = rows["rank"].to_numpy() == AGGREGATE
-    has_merged = np.bincount(group, weights=merged & finite, minlength=len(groups)) > 0
-    chosen = finite & (merged | ((rows["rank"].to_numpy() == "0") & ~has_merged[group]))
+    merged = rank == AGGREGATE
+    has_merged = np.bincount(group, weights=merged & finite, minlength=len(firsts)) > 0
+    chosen = finite & (merged | ((rank == "0") & ~has_merged[group]))
+    n, median, lowest = _medians(group[chosen], value[chosen], len(firsts))
     taken, value = group[chosen], value[chosen]
-    n = np.bincount(taken, minlength=len(groups))
-    by = pd.Series(value).groupby(taken)
-    median = by.median().reindex(groups).to_numpy()
-    positive = by.min().reindex(groups).to_numpy() > 0  # NaN (no samples) compares False
     logs = np.log(np.where(value > 0, value, 1.0))
-    mean = np.bincount(taken, weights=logs, minlength=len(groups)) / np.maximum(n, 1)
-    squares = np.bincount(taken, weights=(logs - mean[taken]) ** 2, minlength=len(groups))
+    mean = np.bincount(taken, weights=logs, minlength=len(firsts)) / np.maximum(n, 1)
+    squares = np.bincount(taken, weights=(logs - mean[taken]) ** 2, minlength=len(firsts))
     variance = np.where(n > 1, squares / np.maximum(n - 1, 1), 0.0)
-    return [((pid, coords, metric), (unit, count, m if ok else None, v if ok else None, _none(med)))
-            for pid, coords, metric, unit, count, m, v, ok, med in zip(
-                *(rows[c].to_numpy()[firsts].tolist() for c in (*keys, "unit")), n.tolist(), mean.tolist(),
-                variance.tolist(), positive.tolist(), median.tolist(), strict=True)]
+    positive = (n > 0) & (lowest > 0)
+    records["samples"] += [
+        (place[p], keys[c], metrics[m], unit, count, lm if ok else None, lv if ok else None, _none(med))
+        for p, c, m, unit, count, lm, lv, ok, med in zip(
+            pid[firsts].tolist(), coords[firsts].tolist(), metric[firsts].tolist(),
+            rows["unit"].to_numpy()[firsts].tolist(), n.tolist(), mean.tolist(), variance.tolist(),
+            positive.tolist(), median.tolist(), strict=True)]
+    records["ranks"] += [(place[p], keys[c], metrics[m], *timed) for p, c, m, *timed in
+                         _rank_times(rows, points, coords, metric)]
+
+
+def _factorize(column: pd.Series) -> tuple[np.ndarray, list]:
+    """A column's values as codes, and the distinct values as a list (pandas' own array of them is slow to
+    index one at a time)."""
+    code, distinct = pd.factorize(column.to_numpy())
+    return code, list(distinct)
+
+
+def _groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by their codes (non-negative integers, one array each): each row's group number and
+    each group's first row."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for code in codes:
+        key = key * (int(code.max(initial=0)) + 1) + code
+    _, firsts, group = np.unique(key, return_index=True, return_inverse=True)
+    return group.ravel(), firsts
+
+
+def _medians(group: np.ndarray, value: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group (0 .. groups - 1) of `value`: the count, the median (NaN for none) and the least value."""
+    n = np.bincount(group, minlength=groups)
+    ordered = value[np.lexsort((value, group))]
+    start = np.concatenate(([0], np.cumsum(n)[:-1]))
+    some = n > 0
+    median, lowest = np.full(groups, np.nan), np.full(groups, np.nan)
+    low, high = start[some] + (n[some] - 1) // 2, start[some] + n[some] // 2
+    median[some] = (ordered[low] + ordered[high]) / 2
+    lowest[some] = ordered[start[some]]
+    return n, median, lowest
+
+
+def _coords_codes(rows: pd.DataFrame, coords: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """Each row's coordinates as a code, and each code's key as the index keeps it (JSON, numbers written
+    one way; '' where the family has none), made once per distinct coordinates."""
+    if not coords:
+        return np.zeros(len(rows), dtype=np.int64), [""]
+    if len(coords) > 1:
+        code, distinct = pd.factorize(pd.MultiIndex.from_frame(rows[list(coords)]))
+        values = distinct.tolist()
+    else:
+        code, distinct = _factorize(rows[coords[0]])
+        values = [(v,) for v in distinct]
+    return code, [_json_object(coords, [_number(v) for v in one]) for one in values]
+
+
+def _json_object(names: Sequence[str], values: Sequence[str]) -> str:
+    """`json.dumps(dict(zip(names, values)))` of texts, by its C string encoder alone."""
+    return "{" + ", ".join(f"{_encode(n)}: {_encode(v)}" for n, v in zip(names, values, strict=True)) + "}"
 
 
 def _none(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-def _rank_times(rows: pd.DataFrame, points: pd.DataFrame) -> list[tuple[int, str, str, int, str, float]]:
-    """Multi-node points' times as each rank measured them (point, coordinates, metric, rank, the node it
-    ran on, the logarithm of its median over repeats): what `reproflow nodes` sets node against node with.
-    Ranks sit on the nodes in blocks, in the node list's order (Slurm's block distribution, one torchrun
-    a node)."""
+def _rank_times(rows: pd.DataFrame, points: pd.DataFrame, coords: np.ndarray,
+                metric: np.ndarray) -> list[tuple[int, int, int, int, str, float]]:
+    """Multi-node points' times as each rank measured them (point, coordinates and metric codes, rank, the
+    node it ran on, the logarithm of its median over repeats): what `reproflow nodes` sets node against
+    node with. Ranks sit on the nodes in blocks, in the node list's order (Slurm's block distribution,
+    one torchrun a node)."""
+    rank_code, ranks = _factorize(rows["rank"])
+    digits = np.array([r.isdigit() for r in ranks], dtype=bool)
+    unit_code, units = _factorize(rows["unit"])
+    timed_unit = np.isin(units, TIME_UNITS)
+    if not digits.any() or not timed_unit.any():
+        return []
     nodes, worlds = {}, {}
     for pid, nodelist, size in zip(points["@pid"], points.get("nodelist", ""), points.get("world_size", ""),
                                    strict=True):
@@ -436,14 +501,18 @@ def _rank_times(rows: pd.DataFrame, points: pd.DataFrame) -> list[tuple[int, str
             nodes[pid], worlds[pid] = hosts, world
     if not nodes:
         return []
-    timed = rows[rows["@pid"].isin(list(nodes)) & rows["unit"].isin(TIME_UNITS) & rows["rank"].str.isdigit()]
-    rank = timed["rank"].astype(int)
-    value = timed["@value"]
-    keep = np.isfinite(value) & (value > 0) & (rank < timed["@pid"].map(worlds))
-    timed = timed[keep].assign(**{"@rank": rank[keep], "@log": np.log(value[keep])})
-    medians = timed.groupby(["@pid", "@coords", "metric", "@rank"], sort=False)["@log"].median()
-    return [(pid, coords, metric, rank, nodes[pid][rank // (worlds[pid] // len(nodes[pid]))], log)
-            for (pid, coords, metric, rank), log in zip(medians.index, medians.tolist(), strict=True)]
+    pid, value = rows["@pid"].to_numpy(), rows["@value"].to_numpy()
+    rank = np.array([int(r) if d else -1 for r, d in zip(ranks, digits.tolist(), strict=True)])[rank_code]
+    world = pd.Series(worlds, dtype=np.int64).reindex(pid, fill_value=0).to_numpy()
+    keep = timed_unit[unit_code] & (rank >= 0) & np.isfinite(value) & (value > 0) & (rank < world)
+    if not keep.any():
+        return []
+    pid, coords, metric, rank = pid[keep], coords[keep], metric[keep], rank[keep]
+    group, firsts = _groups(pid, coords, metric, rank)
+    _, median, _ = _medians(group, np.log(value[keep]), len(firsts))
+    return [(p, c, m, r, nodes[p][r // (worlds[p] // len(nodes[p]))], log)
+            for p, c, m, r, log in zip(pid[firsts].tolist(), coords[firsts].tolist(), metric[firsts].tolist(),
+                                       rank[firsts].tolist(), median.tolist(), strict=True)]
 
 
 def invalid(rows: pd.DataFrame, headline: str, samples: tuple[str, str] | tuple[()] = (),
@@ -452,29 +521,33 @@ def invalid(rows: pd.DataFrame, headline: str, samples: tuple[str, str] | tuple[
     cannot be judged faster, slower or the same ('' where they can): its job failed its health gate,
     its headline metric is zero or not finite in every row (a run that moved no bytes), or it has fewer
     samples than it asked for (`samples`: the parameter asking and the metric counted)."""
-    why = pd.Series("", index=pd.unique(rows[by]), dtype=object)
-    firsts = rows.drop_duplicates(by).set_index(by)
-    if samples and samples[0] in firsts:
-        asked = firsts[samples[0]][firsts[samples[0]].str.isdigit()].astype(int)
+    point, names = pd.factorize(rows[by].to_numpy())
+    why = np.full(len(names), "", dtype=object)
+    first = np.unique(point, return_index=True)[1]  # each point's first row
+    metric = rows["metric"].to_numpy()
+    if samples and samples[0] in rows:
+        asked = [int(a) if str(a).isdigit() else -1 for a in rows[samples[0]].to_numpy()[first].tolist()]
         middle = [c for c in rows.columns if c not in RESERVED and not c.startswith("@") and c != by]
-        counted = rows[rows["metric"].eq(samples[1]) & rows["rank"].isin([AGGREGATE, "0"])]
-        got = counted.drop_duplicates([by, "repeat", "rank", *middle]).groupby(by).size()
-        got = got.reindex(asked.index, fill_value=0)
-        short = got < asked
-        why[short.index[short]] = [f"{g} of the {a} samples it asked for ({samples[0]}) measured ({samples[1]})"
-                                   for g, a in zip(got[short], asked[short], strict=True)]
-    head = rows[rows["metric"].eq(headline)]
-    if len(head):
-        moved = (np.isfinite(head["@value"]) & (head["@value"] > 0)).groupby(head[by]).any()
-        first = head.drop_duplicates(by).set_index(by)["@value"]
-        none = moved.index[~moved]
-        why[none] = [f"its {headline} is {v:g} in every row" for v in first[none]]
+        counted = (metric == samples[1]) & np.isin(rows["rank"].to_numpy(), [AGGREGATE, "0"])
+        distinct = rows[counted].assign(**{by: point[counted]}).drop_duplicates([by, "repeat", "rank", *middle])
+        got = np.bincount(distinct[by].to_numpy(dtype=np.int64), minlength=len(names))
+        for i in np.flatnonzero(got < np.array(asked)):
+            why[i] = f"{got[i]} of the {asked[i]} samples it asked for ({samples[0]}) measured ({samples[1]})"
+    head = metric == headline
+    if head.any():
+        value = rows["@value"].to_numpy()
+        moved = np.bincount(point[head & np.isfinite(value) & (value > 0)], minlength=len(names)) > 0
+        seen, at = np.unique(point[head], return_index=True)  # each point's first headline row
+        for i, v in zip(seen.tolist(), value[np.flatnonzero(head)[at]].tolist(), strict=True):
+            if not moved[i]:
+                why[i] = f"its {headline} is {v:g} in every row"
     if "health_gate" in rows:
-        gated = rows["health_gate"].eq(GATE_FAIL).groupby(rows[by]).any()
-        why[gated.index[gated]] = "its job failed its health gate"
-    return why
+        why[np.bincount(point[rows["health_gate"].to_numpy() == GATE_FAIL], minlength=len(names)) > 0] = (
+            "its job failed its health gate")
+    return pd.Series(why, index=names, dtype=object)
 
 
+@functools.lru_cache(maxsize=65536)
 def _number(text: str) -> str:
     """A value as one text however it was written: 128, 128.0 and 1.28e2 alike as 128."""
     try:
@@ -556,7 +629,7 @@ def _headline(con: sqlite3.Connection, run_id: str) -> str:
     """Each family's headline metric in a run: the largest median over its points, with its unit."""
     parts = []
     for family, metric, unit, best in con.execute(
-            "SELECT p.family, s.metric, s.unit, MAX(s.median) FROM samples s JOIN points p ON s.path = p.path "
+            "SELECT p.family, s.metric, s.unit, MAX(s.median) FROM points p JOIN samples s ON s.pid = p.id "
             "WHERE p.run_id = ? GROUP BY p.family, s.metric", (run_id,)):
         known = families().get(family)
         if known and known.headline == metric and best is not None:
@@ -584,11 +657,11 @@ def samples(con: sqlite3.Connection, side: Selection, match: Sequence[str] = ())
     and the point's family, device, nodes, ranks and parameters (JSON). With `match`, keyed instead by family,
     those parameters and coordinates ("name=value,...") and metric, whatever the suite and experiment:
     one machine's points set against another's measured under other names."""
-    where, args = side.where("s")
+    where, args = side.where("p")
     frame = pd.read_sql_query(
-        f"SELECT {', '.join('s.' + k for k in KEY)}, s.unit, s.n, s.log_mean, s.log_var, s.median, p.family, "
-        f"p.device_name, p.nodelist, p.world_size, p.params, p.invalid FROM samples s JOIN points p ON s.path = p.path "
-        f"AND s.suite = p.suite AND s.experiment = p.experiment AND s.point = p.point WHERE {where}", con, params=args)
+        "SELECT p.suite, p.experiment, p.point, s.coords, s.metric, s.unit, s.n, s.log_mean, s.log_var, s.median, "
+        "p.family, p.device_name, p.nodelist, p.world_size, p.params, p.invalid FROM points p JOIN samples s "
+        f"ON s.pid = p.id WHERE {where}", con, params=args)
     if not match:
         return frame.set_index(KEY).sort_index()
     fields = [json.loads(p or "{}") | (json.loads(c) if c else {}) for p, c in zip(frame["params"], frame["coords"],
@@ -616,8 +689,8 @@ def curves(con: sqlite3.Connection, side: Selection, suite: str, experiment: str
     """One experiment's medians of a metric, a row per point and coordinates, with every parameter and
     coordinate as a column (numbers as numbers): what its curve is drawn from."""
     where, args = side.where("p")
-    rows = con.execute(f"SELECT p.params, s.coords, s.median FROM samples s JOIN points p ON s.path = p.path "
-                       f"WHERE {where} AND s.suite = ? AND s.experiment = ? AND s.metric = ?",
+    rows = con.execute(f"SELECT p.params, s.coords, s.median FROM points p JOIN samples s ON s.pid = p.id "
+                       f"WHERE {where} AND p.suite = ? AND p.experiment = ? AND s.metric = ?",
                        (*args, suite, experiment, metric)).fetchall()
     frame = pd.DataFrame([json.loads(params or "{}") | (json.loads(coords) if coords else {}) | {"value": median}
                           for params, coords, median in rows])

@@ -26,7 +26,7 @@ import pandas as pd
 
 from reproflow.reporting import catalog
 from reproflow.reporting.claims import LEVEL, log_ratio_intervals
-from reproflow.reporting.figures import save_figure
+from reproflow.reporting.figures import new_figure, save_figure
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
 from reproflow.spec.errors import ReproflowError
@@ -287,8 +287,6 @@ def _coordinate(frame: pd.DataFrame) -> str | None:
 def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """A figure per experiment and judged metric with a coordinate: each run's medians against it,
     overlaid (one line per run and per setting of the other parameters)."""
-    import matplotlib.pyplot as plt
-
     figures: list[Path] = []
     if runs[0].match:
         return figures  # points matched across suites: no one experiment's curves to draw
@@ -300,7 +298,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
         x = _coordinate(pd.concat(parts))
         if x is None or pd.concat(parts)[x].nunique() < 3:
             continue  # no curve to draw: fewer than three points along a coordinate
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = new_figure((9, 4), legend_room=0.34)
         for run, rows, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
             others = [c for c in rows.columns if c not in (x, "value") and rows[c].nunique() > 1]
             for setting, group in (rows.groupby(others) if others else [((), rows)]):
@@ -313,7 +311,7 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
         ax.set_xlabel(x)
         ax.set_ylabel(f"{metric} ({unit}), median")
         ax.set_title(f"{suite} / {experiment}: {metric}", fontsize=9)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         figures += save_figure(fig, out_dir, f"compare_{suite}_{experiment}_{metric}", formats=("png",))
     return figures
 

@@ -2,8 +2,9 @@
 
 A series is one point's metric (suite, experiment, point, coordinates, metric) across the runs of the
 catalog, in the order the runs started: each run's geometric mean of its repeats with a 95 % interval.
-Change points are found on the logarithms of those values by ruptures' PELT (Killick et al. 2012,
-exact optimal segmentation under a penalty, linear time): it finds several changes at once, and its
+Change points are found on the logarithms of those values by PELT (Killick et al. 2012, exact optimal
+segmentation under a penalty, linear time; the segmentation ruptures' KernelCPD gives, without its
+import, `pelt`): it finds several changes at once, and its
 penalty has the meaning a nightly check needs, the cost of one more change against the noise. The
 noise is the series' own run-to-run spread (the median absolute difference of neighbouring runs,
 which a change moves once), so one penalty serves a 1 % and a 10 % noisy metric; PENALTY and OUTLIER
@@ -33,7 +34,7 @@ import pandas as pd
 from reproflow.reporting import catalog
 from reproflow.reporting.claims import LEVEL, log_ratio_intervals
 from reproflow.reporting.compare import direction
-from reproflow.reporting.figures import save_figure
+from reproflow.reporting.figures import new_figure, save_figure
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import families
@@ -74,13 +75,12 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
     headline = sorted((name, f.headline) for name, f in families().items())
     metric = "s.metric = ?" if chosen.metric else (
         f"s.metric = CASE p.family {' '.join('WHEN ? THEN ?' for _ in headline)} END")
-    where, args = points_where(chosen, "s")
+    where, args = points_where(chosen, "p")
     frame = pd.read_sql_query(
-        f"SELECT s.suite, s.experiment, s.point, s.coords, s.metric, s.unit, s.run_id AS run, s.folder, s.n, "
+        f"SELECT p.suite, p.experiment, p.point, s.coords, s.metric, s.unit, p.run_id AS run, p.folder, s.n, "
         f"s.log_mean, s.log_var, p.family, p.timestamp, p.invalid, {', '.join('p.' + c for c in ACROSS)} "
-        f"FROM samples s JOIN points p ON s.path = p.path AND s.suite = p.suite AND s.experiment = p.experiment "
-        f"AND s.point = p.point WHERE {where} AND COALESCE(s.coords, '') GLOB ? AND s.log_mean IS NOT NULL "
-        f"AND {metric}", con,
+        f"FROM points p JOIN samples s ON s.pid = p.id WHERE {where} AND COALESCE(s.coords, '') GLOB ? "
+        f"AND s.log_mean IS NOT NULL AND {metric}", con,
         params=[*args, _glob(chosen.coords), *([chosen.metric] if chosen.metric else [v for pair in headline
                                                                                       for v in pair])])
     frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
@@ -139,8 +139,6 @@ def noise(logs: np.ndarray) -> float:
 def change_points(logs: np.ndarray, penalty: float = PENALTY, outlier: float = OUTLIER) -> list[int]:
     """Indices where a new segment starts, by PELT on the logarithms scaled by their noise (`outlier`:
     the clip, in noise widths; inf for none)."""
-    import ruptures
-
     sigma = noise(logs)
     if len(logs) < 2 * MIN_RUNS or not sigma > 0:
         return []
@@ -150,10 +148,37 @@ def change_points(logs: np.ndarray, penalty: float = PENALTY, outlier: float = O
     z = logs / sigma
     local = pd.Series(z).rolling(5, center=True, min_periods=1).median().to_numpy()
     z = local + np.clip(z - local, -outlier, outlier)
-    # KernelCPD's linear kernel is PELT with the l2 cost in C: the same segmentation as Pelt(model="l2"),
-    # a thousand times faster (0.5 ms for a year).
-    fit = ruptures.KernelCPD(kernel="linear", min_size=MIN_RUNS, jump=1).fit(z.reshape(-1, 1))
-    return [int(i) for i in fit.predict(pen=penalty * math.log(len(logs)))[:-1]]
+    return pelt(z, penalty * math.log(len(logs)), MIN_RUNS)
+
+
+def pelt(z: np.ndarray, penalty: float, min_size: int) -> list[int]:
+    """The starts of the segments after the first of the segmentation of `z` (segments of `min_size` or
+    more) that minimises the sum of squares about each segment's mean plus `penalty` a segment: PELT
+    (Killick, Fearnhead and Eckley 2012) with the l2 cost, its candidates pruned from the left as
+    ruptures' KernelCPD(kernel="linear") prunes them, which gives the same segmentation (tests/
+    test_history.py). Written here because importing ruptures (scipy.stats and scipy.spatial, which its
+    other costs need) took 0.8 s, most of what `reproflow history` may take."""
+    n = len(z)
+    sums, squares = np.concatenate(([0.0], np.cumsum(z))), np.concatenate(([0.0], np.cumsum(z * z)))
+    best = np.zeros(n + 1)  # best[t]: the least penalised cost of z[:t]
+    last = np.zeros(n + 1, dtype=int)  # last[t]: where its last segment starts
+    for t in range(1, 2 * min_size):
+        best[t] = squares[t] - sums[t] ** 2 / t + penalty
+    lowest = 0  # the first start not pruned
+    for t in range(2 * min_size, n + 1):
+        starts = np.concatenate(([lowest], np.arange(max(lowest + 1, min_size), t - min_size + 1)))
+        cost = best[starts] + squares[t] - squares[starts] - (sums[t] - sums[starts]) ** 2 / (t - starts)
+        pick = int(np.argmin(cost))  # the first of equals, as ruptures keeps
+        best[t], last[t] = cost[pick] + penalty, starts[pick]
+        # A start whose cost so far is above the best of z[:t] cannot start the last segment of a longer
+        # series' best (the l2 cost only grows); pruned from the left up to the first that can.
+        kept = np.flatnonzero(cost < best[t])
+        lowest = int(starts[kept[0]]) if len(kept) else t - min_size + 1
+    cuts, t = [], n
+    while last[t]:
+        t = int(last[t])
+        cuts.append(t)
+    return cuts[::-1]
 
 
 def changes(rows: pd.DataFrame) -> pd.DataFrame:
@@ -226,11 +251,9 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
 
 
 def _figure(one: pd.DataFrame, cuts: pd.DataFrame, out_dir: Path, number: int) -> list[Path]:
-    import matplotlib.pyplot as plt
-
     first = one.iloc[0]
     when = pd.to_datetime(one["start"].str[:19], errors="coerce")
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = new_figure((8, 3.4))
     spread = [(one["value"] - one["low"]).fillna(0), (one["high"] - one["value"]).fillna(0)]
     ax.errorbar(when, one["value"], yerr=spread, fmt="o", ms=2.5, lw=0.8, capsize=0,
                 label="each run: geometric mean, 95 % interval")

@@ -36,11 +36,12 @@ EXCLUDE = "exclude.txt"  # the suspect nodes as Slurm's --exclude takes them
 def residuals(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) -> pd.DataFrame:
     """Per run of two nodes or more and per node, the mean of its ranks' residuals (logarithms) over every
     series of the run, less the mean of the other nodes' (`residual`)."""
-    where, args = points_where(chosen, "r")
+    where, args = points_where(chosen, "p")
     if chosen.metric:
         where, args = f"{where} AND r.metric = ?", [*args, chosen.metric]
-    frame = pd.read_sql_query(f"SELECT suite, experiment, point, coords, metric, run_id AS run, rank, node, "
-                              f"log_median, folder FROM ranks r WHERE {where}", con, params=args)
+    frame = pd.read_sql_query(f"SELECT p.suite, p.experiment, p.point, r.coords, r.metric, p.run_id AS run, "
+                              f"r.rank, r.node, r.log_median, p.folder FROM points p JOIN ranks r ON r.pid = p.id "
+                              f"WHERE {where}", con, params=args)
     frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
     frame = chosen_runs(con, folders, frame, chosen)
     parts = [_polish(series) for _, series in frame.groupby(catalog.KEY, sort=False)]
