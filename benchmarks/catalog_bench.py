@@ -14,8 +14,8 @@ memory (the largest resident set of the command's processes, its readers include
 5. the same two nights given as results folders;
 6. `reproflow history` of one point's busBW over the year, on every cluster.
 
-With `--baseline REV`, each step runs with that commit's reproflow too (its `src` in a catalog of its
-own), just before this checkout's, on the same folders: before and after in one run.
+With `--baseline REV[,REV...]`, each step runs with those commits' reproflow too (each `src` with a
+catalog of its own), just before this checkout's, on the same folders: before and after in one run.
 
 -> <out>/catalog.csv (version, step, points in the catalog, points compared, seconds, µs a point
 for the cold index, peak MiB).
@@ -103,17 +103,17 @@ def main() -> int:
     parser.add_argument("--nights", type=int, default=NIGHTS, help="nights a cluster")
     parser.add_argument("--clusters", type=int, default=1, help="clusters, a results folder each a night")
     parser.add_argument("--points", type=int, default=POINTS, help="points a night and cluster")
-    parser.add_argument("--baseline", default="", help="a commit whose reproflow runs each step too")
+    parser.add_argument("--baseline", default="", help="commits (REV,REV...) whose reproflow runs each step too")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="reproflow-catalog-bench-"))
     versions = {"now": dict(os.environ, REPROFLOW_CATALOG=str(work / "catalog-now"))}
-    if args.baseline:
-        tree = work / "baseline"
+    for rev in filter(None, args.baseline.split(",")):
+        tree = work / f"baseline-{rev}"
         tree.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True).stdout
+        archive = subprocess.run(["git", "archive", rev, "src"], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        versions = {args.baseline: dict(os.environ, REPROFLOW_CATALOG=str(work / "catalog-baseline"),
-                                        PYTHONPATH=str(tree / "src")), **versions}
+        versions = {rev: dict(os.environ, REPROFLOW_CATALOG=str(work / f"catalog-{rev}"),
+                              PYTHONPATH=str(tree / "src")), **versions}
     for env in versions.values():
         env.pop("REPROFLOW_RUN_ID", None)
     start = time.perf_counter()

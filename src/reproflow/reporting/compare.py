@@ -46,6 +46,7 @@ NOT_VALID = "not valid"
 VERDICTS = (FASTER, SLOWER, SAME, ONE_SAMPLE, NEITHER, NO_RATIO, NOT_VALID)
 # Overlaid curves drawn at most (the table has every metric): the first judged ones, in table order.
 MAX_FIGURES = 24
+MARKED = 40  # points along a curve up to which each is marked
 TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
 KEY = catalog.KEY
 COLUMNS = [*KEY, "unit", "n_a", "n_b", "median_a", "median_b", "ratio", "low", "high", "speed", "speed_low",
@@ -296,10 +297,13 @@ def overlay(runs: Sequence[Run], table: pd.DataFrame, out_dir: Path) -> list[Pat
             break
         parts = [catalog.curves(r.index, r.side, suite, experiment, metric) for r in runs]
         x = _coordinate(pd.concat(parts))
-        if x is None or pd.concat(parts)[x].nunique() < 3:
+        along = pd.concat(parts)[x].nunique() if x is not None else 0
+        if along < 3:
             continue  # no curve to draw: fewer than three points along a coordinate
         fig, ax = new_figure((9, 4), legend_room=0.34)
-        for run, rows, style in zip(runs, parts, ("-o", "--s", ":^", "-.v"), strict=False):
+        # A marker a point where they can be told apart (a message size sweep); on hundreds, lines alone.
+        styles = ("-o", "--s", ":^", "-.v") if along <= MARKED else ("-", "--", ":", "-.")
+        for run, rows, style in zip(runs, parts, styles, strict=False):
             others = [c for c in rows.columns if c not in (x, "value") and rows[c].nunique() > 1]
             for setting, group in (rows.groupby(others) if others else [((), rows)]):
                 medians = group.groupby(x)["value"].median().sort_index()
