@@ -359,7 +359,8 @@ def test_an_index_read_by_a_pool_is_the_one_read_here(tmp_path: Path, monkeypatc
 def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Point files parsed together hold in the index what the result store's reader makes of each one:
-    of one parse, only the files with a short line or a row missing are left out; a line break inside a
+    of one parse, only the files with a short line or a row missing are left out (a file of two jobs' rows
+    is two points); a line break inside a
     field or a value not a number sends its parse to the reader one file at a time, CRLF lines and a cut
     last line go there alone."""
     from reproflow.store import frames
@@ -373,8 +374,11 @@ def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_pat
     head, first, *rest = text.splitlines(keepends=True)
     fields = first.split(",")
     value = fields[head.split(",").index("value")]
+    job = head.split(",").index("job_id")
+    other_job = "".join(",".join([*f[:job], "8", *f[job + 1:]]) for f in (line.split(",") for line in [first, *rest]))
     variants = {good: {"short": head + ",".join(fields[:-2] + fields[-1:]) + "".join(rest),
-                       "row": head + "".join(rest), "crlf": text.replace("\n", "\r\n"), "cut": text[:-5]},
+                       "row": head + "".join(rest), "crlf": text.replace("\n", "\r\n"), "cut": text[:-5],
+                       "jobs": text + other_job},
                 good2: {"newline": text.replace("a CPU", '"a\nCPU"'),
                         "word": head + first.replace(f",{value},", ",fast,", 1) + "".join(rest)}}
     for beside, files in variants.items():
@@ -388,7 +392,7 @@ def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_pat
     for name in ("r", "r2"):  # a parse each (one refresh parses its folders' files with one header together)
         catalog.refresh(together, [tmp_path / name])
     assert [None if frame is None else sorted(frame.rows["@file"].map(lambda f: Path(f).stem).unique())
-            for frame in parsed] == [["all_reduce"], None]
+            for frame in parsed] == [["all_reduce", "jobs"], None]
     monkeypatch.setattr(frames, "_parse_together", lambda head, files, per_point: None)
     alone = catalog.connect(tmp_path / "alone.sqlite")
     catalog.refresh(alone, [tmp_path / "r", tmp_path / "r2"])
@@ -396,7 +400,9 @@ def test_point_files_parsed_together_are_indexed_as_the_store_reads_each(tmp_pat
         assert index_rows(together, table) == index_rows(alone, table), table
     indexed = {str(Path(p).relative_to(tmp_path)) for (p,) in together.execute("SELECT path FROM points")}
     whole = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.csv") if not read_point_file(p)[1]}
-    assert indexed == whole and {Path(p).stem for p in whole} == {"all_reduce", "crlf", "newline"}
+    assert indexed == whole and {Path(p).stem for p in whole} == {"all_reduce", "crlf", "newline", "jobs"}
+    # Two jobs' rows in one file: two points, in both ways of reading.
+    assert len([p for (p,) in together.execute("SELECT path FROM points") if p.endswith("jobs.csv")]) == 2
 
 
 def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Path) -> None:
