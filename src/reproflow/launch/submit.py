@@ -9,6 +9,7 @@ node, and submitit one task per rank: OCI jobs go through the sbatch scripts (CO
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import hashlib
 import json
@@ -62,6 +63,10 @@ def run_rank(worker_argv: list[str]) -> int:
     code = worker.main(worker_argv)
     if code != 0:
         raise RuntimeError(f"rank {env.global_rank}: reproflow worker exited with {code}")
+    # Once submitit has written this task's result and returns, the process leaves as a local rank does
+    # (worker.leave): the interpreter's teardown aborted a finished spatial rank on the test cluster, and
+    # Slurm failed its job with every row written. Registered last, so run first of the exit handlers.
+    atexit.register(worker.leave, 0)
     return code
 
 

@@ -307,10 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """Run one rank (`python -m reproflow.worker`) and leave the process."""
-    exit_code = main()
-    # Every row is on disk and the process group is gone: leave without the interpreter's teardown,
-    # where a gloo thread left joinable now and then aborts a finished rank ("terminate called without
-    # an active exception", SIGABRT; under mpirun the job then ends with exit code 6).
+    leave(main())
+
+
+def leave(exit_code: int) -> NoReturn:
+    """End a rank's process whose rows are on disk and whose process group is gone, without the
+    interpreter's teardown, where a gloo thread left joinable now and then aborts a finished rank
+    ("terminate called without an active exception", SIGABRT: under mpirun the job ends with exit code 6,
+    under srun the task and its job fail)."""
     sys.stdout.flush()
     sys.stderr.flush()
     if "mpi4py.MPI" in sys.modules:
