@@ -183,7 +183,10 @@ _TABLES = ("manifests", "points", "samples", "ranks")
 _PER_POINT = RESERVED - {"metric", "value", "unit", "repeat", "rank", "health_gate"}
 _POINT_FIELDS = 12 + len(MANIFEST) + 1  # id, path ... params, the provenance, invalid
 _encode = json.encoder.encode_basestring_ascii  # json.dumps' own, for texts (ensure_ascii)
-Records = dict[str, list[tuple]]
+# What the readers send the writer, per table: manifests' and points' rows; samples' and ranks' rows as blocks
+# of columns (lists), the first the places of their points in `points` (numbers; built and written by zip,
+# not a tuple a row in Python).
+Records = dict[str, list]
 
 
 @dataclass
@@ -255,10 +258,10 @@ def _write(con: sqlite3.Connection, batch: Sequence[tuple[Path, _Changes]], part
             con.executemany(f"INSERT INTO points VALUES ({', '.join('?' * _POINT_FIELDS)})",
                             ((first + i, *row) for i, row in enumerate(part["points"])))
             con.executemany("INSERT INTO manifests VALUES (?, ?, ?, ?)", part["manifests"])
-            con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                            ((first + k, *row) for k, *row in part["samples"]))
-            con.executemany("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?)",
-                            ((first + k, *row) for k, *row in part["ranks"]))
+            for table, block in [*(("samples", b) for b in part["samples"]), *(("ranks", b) for b in part["ranks"])]:
+                places, *columns = block
+                con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (1 + len(columns)))})",
+                                zip((np.asarray(places) + first).tolist(), *columns, strict=True))
         for folder, changes in batch:
             con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
                             ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))
@@ -390,18 +393,16 @@ def _family_records(records: Records, rows: pd.DataFrame, points: pd.DataFrame,
     metric, metrics = _factorize(rows["metric"])
     why = invalid(rows, headline, samples)
     named = [c for c in middle if c in params]
-    own = points.reindex(columns=["@pid", "@folder", "@file", "job_id", "suite", "experiment", "family", "point",
-                                  "timestamp", "run_id"], fill_value="")
-    place = {}  # a point's @pid -> its place in records["points"]
-    columns = zip(own.itertuples(index=False, name=None), why.reindex(points["@pid"]).tolist(),
-                  points.reindex(columns=list(MANIFEST), fill_value="").itertuples(index=False, name=None),
-                  points[named].itertuples(index=False, name=None), strict=True)
-    for (pid, folder, path, job_id, suite, experiment, family, point, timestamp, run_id), reason, manifest, values \
-            in columns:
-        place[pid] = len(records["points"])
-        records["points"].append(
-            (path, folder, run_id or job_run_id(job_id), job_id, suite, experiment, family, point, 0, timestamp,
-             _json_object(named, [_number(v) for v in values]), *manifest, reason))
+    # A row a point, built by zip from its columns; `place` numbers each @pid by its row in records["points"].
+    pids = points["@pid"].to_numpy()
+    place = np.zeros(int(pids.max(initial=-1)) + 1, dtype=np.int64)
+    place[pids] = np.arange(len(records["points"]), len(records["points"]) + len(pids))
+    folder, path, job_id, suite, experiment, family, point, timestamp, run_id = _columns(
+        points, ("@folder", "@file", "job_id", "suite", "experiment", "family", "point", "timestamp", "run_id"))
+    records["points"] += zip(
+        path, folder, [r or job_run_id(j) for r, j in zip(run_id, job_id, strict=True)], job_id, suite, experiment,
+        family, point, [0] * len(pids), timestamp, _json_objects(points, named), *_columns(points, MANIFEST),
+        why.reindex(pids).tolist(), strict=True)
     # Per point, coordinates and metric (a group): the unit, and the count, the mean and variance of the
     # logarithms (None unless every value is positive) and the median of the samples, the finite values
     # aggregated across ranks where there are any, else rank 0's.
@@ -419,14 +420,14 @@ def _family_records(records: Records, rows: pd.DataFrame, points: pd.DataFrame,
     squares = np.bincount(taken, weights=(logs - mean[taken]) ** 2, minlength=len(firsts))
     variance = np.where(n > 1, squares / np.maximum(n - 1, 1), 0.0)
     positive = (n > 0) & (lowest > 0)
-    records["samples"] += [
-        (place[p], keys[c], metrics[m], unit, count, lm if ok else None, lv if ok else None, _none(med))
-        for p, c, m, unit, count, lm, lv, ok, med in zip(
-            pid[firsts].tolist(), coords[firsts].tolist(), metric[firsts].tolist(),
-            rows["unit"].to_numpy()[firsts].tolist(), n.tolist(), mean.tolist(), variance.tolist(),
-            positive.tolist(), median.tolist(), strict=True)]
-    records["ranks"] += [(place[p], keys[c], metrics[m], *timed) for p, c, m, *timed in
-                         _rank_times(rows, points, coords, metric)]
+    records["samples"].append((
+        place[pid[firsts]], _pick(keys, coords[firsts]), _pick(metrics, metric[firsts]),
+        rows["unit"].to_numpy()[firsts].tolist(), n.tolist(), np.where(positive, mean, None).tolist(),
+        np.where(positive, variance, None).tolist(), np.where(np.isnan(median), None, median).tolist()))
+    timed = _rank_times(rows, points, coords, metric)
+    if timed:
+        p, c, m, *rest = timed
+        records["ranks"].append((place[p], _pick(keys, c), _pick(metrics, m), *rest))
 
 
 def _factorize(column: pd.Series) -> tuple[np.ndarray, list]:
@@ -473,27 +474,42 @@ def _coords_codes(rows: pd.DataFrame, coords: Sequence[str]) -> tuple[np.ndarray
     return code, [_json_object(coords, [_number(v) for v in one]) for one in values]
 
 
+def _columns(frame: pd.DataFrame, names: Sequence[str]) -> list[list]:
+    """The columns named, as lists ('' for one the frame lacks)."""
+    return [frame[name].tolist() if name in frame else [""] * len(frame) for name in names]
+
+
+def _json_objects(frame: pd.DataFrame, names: Sequence[str]) -> list[str]:
+    """`_json_object` of each row's `names` columns, each column's distinct values encoded once."""
+    encoded = []
+    for name in names:
+        code, distinct = _factorize(frame[name])
+        encoded.append(_pick([f"{_encode(name)}: {_encode(_number(v))}" for v in distinct], code))
+    return ["{" + ", ".join(parts) + "}" for parts in zip(*encoded, strict=True)] if names else ["{}"] * len(frame)
+
+
 def _json_object(names: Sequence[str], values: Sequence[str]) -> str:
     """`json.dumps(dict(zip(names, values)))` of texts, by its C string encoder alone."""
     return "{" + ", ".join(f"{_encode(n)}: {_encode(v)}" for n, v in zip(names, values, strict=True)) + "}"
 
 
-def _none(value: float) -> float | None:
-    return None if math.isnan(value) else value
+def _pick(distinct: list, codes: np.ndarray) -> list:
+    """The values of `codes` (places in `distinct`) as a list."""
+    return np.array(distinct, dtype=object)[codes].tolist() if len(codes) else []
 
 
 def _rank_times(rows: pd.DataFrame, points: pd.DataFrame, coords: np.ndarray,
-                metric: np.ndarray) -> list[tuple[int, int, int, int, str, float]]:
-    """Multi-node points' times as each rank measured them (point, coordinates and metric codes, rank, the
-    node it ran on, the logarithm of its median over repeats): what `reproflow nodes` sets node against
-    node with. Ranks sit on the nodes in blocks, in the node list's order (Slurm's block distribution,
-    one torchrun a node)."""
+                metric: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list, list, list] | None:
+    """Multi-node points' times as each rank measured them, as columns (point, coordinates and metric codes,
+    rank, the node it ran on, the logarithm of its median over repeats; None when there are none): what
+    `reproflow nodes` sets node against node with. Ranks sit on the nodes in blocks, in the node list's order
+    (Slurm's block distribution, one torchrun a node)."""
     rank_code, ranks = _factorize(rows["rank"])
     digits = np.array([r.isdigit() for r in ranks], dtype=bool)
     unit_code, units = _factorize(rows["unit"])
     timed_unit = np.isin(units, TIME_UNITS)
     if not digits.any() or not timed_unit.any():
-        return []
+        return None
     nodes, worlds = {}, {}
     for pid, nodelist, size in zip(points["@pid"], points.get("nodelist", ""), points.get("world_size", ""),
                                    strict=True):
@@ -502,19 +518,19 @@ def _rank_times(rows: pd.DataFrame, points: pd.DataFrame, coords: np.ndarray,
         if len(hosts) >= 2 and world and not world % len(hosts):
             nodes[pid], worlds[pid] = hosts, world
     if not nodes:
-        return []
+        return None
     pid, value = rows["@pid"].to_numpy(), rows["@value"].to_numpy()
     rank = np.array([int(r) if d else -1 for r, d in zip(ranks, digits.tolist(), strict=True)])[rank_code]
     world = pd.Series(worlds, dtype=np.int64).reindex(pid, fill_value=0).to_numpy()
     keep = timed_unit[unit_code] & (rank >= 0) & np.isfinite(value) & (value > 0) & (rank < world)
     if not keep.any():
-        return []
+        return None
     pid, coords, metric, rank = pid[keep], coords[keep], metric[keep], rank[keep]
     group, firsts = _groups(pid, coords, metric, rank)
     _, median, _ = _medians(group, np.log(value[keep]), len(firsts))
-    return [(p, c, m, r, nodes[p][r // (worlds[p] // len(nodes[p]))], log)
-            for p, c, m, r, log in zip(pid[firsts].tolist(), coords[firsts].tolist(), metric[firsts].tolist(),
-                                       rank[firsts].tolist(), median.tolist(), strict=True)]
+    pid, rank = pid[firsts], rank[firsts]
+    node = [nodes[p][r // (worlds[p] // len(nodes[p]))] for p, r in zip(pid.tolist(), rank.tolist(), strict=True)]
+    return pid, coords[firsts], metric[firsts], rank.tolist(), node, median.tolist()
 
 
 def invalid(rows: pd.DataFrame, headline: str, samples: tuple[str, str] | tuple[()] = (),
