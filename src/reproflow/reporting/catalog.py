@@ -10,7 +10,7 @@ a cold index costs is reading and parsing a CSV per point, and DuckDB's read_csv
 2,192 point files took 331 µs a file with one schema and 2.6 ms with union_by_name (which families'
 differing columns need), where pandas' C reader, given a thousand files' lines at once and only the
 columns that differ from row to row (a point's provenance is read from its first line), parses them
-in about 25 µs a file; what a warm index costs is looking up runs, points and series, which
+in 25-40 µs a file; what a warm index costs is looking up runs, points and series, which
 SQLite's indexes answer in milliseconds at a million points. Hence no second engine and no columnar
 copy beside the files: a results folder none of whose folders changed is skipped on its folders'
 times, runs are listed from a summary per run and folder, and new files are parsed many at a time
