@@ -258,10 +258,10 @@ def _write(con: sqlite3.Connection, batch: Sequence[tuple[Path, _Changes]], part
             con.executemany(f"INSERT INTO points VALUES ({', '.join('?' * _POINT_FIELDS)})",
                             ((first + i, *row) for i, row in enumerate(part["points"])))
             con.executemany("INSERT INTO manifests VALUES (?, ?, ?, ?)", part["manifests"])
-            for table, block in [*(("samples", b) for b in part["samples"]), *(("ranks", b) for b in part["ranks"])]:
-                places, *columns = block
-                con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (1 + len(columns)))})",
-                                zip((np.asarray(places) + first).tolist(), *columns, strict=True))
+            for table in ("samples", "ranks"):
+                for places, *columns in part[table]:
+                        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (1 + len(columns)))})",
+                                    zip((np.asarray(places) + first).tolist(), *columns, strict=True))
         for folder, changes in batch:
             con.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
                             ((p, str(folder), *changes.on_disk[p]) for p in changes.fresh))

@@ -14,6 +14,7 @@ memory limit, then runs the plan it found and the baselines for real.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -302,23 +303,26 @@ def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]
 LINK_REPEATS = 5
 
 
-def all_gathers(mesh: DeviceMesh, repeats: int, sizes: tuple[int, ...] = (2**14, 2**16, 2**18, 2**20, 2**22)
-                ) -> list[tuple[float, float]]:
-    """(bytes, seconds) of all-gathers of a float tensor of each size (the whole, gathered), the fastest of
-    `repeats` (at least LINK_REPEATS) after one untimed, as the runtime moves activations (DTensor from a
-    split to replicated)."""
+def all_gathers(ctx: RunContext, mesh: DeviceMesh, repeats: int,
+                sizes: tuple[int, ...] = (2**14, 2**16, 2**18, 2**20, 2**22)) -> list[tuple[float, float]]:
+    """(bytes, seconds) of all-gathers of a float tensor of each size (the whole, gathered), as the runtime
+    moves activations (DTensor from a split to replicated): the fastest of `repeats` (at least
+    LINK_REPEATS) after one untimed, each the slowest rank's, so that every rank has the same."""
     out = []
     for nbytes in sizes:
         local = DTensor.from_local(torch.zeros(nbytes // 4 // mesh.size(), device=mesh.device_type), mesh, [Shard(0)],
                                    run_check=False)
-        times = []
-        for _ in range(max(repeats, LINK_REPEATS) + 1):
-            torch.distributed.barrier()
-            t0 = time.perf_counter()
-            local.redistribute(mesh, [Replicate()]).to_local().sum().item()
-            times.append(time.perf_counter() - t0)
-        out.append((float(nbytes), min(times[1:])))
+        times = slowest_steps(ctx, functools.partial(_gather_s, local, mesh), 1, max(repeats, LINK_REPEATS))
+        out.append((float(nbytes), min(times)))
     return out
+
+
+def _gather_s(local: DTensor, mesh: DeviceMesh) -> float:
+    """Seconds of one all-gather of `local` to replicated, from a barrier, on this rank."""
+    torch.distributed.barrier()
+    t0 = time.perf_counter()
+    local.redistribute(mesh, [Replicate()]).to_local().sum().item()
+    return time.perf_counter() - t0
 
 
 @dataclass
@@ -481,8 +485,7 @@ def search(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                     if b == "alpa" else "it does not depend on the mesh") + "); the 1-D mesh's search runs it")
             continue
         if b == "alpa":
-            # Rank 0's timings, fitted on every rank: the ranks price the plans alike (and fail alike).
-            link = alpa.fit_link(ctx.gather_objects(all_gathers(mesh, params["repeats"]))[0], s.n)
+            link = alpa.fit_link(all_gathers(ctx, mesh, params["repeats"]), s.n)  # the same on every rank
             sol = alpa.solve(a, link)
             # The ranks must run one assignment: rank 0's (a tie may be broken differently elsewhere).
             cons = a.contractions()
