@@ -12,13 +12,17 @@ memory (the largest resident set of the command's processes, its readers include
 3. one more night written, then `reproflow runs` (only its files read);
 4. `reproflow compare` of the first night and the last, by run id;
 5. the same two nights given as results folders;
-6. `reproflow history` of one point's busBW over the year, on every cluster.
+6. `reproflow history` of one point's busBW over the year, on every cluster;
+7. and 8. the same `compare` and `history` with a catalog of their own holding only what they read (the
+   two nights' folders; that one point's files, a folder a night): the commands' cost at any catalog
+   size (the interpreter, the libraries' imports, the figures), beside which 4 and 6 show what the
+   catalog's size adds.
 
 With `--baseline REV[,REV...]`, each step runs with those commits' reproflow too (each `src` with a
 catalog of its own), just before this checkout's, on the same folders: before and after in one run.
 
 -> <out>/catalog.csv (version, step, points in the catalog, points compared, seconds, µs a point
-for the cold index, peak MiB).
+for the cold index, peak MiB, CPU seconds and minor page faults of the command and its readers).
 """
 
 from __future__ import annotations
@@ -82,8 +86,9 @@ def write_night(root: Path, points: int, cluster: int, night: int) -> tuple[str,
     return run_id, results
 
 
-def timed(args: list[str], env: dict[str, str], log: Path) -> tuple[float, float, str]:
-    """Seconds and peak MiB of one reproflow command in a process of its own, and its last line."""
+def timed(args: list[str], env: dict[str, str], log: Path) -> tuple[float, os.struct_rusage, str]:
+    """Seconds and resource usage of one reproflow command in a process of its own (wait4's: its own and
+    its reader processes' CPU time and faults, the largest resident set among them), and its last line."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "reproflow.app.cli", *args], env=env, stdout=out,
@@ -93,7 +98,19 @@ def timed(args: list[str], env: dict[str, str], log: Path) -> tuple[float, float
     text = log.read_text()
     if os.waitstatus_to_exitcode(status) not in (0, 1):
         raise SystemExit(f"bench: reproflow {' '.join(args)} failed:\n{text[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024, (text.strip().splitlines() or [""])[-1]
+    return seconds, usage, (text.strip().splitlines() or [""])[-1]
+
+
+def own_catalog(env: dict[str, str], name: str, folders: list[Path]) -> dict[str, str]:
+    """`env` with a catalog of its own listing only `folders`, its index built (not timed)."""
+    home = Path(env["REPROFLOW_CATALOG"] + f"-{name}")
+    shutil.rmtree(home, ignore_errors=True)
+    for folder in folders:
+        append_line(home / "folders.txt", str(folder.resolve()))
+    env = dict(env, REPROFLOW_CATALOG=str(home))
+    subprocess.run([sys.executable, "-m", "reproflow.app.cli", "runs", "--limit", "1"], env=env, check=True,
+                   capture_output=True)
+    return env
 
 
 def main() -> int:
@@ -128,15 +145,19 @@ def main() -> int:
     total = len(jobs) * args.points
     print(f"bench: {total} points in {len(jobs)} folders written in {generated:.0f} s under {work}")
     rows = [{"version": "", "step": "generate the folders (not reproflow)", "catalog_points": total,
-             "compared_points": 0, "seconds": generated, "us_per_point": np.nan, "peak_mib": np.nan}]
+             "compared_points": 0, "seconds": generated}]
 
-    def step(name: str, command: list[str], compared: int = 0) -> None:
-        for version, env in versions.items():
-            seconds, peak, last = timed(command, env, work / "command.log")
+    def step(name: str, command: list[str], compared: int = 0, catalogs: dict[str, dict[str, str]] | None = None,
+             points: int = 0) -> None:
+        for version, env in (catalogs or versions).items():
+            seconds, usage, last = timed(command, env, work / "command.log")
+            cpu = usage.ru_utime + usage.ru_stime
             per_point = seconds / total * 1e6 if name.startswith("runs, index built") else np.nan
-            rows.append({"version": version, "step": name, "catalog_points": total, "compared_points": compared,
-                         "seconds": seconds, "us_per_point": per_point, "peak_mib": peak})
-            print(f"bench: {version}: {name}: {seconds:.2f} s, {peak:.0f} MiB peak; {last}")
+            rows.append({"version": version, "step": name, "catalog_points": points or total,
+                         "compared_points": compared, "seconds": seconds, "us_per_point": per_point,
+                         "peak_mib": usage.ru_maxrss / 1024, "cpu_s": cpu, "minor_faults": usage.ru_minflt})
+            print(f"bench: {version}: {name}: {seconds:.2f} s, {cpu:.2f} s CPU, {usage.ru_maxrss / 1024:.0f} MiB "
+                  f"peak; {last}")
 
     step("runs, index built from nothing", ["runs", "--limit", "5"])
     step("runs, nothing new", ["runs", "--limit", "5"])
@@ -150,9 +171,18 @@ def main() -> int:
     step("compare two nights by run id", ["compare", first[0], last[0], "--out", str(out)], 2 * args.points)
     step("compare two nights as folders", ["compare", str(first[1]), str(last[1]), "--out", str(out)],
          2 * args.points)
-    step("history of one point over the year", ["history", "--suite", "nightly", "--point", HISTORY_POINT,
-                                                 "--metric", "busbw", "--out", str(work / "history")],
-         2 * (len(jobs) + 1))
+    history = ["history", "--suite", "nightly", "--point", HISTORY_POINT, "--metric", "busbw", "--out",
+               str(work / "history")]
+    step("history of one point over the year", history, 2 * (len(jobs) + 1))
+    # The same two commands on catalogs of only what they read: the first night and the last; the one
+    # point's file of each night (the point a night's first, so the same values, run ids and manifests).
+    two = {v: own_catalog(env, "two", [first[1], last[1]]) for v, env in versions.items()}
+    step("compare two nights by run id, a catalog of those two only", ["compare", first[0], last[0], "--out", str(out)],
+         2 * args.points, two, 2 * args.points)
+    alone = [write_night(work / "one", 1, c, n)[1] for c, n in [*jobs, (0, args.nights)]]
+    one = {v: own_catalog(env, "one", alone) for v, env in versions.items()}
+    step("history of one point over the year, a catalog of that point only", history, 2 * len(alone), one,
+         len(alone))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     table = pd.DataFrame(rows).assign(commit=commit, host_cpus=len(os.sched_getaffinity(0)),
