@@ -21,7 +21,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,7 +239,7 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
                  Measurement("segment_profile_time", seconds, "s", {"segment": k})]
     path = prof / "boundary.json"
     if not path.exists() or params["force"]:
-        table = boundary_costs(mesh, s, params["repeats"])
+        table = boundary_costs(ctx, mesh, s, params["repeats"])
         if ctx.rank == 0:
             atomic_write(path, json.dumps(table, indent=1) + "\n")
     total = time.perf_counter() - t_all
@@ -272,9 +272,10 @@ def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, ent
                     f"s; trace {e['lower_s']:.2f} s)")
 
 
-def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]:
+def boundary_costs(ctx: RunContext, mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]:
     """Measured seconds to redistribute the activation between segments, per (from, to) partition (on a
-    2-D mesh, every combination of the axes' partitions to each input partition)."""
+    2-D mesh, every combination of the axes' partitions to each input partition): the median of `repeats`
+    after one untimed, each the slowest rank's."""
     c = s.config
     full = torch.randn(s.batch_size, c.seq_len, c.hidden_size)
     parts = (R, P, 0, 1, 2)
@@ -287,14 +288,8 @@ def boundary_costs(mesh: DeviceMesh, s: Setup, repeats: int) -> dict[str, float]
         local = local.to_local() / math.prod(mesh.size(k) for k in partial)
         want = [Partial() if q == P else execute.placement(q, mesh.size(k))[0] for k, q in enumerate(axes)]
         for dst in s.states:
-            times = []
-            for _ in range(repeats + 1):
-                t = DTensor.from_local(local, mesh, want, run_check=False)
-                torch.distributed.barrier()
-                t0 = time.perf_counter()
-                t.redistribute(mesh, execute.placements(dst, mesh)).to_local().sum().item()
-                times.append(time.perf_counter() - t0)
-            out[f"{src},{dst}"] = statistics.median(times[1:])
+            step = functools.partial(_redistribute_s, local, mesh, want, execute.placements(dst, mesh))
+            out[f"{src},{dst}"] = statistics.median(slowest_steps(ctx, step, 1, repeats))
     return out
 
 
@@ -310,18 +305,20 @@ def all_gathers(ctx: RunContext, mesh: DeviceMesh, repeats: int,
     LINK_REPEATS) after one untimed, each the slowest rank's, so that every rank has the same."""
     out = []
     for nbytes in sizes:
-        local = DTensor.from_local(torch.zeros(nbytes // 4 // mesh.size(), device=mesh.device_type), mesh, [Shard(0)],
-                                   run_check=False)
-        times = slowest_steps(ctx, functools.partial(_gather_s, local, mesh), 1, max(repeats, LINK_REPEATS))
+        local = torch.zeros(nbytes // 4 // mesh.size(), device=mesh.device_type)
+        times = slowest_steps(ctx, functools.partial(_redistribute_s, local, mesh, [Shard(0)], [Replicate()]), 1,
+                              max(repeats, LINK_REPEATS))
         out.append((float(nbytes), min(times)))
     return out
 
 
-def _gather_s(local: DTensor, mesh: DeviceMesh) -> float:
-    """Seconds of one all-gather of `local` to replicated, from a barrier, on this rank."""
+def _redistribute_s(local: torch.Tensor, mesh: DeviceMesh, source: Sequence[Any], target: Sequence[Any]) -> float:
+    """Seconds of one redistribution of this rank's `local` shard, placed as `source`, to `target` (its
+    result used), from a barrier, on this rank."""
+    t = DTensor.from_local(local, mesh, source, run_check=False)
     torch.distributed.barrier()
     t0 = time.perf_counter()
-    local.redistribute(mesh, [Replicate()]).to_local().sum().item()
+    t.redistribute(mesh, target).to_local().sum().item()
     return time.perf_counter() - t0
 
 
