@@ -101,15 +101,18 @@ def timed(args: list[str], env: dict[str, str], log: Path) -> tuple[float, os.st
     return seconds, usage, (text.strip().splitlines() or [""])[-1]
 
 
-def own_catalog(env: dict[str, str], name: str, folders: list[Path]) -> dict[str, str]:
-    """`env` with a catalog of its own listing only `folders`, its index built (not timed)."""
-    home = Path(env["REPROFLOW_CATALOG"] + f"-{name}")
-    shutil.rmtree(home, ignore_errors=True)
+def list_folders(env: dict[str, str], folders: list[Path]) -> None:
+    """Results folders added to the catalog of `env`, as `reproflow run` adds them."""
     for folder in folders:
-        append_line(home / "folders.txt", str(folder.resolve()))
-    env = dict(env, REPROFLOW_CATALOG=str(home))
-    subprocess.run([sys.executable, "-m", "reproflow.app.cli", "runs", "--limit", "1"], env=env, check=True,
-                   capture_output=True)
+        append_line(Path(env["REPROFLOW_CATALOG"]) / "folders.txt", str(folder.resolve()))
+
+
+def own_catalog(env: dict[str, str], name: str, folders: list[Path], log: Path) -> dict[str, str]:
+    """`env` with a catalog of its own listing only `folders`, its index built (not timed)."""
+    env = dict(env, REPROFLOW_CATALOG=env["REPROFLOW_CATALOG"] + f"-{name}")
+    shutil.rmtree(env["REPROFLOW_CATALOG"], ignore_errors=True)
+    list_folders(env, folders)
+    timed(["runs", "--limit", "1"], env, log)
     return env
 
 
@@ -139,8 +142,7 @@ def main() -> int:
     with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
         nights = pool.starmap(write, jobs, chunksize=4)
     for env in versions.values():
-        for _, results in nights:
-            append_line(Path(env["REPROFLOW_CATALOG"]) / "folders.txt", str(results.resolve()))
+        list_folders(env, [results for _, results in nights])
     generated = time.perf_counter() - start
     total = len(jobs) * args.points
     print(f"bench: {total} points in {len(jobs)} folders written in {generated:.0f} s under {work}")
@@ -163,7 +165,7 @@ def main() -> int:
     step("runs, nothing new", ["runs", "--limit", "5"])
     extra = write_night(work, args.points, 0, args.nights)
     for env in versions.values():
-        append_line(Path(env["REPROFLOW_CATALOG"]) / "folders.txt", str(extra[1].resolve()))
+        list_folders(env, [extra[1]])
     total += args.points
     step("runs, one night added", ["runs", "--limit", "5"])
     first, last = nights[0], extra
@@ -176,11 +178,11 @@ def main() -> int:
     step("history of one point over the year", history, 2 * (len(jobs) + 1))
     # The same two commands on catalogs of only what they read: the first night and the last; the one
     # point's file of each night (the point a night's first, so the same values, run ids and manifests).
-    two = {v: own_catalog(env, "two", [first[1], last[1]]) for v, env in versions.items()}
+    two = {v: own_catalog(env, "two", [first[1], last[1]], work / "command.log") for v, env in versions.items()}
     step("compare two nights by run id, a catalog of those two only", ["compare", first[0], last[0], "--out", str(out)],
          2 * args.points, two, 2 * args.points)
     alone = [write_night(work / "one", 1, c, n)[1] for c, n in [*jobs, (0, args.nights)]]
-    one = {v: own_catalog(env, "one", alone) for v, env in versions.items()}
+    one = {v: own_catalog(env, "one", alone, work / "command.log") for v, env in versions.items()}
     step("history of one point over the year, a catalog of that point only", history, 2 * len(alone), one,
          len(alone))
     Path(args.out).mkdir(parents=True, exist_ok=True)
