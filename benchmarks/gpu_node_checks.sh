@@ -22,18 +22,8 @@ mkdir -p "$out"
 work=$(mktemp -d)
 py=python3
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-say() { echo "[$(date +%T)] $*"; }
-
-# The machine, once, for every row.
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
-        ".".join(map(str, torch.cuda.nccl.version())), "capability", torch.cuda.get_device_capability())'
-  nvcc --version | tail -2
-  echo "cpus $(nproc) memory $(free -g | awk '/Mem:/ {print $2}') GiB"
-  for tool in tc ip; do echo "$tool: $(command -v $tool || echo absent)"; done
-} > "$out/machine.txt" 2>&1
-cat "$out/machine.txt"
+source benchmarks/gpu_machine.sh
+machine "$out"
 arch=$($py -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
 sm=${arch/./}
 nccl=$($py -c 'import nvidia.nccl as n; print(list(n.__path__)[0])')

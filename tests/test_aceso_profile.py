@@ -187,3 +187,20 @@ def test_the_small_setting_measures_its_one_link_once(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("==== ") == 4 and proc.stdout.count("--experiment p2p-inter-node") == 1, proc.stdout
     assert proc.stdout.index("--experiment p2p-inter-node") < proc.stdout.index("==== t5 tiny")
+
+
+def test_a_global_batch_of_ones_own_is_checked_against_every_micro_batch(tmp_path: Path) -> None:
+    """--global-batch-size: each model's micro-batches must divide it (the error names the multiple to
+    give); the searches on a profiled database keep the artifact's batch."""
+    folders = ["--results", str(tmp_path / "r"), "--log-path", str(tmp_path / "l")]
+    proc = reproflow("aceso", "reproduce", "small", "--models", "resnet", "--global-batch-size", "24", "--dry-run",
+                     *folders)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--global-batch-size 24: resnet's micro-batches 4, 8, 16 must each divide it; give a multiple of 16" \
+        in proc.stderr, proc.stderr
+    proc = reproflow("aceso", "reproduce", "large", "--profiled-time-path", str(tmp_path), "--global-batch-size",
+                     "64", *folders)
+    assert proc.returncode == 2 and "keep the artifact's batch" in proc.stderr, proc.stderr
+    proc = reproflow("aceso", "reproduce", "small", "--models", "resnet", "--global-batch-size", "32", "--dry-run",
+                     *folders)
+    assert proc.returncode == 0, proc.stderr

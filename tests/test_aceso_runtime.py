@@ -163,7 +163,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     in ABBA rounds -> the reference's tables."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
-    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2"]
+    # half the tiny setting's batch (--global-batch-size): every config the search and the grid write has it
+    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
+             "--global-batch-size", "16"]
     run = reproflow("aceso", "reproduce", "small", "--models", "t5", "--log-path", str(logs), "--results",
                     str(results), *short, *extra, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -188,6 +190,7 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     manifest = json.loads(next(search.glob("search-*.json")).read_text())
     grid = {g["name"] for g in manifest["megatron_grid"]}
     assert len(grid) >= 5 and all((search / "csv" / f"info_{Path(n).stem}.csv").is_file() for n in grid)
+    assert {json.loads((search / n).read_text())["global_batch_size"] for n in grid} == {16}
     chosen = json.loads((search / "baseline.json").read_text())
     measured = [p for p in chosen["plans"] if p["plan"] == "megatron"]
     assert {p["name"] for p in measured} == grid

@@ -11,6 +11,7 @@ training. large and scale: the search and the plan on a profiled database (the a
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -71,6 +72,7 @@ class ReproduceRequest:
     train_seconds: float | None = None
     train_rounds: int | None = None
     screen_iters: int | None = None
+    global_batch_size: int | None = None
     until: str = "train"
     log_path: Path | None = None
     published: Path | None = None
@@ -79,8 +81,10 @@ class ReproduceRequest:
 
 
 def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node: int, req: ReproduceRequest,
-                    cost_model: str, force: bool = False, from_results: Path | None = None) -> SearchRequest:
-    """The search of one row of the artifact's settings (with the reproduce request's overrides)."""
+                    cost_model: str, force: bool = False, from_results: Path | None = None,
+                    grid: bool = False) -> SearchRequest:
+    """The search of one row of the artifact's settings (with the reproduce request's overrides); `grid`:
+    write every Megatron-LM plan worth training, uneven first and last stages too, for the screen."""
     o = s.search
     return SearchRequest(
         model_name=s.model, model_size=s.size, num_layers=s.num_layers, global_batch_size=s.global_bs,
@@ -93,7 +97,7 @@ def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node
         megatron_memory_limit=req.memory_limit if req.memory_limit is not None else s.megatron_memory_limit,
         megatron_micro_batch_size=s.megatron_mbs, op_group_size=o.op_group_size,
         peak_mem_in_backward=o.peak_mem_in_backward, finetune_after_trial=o.finetune_after_trial,
-        sort_metric=o.sort_metric, megatron_grid=s.measured_baseline, memory_pressure=s.case == "memory")
+        sort_metric=o.sort_metric, megatron_grid=grid, memory_pressure=s.case == "memory")
 
 
 def reproduce(req: ReproduceRequest, where: Placement) -> None:
@@ -117,6 +121,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                              "would mix with the result rows. Put them beside it, e.g. --log-path aceso-logs.")
     tiny = req.sizes == "tiny"
     targets = [t for t in SETTINGS["tiny" if tiny else "small"] if t.selector in req.models]
+    if req.global_batch_size is not None:
+        targets = [replace(t, global_bs=_global_batch(t, req.global_batch_size)) for t in targets]
     # tiny: the two configs in four rounds, ABBA, so the ratio's interval spans the machine's drift
     # between trainings (docs/aceso.md); each training 6 iterations, the first untimed (baseline.SCREEN
     # says why one is enough on CPUs; the reference sizes, on GPUs, leave 2 out)
@@ -161,8 +167,10 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
             print(f"then: reproflow aceso search ... --config-save-path {folder}; reproflow aceso train --config "
                   f"{folder} --plan aceso megatron")
             continue
+        # Trained here, every size's baseline is the fastest plan of the grid as measured (the artifact's
+        # scripts take the uniform plan its model predicts fastest: the search-only path below keeps that).
         search_req = _search_request(t, root / "profiled-time", folder, nodes, gpn, req, req.cost_model,
-                                     from_results=where.results if where.submit else None)
+                                     from_results=where.results if where.submit else None, grid=True)
         searched = search(search_req, replace(here, after=tuple(profiled)))
         if req.until == "search":
             continue
@@ -170,9 +178,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         label = f"{t.model}-{t.label}"
         params = {"seq_len": t.seq_len, "dropout": 0.1, "log_path": str(root.resolve()), "case": t.case}
         launch = {"nodes": nodes, "gpus_per_node": gpn, "network": network}
-        if t.measured_baseline:
-            screen = {**SCREEN, **({"train_iters": req.screen_iters} if req.screen_iters else {})}
-            after = _measure_baseline(search_req, label, {**params, **screen}, launch, replace(here, after=after))
+        screen = {**SCREEN, **({"train_iters": req.screen_iters} if req.screen_iters else {})}
+        after = _measure_baseline(search_req, label, {**params, **screen}, launch, replace(here, after=after))
         # Aceso's config and the Megatron-LM plan in turns, in one job (the plan once more on
         # megatron-core's layers first, where installed); run here, each by its JSON, so that the points
         # of another search's configs are never taken for these.
@@ -189,6 +196,16 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         return
     for name in ("search-cost",) if req.until == "search" else ("e2e", "search-cost", "perf-model-acc"):
         results(name, "small", root, req.out or root / "results", req.published)
+
+
+def _global_batch(s: Setting, batch: int) -> int:
+    """`--global-batch-size` for one model, checked: every micro-batch its search and grid try divides it."""
+    sizes = sorted(set(s.search.mbs) | set(s.megatron_mbs))
+    step = math.lcm(*sizes)
+    if batch % step:
+        raise ReproflowError(f"--global-batch-size {batch}: {s.model}'s micro-batches {', '.join(map(str, sizes))} "
+                             f"must each divide it; give a multiple of {step} (e.g. {max(1, batch // step) * step}).")
+    return batch
 
 
 def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object], launch: dict[str, object],
@@ -296,6 +313,10 @@ def predict_after_training(results: Path, prof_path: Path, search_req: SearchReq
 def _reproduce_search(req: ReproduceRequest, where: Placement) -> None:
     """large | scale: Aceso's search and the Megatron-LM plan for every model and size, then the tables."""
     assert req.log_path is not None and req.cost_model is not None
+    if req.global_batch_size is not None:
+        raise ReproflowError(f"--global-batch-size {req.global_batch_size}: the searches on a profiled database keep "
+                             "the artifact's batch, to compare with its published results; leave it out (it is for "
+                             "the small setting profiled and trained here).")
     rows = [s for s in SETTINGS[req.setting] if s.model in req.models or req.setting == "scale"]
     if req.setting == "small" and req.sizes == "tiny":
         raise ReproflowError("--profiled-time-path with the small setting searches the artifact's own models: add "

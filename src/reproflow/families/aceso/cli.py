@@ -97,9 +97,9 @@ def cmd_database(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """One of the artifact's settings, one command, with the artifact's own settings for every model.
 
-    small: for each model, profile its ops, search configs; for the tiny sizes, train every Megatron-LM
-    plan once (one job, shuffled) and take the fastest measured that fits memory as the baseline (GPT
-    once more under a memory limit where recomputation pays: gpt-memory); then train Aceso's config and
+    small: for each model, profile its ops, search configs, train every Megatron-LM plan once (one job,
+    shuffled) and take the fastest measured that fits memory as the baseline (tiny sizes: GPT once more
+    under a memory limit where recomputation pays, gpt-memory); then train Aceso's config and
     the baseline in ABBA rounds in one job with the same runtime (the plan also on megatron-core's
     tensor-parallel layers where megatron-core is installed), and print the end-to-end, search-cost
     and performance-model tables. With --submit the steps of each model are Slurm jobs chained with
@@ -272,8 +272,12 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    "the speed-up's interval is over the rounds, so it spans the machine's drift between them "
                    "(default: 4 for tiny models, 1 for the reference sizes)")
     p.add_argument("--screen-iters", type=whole(1), default=None,
-                   help="tiny sizes: iterations of each Megatron-LM plan in the screen that finds the fastest, the "
-                   "first untimed (default: 4)")
+                   help="iterations of each Megatron-LM plan in the screen that finds the fastest, the first untimed "
+                   "(default: 4)")
+    p.add_argument("--global-batch-size", type=whole(1), default=None,
+                   help="small, profiled and trained here: every model's global batch (default: the artifact's 512, "
+                   "768 for Wide-ResNet; tiny sizes 32, 64), e.g. to fit a GPU's time: at one stage an iteration's "
+                   "time is its micro-batches' and every plan's shrinks alike")
     p.add_argument("--until", choices=("search", "train"), default="train",
                    help="small: search: profile and search only (figure 8); train: also train (figures 7, 9)")
     p.add_argument("--log-path", type=Path, default=None,

@@ -52,9 +52,6 @@ class Setting:
     seq_len: int = 0  # 0: the size's own (tiny sets its sequence or image side)
     single_gpu: tuple[int, bool] | None = None
     network: str = ""  # run here: each emulated host's link (nodes > 1)
-    # Trained here: the Megatron-LM grid has Megatron-LM's first and last stages of their own depth too,
-    # and its fastest measured plan is the baseline (the artifact's scripts: the uniform predicted best).
-    measured_baseline: bool = False
     # "memory": the memory limit of both systems is plans.pressure_limit's, where recomputation is needed.
     case: str = ""
 
@@ -119,7 +116,7 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
     # recomputation (plans.pressure_limit), so that both systems' recomputation is exercised.
     "tiny": tuple(
         Setting(model, "tiny", 2, 1, gbs, SearchOptions(SMALL_MEMORY, mbs, budget_s=5), SMALL_MEMORY, mbs,
-                seq_len=seq, network=TINY_LINK, measured_baseline=True, case=case)
+                seq_len=seq, network=TINY_LINK, case=case)
         for model, gbs, mbs, seq, case in (("gpt", 32, GPT_MBS, 64, ""), ("t5", 32, GPT_MBS, 0, ""),
                                            ("resnet", 64, (4, 8, 16), 64, ""), ("gpt", 32, GPT_MBS, 64, "memory"))),
 }

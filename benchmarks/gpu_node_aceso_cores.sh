@@ -1,0 +1,75 @@
+#!/bin/bash
+# One GPU node's runs that gpu_node_checks.sh leaves for later:
+#   aceso: Aceso at the reference sizes on the GPU, T5-770M first (the model whose configs the search
+#      ranked wrongly on one GPU), then GPT-1.3B: each profiled, searched, its Megatron-LM grid screened
+#      (the fastest plan as measured is the baseline), then Aceso's config and that plan in 2 ABBA rounds.
+#      At a global batch of 64, the artifact's 512 / 8, so that T5 fits one lending: on one GPU a
+#      config is one stage, whose iteration is its micro-batches one after another plus one optimizer
+#      step, so every plan's time shrinks alike and their order stays.
+#   cores: the claims that need a CPU core per rank, on the node's CPUs with its GPU hidden: spatial's
+#      timed points (5 ranks; make demo's step) and Aceso's and CFP's local settings at 4 ranks
+#      (workflows/reproduce/four-ranks.toml), CFP first.
+# Usage: benchmarks/gpu_node_aceso_cores.sh OUT [PARTS [WORK]]
+#   PARTS: aceso, cores, or "aceso cores" (the default, in that order)
+#   WORK:  results, logs and reports, kept between calls (default gpu-work): a part that ran out of
+#          time resumes there, every point measured before kept.
+# Each part has its own time limit; after each, its rows (a tarball), claims and tables are copied
+# to OUT. Run from the repository root; python3 is the node's torch.
+set -u
+out=$(realpath -m "${1:?usage: gpu_node_aceso_cores.sh OUT [PARTS [WORK]]}")
+parts=${2:-aceso cores}
+work=$(realpath -m "${3:-gpu-work}")
+mkdir -p "$out" "$work"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/gpu_machine.sh
+machine "$out"
+rf() { python3 -m reproflow.app.cli "$@"; }
+
+# keep PART: its rows as a tarball, its claims, tables and Aceso's CSVs in OUT/PART.
+keep() {
+  local part=$1
+  mkdir -p "$out/$part"
+  tar -czf "$out/$part/results.tar.gz" -C "$work/$part" results 2>/dev/null
+  find "$work/$part/reports" -maxdepth 2 \( -name '*.md' -o -name '*.csv' \) -exec cp -t "$out/$part/" {} + \
+    2>/dev/null
+  find "$work/$part/logs" -path '*aceso*' -name 'baseline.json' -exec cp --parents -t "$out/$part/" {} + \
+    2>/dev/null
+}
+
+# timed PART LIMIT COMMAND...: its output to OUT/PART.log (appended: a rerun resumes), its seconds and
+# exit status to OUT/runs.csv.
+timed() {
+  local part=$1 limit=$2; shift 2
+  say "$part: $* (at most ${limit} s)"
+  local start; start=$(date +%s%N)
+  timeout "$limit" "$@" >> "$out/$part.log" 2>&1
+  local rc=$? seconds; seconds=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  local status=ok; [ $rc = 0 ] || status="exit $rc$([ $rc = 124 ] && echo ' (time limit)')"
+  [ -f "$out/runs.csv" ] || echo "part,command,seconds,status" > "$out/runs.csv"
+  echo "$part,\"$*\",$seconds,$status" >> "$out/runs.csv"
+  say "$part: $status in $seconds s"
+}
+
+for part in $parts; do
+  w=$work/$part
+  case $part in
+    aceso)
+      for m in t5 gpt; do
+        timed aceso 540 rf aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
+          --memory-limit 120000 --time-budget-total 20 --global-batch-size 64 --screen-iters 3 \
+          --train-iters 4 --train-rounds 2 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
+          --out "$w/reports"
+      done
+      timed aceso 120 rf report --results "$w/results" --out "$w/reports" ;;
+    cores)
+      # The GPU hidden: every rank runs on the CPUs under gloo.
+      export CUDA_VISIBLE_DEVICES=
+      folders=(--results "$w/results" --logs "$w/logs" --reports "$w/reports")
+      timed cores 300 rf reproduce --only spatial-throughput "${folders[@]}"
+      timed cores 540 rf reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
+      unset CUDA_VISIBLE_DEVICES ;;
+    *) echo "part $part: give aceso or cores" >&2; exit 2 ;;
+  esac
+  keep "$part"
+done
+say "done"
