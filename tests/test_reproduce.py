@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, chromium_tab, reproflow
 
 from reproflow.app.reproduce.estimate import Estimate
-from reproflow.app.reproduce.plan import PLAN, Plan, Step, Target, load_plan
+from reproflow.app.reproduce.plan import PLAN, Folders, Plan, Step, Target, load_plan
 from reproflow.app.reproduce.progress import Progress
 from reproflow.app.reproduce.resample import plan_resamples
 from reproflow.reporting.claims import (
@@ -249,6 +249,21 @@ def test_estimate_and_dry_run_submit_nothing(tmp_path: Path) -> None:
     assert "reproflow aceso reproduce small --no-megatron-core --log-path logs/aceso" in proc.stdout
     assert f"--submit --image /a.sqsh --mounts {folders}" in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+def test_the_four_rank_plan_needs_a_core_a_rank_and_its_commands_parse(tmp_path: Path) -> None:
+    """workflows/reproduce/four-ranks.toml (a GPU node's CPUs run it, benchmarks/gpu_node_aceso_cores.sh):
+    its steps take 4 cores, name targets of the claims' families, and each command is one the families'
+    command lines take, on 4 ranks (--dry-run: the suites written, nothing run)."""
+    plan = load_plan(ROOT / "workflows" / "reproduce" / "four-ranks.toml")
+    assert {t.family for t in plan.targets.values()} == {"aceso", "cfp"}
+    assert all(s.min_cpus == 4 for s in plan.steps.values())
+    folders = Folders(tmp_path / "r", tmp_path / "p", tmp_path / "l")
+    for step in plan.steps.values():
+        proc = reproflow(*folders.argv(step.command, step.reference), "--dry-run")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (step.name, proc.stderr[-2000:])
+        assert "# " in proc.stdout and "4 local rank(s)" in proc.stdout, (step.name, proc.stdout[-2000:])
+    assert not list((tmp_path / "r").rglob("*.csv"))
 
 
 def tiny_plan(tmp_path: Path) -> Path:
