@@ -32,8 +32,8 @@ keep() {
   tar -czf "$out/$part/results.tar.gz" -C "$work/$part" results 2>/dev/null
   find "$work/$part/reports" -maxdepth 2 \( -name '*.md' -o -name '*.csv' \) -exec cp -t "$out/$part/" {} + \
     2>/dev/null
-  find "$work/$part/logs" -path '*aceso*' -name 'baseline.json' -exec cp --parents -t "$out/$part/" {} + \
-    2>/dev/null
+  # each search folder's baseline.json (every plan's prediction and measurement), under its own path
+  (cd "$work/$part/logs" 2>/dev/null && find . -name baseline.json -exec cp --parents -t "$out/$part/" {} +)
 }
 
 # timed PART LIMIT COMMAND...: its output to OUT/PART.log (appended: a rerun resumes), its seconds and
