@@ -5,7 +5,7 @@ say() { echo "[$(date +%T)] $*"; }
 machine() {
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+    "${py:-python3}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
           ".".join(map(str, torch.cuda.nccl.version())), "capability", torch.cuda.get_device_capability())'
     nvcc --version | tail -2
     echo "cpus $(nproc) memory $(free -g | awk '/Mem:/ {print $2}') GiB user $(id -un)"

@@ -14,16 +14,17 @@
 #   WORK:  results, logs and reports, kept between calls (default gpu-work): a part that ran out of
 #          time resumes there, every point measured before kept.
 # Each part has its own time limit; after each, its rows (a tarball), claims and tables are copied
-# to OUT. Run from the repository root; python3 is the node's torch.
+# to OUT. Run from the repository root; python3 is the node's torch (PYTHON: another interpreter).
 set -u
 out=$(realpath -m "${1:?usage: gpu_node_aceso_cores.sh OUT [PARTS [WORK]]}")
 parts=${2:-aceso cores}
 work=$(realpath -m "${3:-gpu-work}")
 mkdir -p "$out" "$work"
+py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 source benchmarks/gpu_machine.sh
 machine "$out"
-rf() { python3 -m reproflow.app.cli "$@"; }
+rf=("$py" -m reproflow.app.cli)  # an array, not a function: timeout runs it
 
 # keep PART: its rows as a tarball, its claims, tables and Aceso's CSVs in OUT/PART.
 keep() {
@@ -55,18 +56,18 @@ for part in $parts; do
   case $part in
     aceso)
       for m in t5 gpt; do
-        timed aceso 540 rf aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
+        timed aceso 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
           --memory-limit 120000 --time-budget-total 20 --global-batch-size 64 --screen-iters 3 \
           --train-iters 4 --train-rounds 2 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
           --out "$w/reports"
       done
-      timed aceso 120 rf report --results "$w/results" --out "$w/reports" ;;
+      timed aceso 120 "${rf[@]}" report --results "$w/results" --out "$w/reports" ;;
     cores)
       # The GPU hidden: every rank runs on the CPUs under gloo.
       export CUDA_VISIBLE_DEVICES=
       folders=(--results "$w/results" --logs "$w/logs" --reports "$w/reports")
-      timed cores 300 rf reproduce --only spatial-throughput "${folders[@]}"
-      timed cores 540 rf reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
+      timed cores 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
+      timed cores 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
       unset CUDA_VISIBLE_DEVICES ;;
     *) echo "part $part: give aceso or cores" >&2; exit 2 ;;
   esac

@@ -35,10 +35,10 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
         # Named with --only, such a step runs anyway, for its figures.
         cores = len(os.sched_getaffinity(0))
         for step in (s for s in steps if s.min_cpus > cores):
-            named = ", ".join(t.name for t in targets if step.name in t.steps)
+            named = [t.name for t in targets if step.name in t.steps]
             out(f"reproflow reproduce: step {step.name} does not run here: its claim takes a CPU core per rank "
-                f"({step.min_cpus}) and this machine has {cores}, so its claim is not applicable here (make {named} "
-                "runs it anyway)")
+                f"({step.min_cpus}) and this machine has {cores}, so its claim is not applicable here (--only "
+                f"{','.join(named)} runs it anyway; of the default plan, make {' '.join(named)})")
         steps = [s for s in steps if s.min_cpus <= cores]
     if executor == SLURM:
         _doctor(image, folders, out)
