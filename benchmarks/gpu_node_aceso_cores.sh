@@ -13,7 +13,7 @@
 #   PARTS: aceso, cores, or "aceso cores" (the default, in that order)
 #   WORK:  results, logs and reports, kept between calls (default gpu-work): a part that ran out of
 #          time resumes there, every point measured before kept.
-# Each part has its own time limit; after each, its rows (a tarball), claims and tables are copied
+# Each command has its own time limit; after each part, its rows (a tarball), claims and tables are copied
 # to OUT. Run from the repository root; python3 is the node's torch (PYTHON: another interpreter).
 set -u
 out=$(realpath -m "${1:?usage: gpu_node_aceso_cores.sh OUT [PARTS [WORK]]}")
@@ -22,8 +22,9 @@ work=$(realpath -m "${3:-gpu-work}")
 mkdir -p "$out" "$work"
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source benchmarks/gpu_machine.sh
-machine "$out"
+source benchmarks/gpu_node.sh
+machine
+csv=runs.csv  # each command's seconds and exit status (gpu_node.sh's timed); its output in OUT/<step>.log
 rf=("$py" -m reproflow.app.cli)  # an array, not a function: timeout runs it
 
 # keep PART: its rows as a tarball, its claims, tables and Aceso's CSVs in OUT/PART.
@@ -37,37 +38,23 @@ keep() {
   (cd "$work/$part/logs" 2>/dev/null && find . -name baseline.json -exec cp --parents -t "$out/$part/" {} +)
 }
 
-# timed PART LIMIT COMMAND...: its output to OUT/PART.log (appended: a rerun resumes), its seconds and
-# exit status to OUT/runs.csv.
-timed() {
-  local part=$1 limit=$2; shift 2
-  say "$part: $* (at most ${limit} s)"
-  local start; start=$(date +%s%N)
-  timeout "$limit" "$@" >> "$out/$part.log" 2>&1
-  local rc=$? seconds; seconds=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-  local status=ok; [ $rc = 0 ] || status="exit $rc$([ $rc = 124 ] && echo ' (time limit)')"
-  [ -f "$out/runs.csv" ] || echo "part,command,seconds,status" > "$out/runs.csv"
-  echo "$part,\"$*\",$seconds,$status" >> "$out/runs.csv"
-  say "$part: $status in $seconds s"
-}
-
 for part in $parts; do
   w=$work/$part
   case $part in
     aceso)
       for m in t5 gpt; do
-        timed aceso 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
+        timed "aceso-$m" 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
           --memory-limit 120000 --time-budget-total 20 --global-batch-size 64 --screen-iters 3 \
           --train-iters 4 --train-rounds 2 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
           --out "$w/reports"
       done
-      timed aceso 120 "${rf[@]}" report --results "$w/results" --out "$w/reports" ;;
+      timed aceso-report 120 "${rf[@]}" report --results "$w/results" --out "$w/reports" ;;
     cores)
       # The GPU hidden: every rank runs on the CPUs under gloo.
       export CUDA_VISIBLE_DEVICES=
       folders=(--results "$w/results" --logs "$w/logs" --reports "$w/reports")
-      timed cores 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
-      timed cores 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
+      timed cores-spatial 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
+      timed cores-four-ranks 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
       unset CUDA_VISIBLE_DEVICES ;;
     *) echo "part $part: give aceso or cores" >&2; exit 2 ;;
   esac

@@ -22,8 +22,8 @@ mkdir -p "$out"
 work=$(mktemp -d)
 py=python3
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source benchmarks/gpu_machine.sh
-machine "$out"
+source benchmarks/gpu_node.sh
+machine
 arch=$($py -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
 sm=${arch/./}
 nccl=$($py -c 'import nvidia.nccl as n; print(list(n.__path__)[0])')
@@ -39,18 +39,8 @@ timeout 120 $py -m reproflow.app.cli run gpu-one -e gemm-limit --results "$work/
 find "$work/results" -path '*gemm-limit*' -name '*.csv' -exec cp {} "$out/gemm_limit_rows.csv" \;
 find "$work/report" -name 'reference_h100-mamf.md' -o -name 'limits.md' | xargs -r cp -t "$out/"
 
-echo "part,seconds,status" > "$out/builds.csv"
-# timed PART LIMIT COMMAND...: its output to build-PART.log, its seconds and exit status to builds.csv.
-timed() {
-  local part=$1 limit=$2; shift 2
-  say "build $part (at most ${limit} s)"
-  local start; start=$(date +%s%N)
-  timeout "$limit" "$@" > "$out/build-$part.log" 2>&1
-  local rc=$? seconds; seconds=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-  local status=ok; [ $rc = 0 ] || status="exit $rc$([ $rc = 124 ] && echo ' (time limit)')"
-  echo "$part,$seconds,$status" >> "$out/builds.csv"
-  say "$part: $status in $seconds s"
-}
+# Each build's output to build-PART.log, its seconds and exit status to builds.csv (gpu_node.sh's timed).
+logs=build- csv=builds.csv
 
 # nccl-tests against the NCCL torch runs with (its wheel has libnccl.so.2 only: link the name -lnccl wants).
 tar -xzf "$sources"/nccl-tests-*.tar.gz -C "$work"
