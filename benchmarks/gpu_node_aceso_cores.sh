@@ -2,7 +2,8 @@
 # One GPU node's runs that gpu_node_checks.sh leaves for later:
 #   aceso: Aceso at the reference sizes on the GPU, T5-770M first (the model whose configs the search
 #      ranked wrongly on one GPU), then GPT-1.3B: each profiled, searched, its Megatron-LM grid screened
-#      (the fastest plan as measured is the baseline), then Aceso's config and that plan in 2 ABBA rounds.
+#      (the fastest plan as measured is the baseline), then Aceso's config and that plan in 4 ABBA rounds
+#      (the t interval over 2 rounds has 1 degree of freedom: 12.7 standard errors wide each side).
 #      At a global batch of 64, the artifact's 512 / 8, so that T5 fits one lending: on one GPU a
 #      config is one stage, whose iteration is its micro-batches one after another plus one optimizer
 #      step, so every plan's time shrinks alike and their order stays.
@@ -45,7 +46,7 @@ for part in $parts; do
       for m in t5 gpt; do
         timed "aceso-$m" 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
           --memory-limit 120000 --time-budget-total 20 --global-batch-size 64 --screen-iters 3 \
-          --train-iters 4 --train-rounds 2 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
+          --train-iters 4 --train-rounds 4 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
           --out "$w/reports"
       done
       timed aceso-report 120 "${rf[@]}" report --results "$w/results" --out "$w/reports" ;;
