@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -136,6 +137,104 @@ def test_local_rank_hung_fails_the_point_within_the_timeout(tmp_path):
     record_fault("local: rank hung in a collective (10 s timeout)", survived, lost, seconds > 180, seconds)
     assert survived and lost == 0 and seconds < 180, proc.stderr
     assert set(points(results)) == {"collective=broadcast"}
+
+
+# Two experiments: one measured first, then one whose ranks start under `launcher` within `startup` s.
+STARTS = """
+[launch]
+backend = "gloo"
+device = "cpu"
+time_limit = "00:20:00"
+exclusive = false
+[[experiment]]
+name = "before"
+family = "param_comms"
+launch = {{ procs_per_node = 2 }}
+params = {{ begin_size = "64K", end_size = "64K", warmup_iters = 1, iters = 20, collective = "all_reduce" }}
+[[experiment]]
+name = "stuck"
+family = "param_comms"
+launch = {{ procs_per_node = 3, launcher = "{launcher}", startup_s = {startup} }}
+params = {{ begin_size = "64K", end_size = "64K", warmup_iters = 1, iters = 20, collective = "all_reduce" }}
+"""
+
+
+def marked_processes(mark: str) -> list[str]:
+    """The processes whose environment carries TEST_MARK=`mark` (a run's, and all that it started)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if f"TEST_MARK={mark}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(f"{environ.parent.name}: {(environ.parent / 'cmdline').read_bytes()[:120]!r}")
+    return found
+
+
+def left_behind(mark: str, wait_s: float = 30.0) -> list[str]:
+    """The marked processes still there after up to `wait_s` (a killed rank takes a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while (found := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def test_mpi_ranks_stuck_at_start_are_stopped_at_the_startup_limit(tmp_path):
+    """A rank that never reaches its first point (here: stopped before it joins the process group) holds
+    its job only until launch.startup_s, not until the time limit: the run names the launcher, how many
+    ranks started and what each waited for, leaves no process behind, keeps what it measured before, and
+    a rerun measures only the rest."""
+    suite, results, mark = tmp_path / "starts.toml", tmp_path / "results", f"startup-{os.getpid()}"
+    suite.write_text(STARTS.format(launcher="mpi", startup=20))
+    start = time.monotonic()
+    proc = reproflow("run", str(suite), "--results", str(results),
+                     env={"REPROFLOW_INJECT_FAULT": "startup of stuck:hang:1", "TEST_MARK": mark})
+    seconds = time.monotonic() - start
+    left = left_behind(mark)
+    said = re.search(r"start-up limit reached: \d of 3 rank\(s\) reached their first point within 20 s "
+                     r"\(launch\.startup_s\); mpirun \(\S+\) had started \d rank process\(es\)", proc.stderr)
+    waited = re.search(r"rank\(s\) [\d, -]*\b1\b[\d, -]*: (no word from it|past its imports)", proc.stderr)
+    again = reproflow("run", str(suite), "--results", str(results), env={"TEST_MARK": mark})
+    kept = "1 of 1 points, 0 to run, 1 already done" in again.stdout and again.returncode == 0
+    survived = proc.returncode == 125 and bool(said and waited) and not left and kept
+    record_fault("local: MPI rank stuck at start (20 s start-up limit)", survived, rows_lost(proc.stdout),
+                 seconds > 300, seconds)
+    assert proc.returncode == 125 and said and waited, proc.stderr[-3000:]
+    assert "its ranks did not start within launch.startup_s = 20 s" in proc.stderr
+    assert not left, left
+    assert kept, again.stdout[-2000:] + again.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("launcher", "moment", "sig"), [
+    ("mpi", "start", signal.SIGKILL), ("mpi", "step", signal.SIGKILL), ("mpi", "step", signal.SIGTERM),
+    ("mpi", "start", signal.SIGINT), ("torchrun", "step", signal.SIGKILL)])
+def test_a_run_stopped_or_killed_takes_every_process_it_started_with_it(tmp_path, launcher, moment, sig):
+    """`reproflow run` stopped (SIGTERM, SIGINT) or killed outright (SIGKILL, as a test's time limit does)
+    while its ranks start or in the middle of a point: no launcher, proxy or rank of it is left running."""
+    suite, results, mark = tmp_path / "starts.toml", tmp_path / "results", f"kill-{os.getpid()}-{moment}-{sig}"
+    suite.write_text(STARTS.format(launcher=launcher, startup=600))
+    fault = "startup of stuck:hang:1" if moment == "start" else "default:hang:1"
+    env = dict(os.environ) | {"REPROFLOW_INJECT_FAULT": fault, "TEST_MARK": mark}
+    run = subprocess.Popen([sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "-e", "stuck",
+                            "--results", str(results)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        # mid-start: rank 1 has recorded its start and stopped there; mid-step: all three are at their point
+        stage = "begun" if moment == "start" else "ready"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and run.poll() is None:
+            found = [p.read_text().split("\t")[0] for p in results.glob("starts/logs/*/start/rank*")]
+            if found.count(stage) >= (1 if moment == "start" else 3):
+                break
+            time.sleep(0.2)
+        assert run.poll() is None, "the run ended before it could be stopped"
+        assert len(marked_processes(mark)) >= 4, marked_processes(mark)  # reproflow, launcher and ranks
+        time.sleep(1.0)
+        run.send_signal(sig)
+        code = run.wait(timeout=120)
+    finally:
+        run.kill()
+    left = left_behind(mark)
+    assert not left, (code, left)
+    assert code == (-9 if sig == signal.SIGKILL else 128 + sig), code
 
 
 @pytest.mark.slurm

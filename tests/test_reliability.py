@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -286,6 +289,8 @@ def test_twenty_writers_appending_to_one_file_lose_no_line(tmp_path):
      "1:   exitcode  : -9 (pid: 15892)  (SIGKILL)\n0:   exitcode  : 1 (pid: 15891)\n"
      "1:   traceback : Signal 9 (SIGKILL) received by PID 15892", (), INFRASTRUCTURE,
      "killed (SIGKILL) (first: rank 1 on node2)"),
+    ("FAILED", "reproflow: rank 3 on node2 did not reach its first point within 330 s (launch.startup_s); it was "
+     "joining the process group", (), INFRASTRUCTURE, "did not start within launch.startup_s"),
     ("FAILED", "[1/7] collective=reduce: FAILED: rank 1: injected fault", (), EXPERIMENT, "a point failed"),
     ("FAILED", "reproflow: error: suite file x does not exist", (), EXPERIMENT, "invalid input"),
     ("FAILED", "ValueError: boom", (), EXPERIMENT, "see its log"),
@@ -334,3 +339,21 @@ def test_retry_keeps_the_rank_count_on_fewer_nodes():
     assert fit(4, 2, 3) == (2, 4)
     assert fit(3, 1, 2) == (1, 3)
     assert fit(2, 4, 0) is None
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_a_rank_bounds_its_own_start_and_says_where_it_stood(ready):
+    """Under srun or torchrun no launcher of reproflow's watches: a rank short of its first point past
+    launch.startup_s names its stage, shows its threads' stacks and exits 125; one that got there goes on."""
+    code = ("import time; from reproflow.rank import startup; startup.watch(1, 3, 'node2'); "
+            "startup.reached(startup.JOINING, 'its store at node1:29500, served by rank 0'); "
+            f"{'startup.reached(startup.READY); ' if ready else ''}time.sleep(20)")
+    env = {k: v for k, v in os.environ.items() if k not in ("REPROFLOW_START", "RANK")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if ready:
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 125, proc.stderr
+    assert ("reproflow: rank 3 on node2 did not reach its first point within 1 s (launch.startup_s); it was joining "
+            "the process group (its store at node1:29500, served by rank 0). Its threads:") in proc.stderr
+    assert 'File "<string>", line 1 in <module>' in proc.stderr  # where the main thread waited

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reproflow.rank.startup import EXIT_STARTUP
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import get_family
 from reproflow.spec.paths import project_root
@@ -61,8 +62,9 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
             print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
             code = 128 - code
         elif code:
-            print(f"reproflow: experiment {exp.name} ended with exit code {code}"
-                  + (" (some points failed; see *.failed.json)" if code == 3 else ""), file=sys.stderr)
+            why = {3: " (some points failed; see *.failed.json)",
+                   EXIT_STARTUP: f" (its ranks did not start within launch.startup_s = {exp.launch.startup_s:g} s)"}
+            print(f"reproflow: experiment {exp.name} ended with exit code {code}{why.get(code, '')}", file=sys.stderr)
         worst = worst or code
     print(f"reproflow: results of suite {loaded.name} are in {Path(results) / loaded.name}")
     return worst

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -659,12 +660,22 @@ def _recorded(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return code
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (Slurm's time limit, a supervisor, a closed terminal), taken as Ctrl-C is: the
+    ranks this run started are stopped and its manifest says it was interrupted."""
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     measures = args.command in ("run", "submit", "reproduce") and not any(
         getattr(args, flag, False) for flag in ("dry_run", "explain", "estimate"))
+    before = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return _recorded(args, argv) if measures else int(args.func(args))
     except (ReproflowError, ParamError) as exc:
@@ -675,9 +686,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"reproflow: error: {str(exc.filename)[:200]}: {exc.strerror}. Check the path given.", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("reproflow: interrupted; finished points are kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        name = str(exc) if isinstance(exc, Stopped) else "SIGINT"
+        print(f"reproflow: interrupted ({name}); finished points are kept", file=sys.stderr)
+        return 128 + signal.Signals[name]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from reproflow.launch import owner
 from reproflow.launch.network import UNSHAPED, EmulatedNetwork, parse_rate
+from reproflow.launch.owner import Owned
+from reproflow.rank import startup
 from reproflow.rank.ports import free_port
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import Experiment, Suite, slurm_seconds
@@ -45,7 +48,7 @@ def find_mpirun() -> str:
 
 def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str, str] | None = None,
               limit_s: float = 3600.0, host_size: int | None = None, mpirun: str = "",
-              network: EmulatedNetwork | None = None) -> int:
+              network: EmulatedNetwork | None = None, startup_s: float | None = None) -> int:
     """Start `cmd` once per rank with the torch.distributed environment, on this machine.
 
     `host_size` ranks form one emulated host (LOCAL_WORLD_SIZE), as on `world / host_size` nodes;
@@ -54,10 +57,16 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     its rank from MPI (`python -m mpi4py` aborts the job when a rank raises, rather than hanging).
     With `network`, each emulated host's ranks run in its namespace and gloo binds to its link.
     Rank 0 prints to this terminal; the others write `logs/rank<N>.log`, whose tail is printed when
-    a rank fails. Returns 0, 3 when a rank reported failed points, 124 past `limit_s`, or the exit
-    code of the first failing rank (then the other ranks are stopped rather than left waiting).
+    a rank fails. Every process started (mpirun's proxy and ranks too) is stopped when this returns or
+    raises, or when this process dies (reproflow.launch.owner). Returns 0, 3 when a rank reported failed
+    points, 124 past `limit_s`, EXIT_STARTUP when a rank had not reached its first point `startup_s`
+    after the start (the ranks' stages are in `logs/start`), or the exit code of the first failing rank
+    (then the other ranks are stopped rather than left waiting).
     """
     logs.mkdir(parents=True, exist_ok=True)
+    starts = logs / "start"
+    shutil.rmtree(starts, ignore_errors=True)
+    starts.mkdir()
     env = dict(os.environ)
     env.update(
         MASTER_ADDR=network.address(0) if network else "127.0.0.1",
@@ -67,6 +76,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
         LOCAL_WORLD_SIZE=str(host_size or world),
         # As torchrun does: share the cores, or ranks oversubscribe them and time each other.
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world)),
+        **{startup.ENV: str(starts)},
     )
     if network:
         # c10d warns on every connection that an emulated host's address has no name: nothing to act on.
@@ -74,36 +84,104 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     env.update(env_extra or {})
     procs: list[subprocess.Popen] = []
     files = []
-    if mpirun:
-        env.update(REPROFLOW_RANK_LOGS=str(logs))
-        env.pop("RANK", None)
-        first, *rest = cmd
-        procs.append(subprocess.Popen([mpirun, "-np", str(world), first, "-m", "mpi4py", *rest], env=env))
-    try:
-        for rank in range(world if mpirun else 0, world):
-            env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-            argv = list(cmd)
-            if network:
-                host = rank // (host_size or world)
-                argv = network.command(host, argv)
-                # Ranks of different emulated hosts see one hostname: this names their host instead.
-                env_r["REPROFLOW_HOST"] = f"{socket.gethostname()}-h{host}"
-            if rank == 0:
-                procs.append(subprocess.Popen(argv, env=env_r))
-                continue
-            fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
-            files.append(fh)
-            procs.append(subprocess.Popen(argv, env=env_r, stdout=fh, stderr=subprocess.STDOUT))
-        code, first, running = _wait(procs, time.monotonic() + limit_s)
-    except BaseException:
-        _stop(procs)
-        raise
-    finally:
-        for fh in files:
-            fh.close()
-    if code not in (0, 3):
+    launch = Launch(world, starts, startup_s or limit_s, mpirun)
+    with Owned() as owned:
+        env.update(owned.env)
+        if mpirun:
+            env.update(REPROFLOW_RANK_LOGS=str(logs))
+            env.pop("RANK", None)
+            first, *rest = cmd
+            procs.append(subprocess.Popen([mpirun, "-np", str(world), first, "-m", "mpi4py", *rest], env=env))
+        try:
+            for rank in range(world if mpirun else 0, world):
+                env_r = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+                argv = list(cmd)
+                if network:
+                    host = rank // (host_size or world)
+                    argv = network.command(host, argv)
+                    # Ranks of different emulated hosts see one hostname: this names their host instead.
+                    env_r["REPROFLOW_HOST"] = f"{socket.gethostname()}-h{host}"
+                if rank == 0:
+                    procs.append(subprocess.Popen(argv, env=env_r))
+                    continue
+                fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
+                files.append(fh)
+                procs.append(subprocess.Popen(argv, env=env_r, stdout=fh, stderr=subprocess.STDOUT))
+            code, first, running = _wait(procs, time.monotonic() + limit_s, launch, owned)
+        except BaseException:
+            _stop(procs)
+            raise
+        finally:
+            for fh in files:
+                fh.close()
+    if code not in (0, 3, startup.EXIT_STARTUP):
         _explain_failure(procs, first, running, logs, world, mpirun)
     return code
+
+
+@dataclass
+class Launch:
+    """What the wait for the ranks knows of their start: how many, where they record their stages, the
+    seconds from now each has to reach its first point, and the launcher (an mpirun's path, or '' for one
+    process per rank)."""
+
+    world: int
+    starts: Path
+    limit_s: float
+    mpirun: str
+    started: bool = False
+    _looked: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.limit_s
+
+    def overdue(self) -> bool:
+        """Whether the start-up limit has passed with a rank short of its first point (looked up at most
+        twice a second, and no more once every rank is there)."""
+        now = time.monotonic()
+        if self.started or now < self._looked + 0.5:
+            return False
+        self._looked = now
+        ready = sum(s.stage == startup.READY for s in startup.stages(self.starts).values())
+        self.started = ready == self.world
+        return not self.started and now > self.deadline
+
+    def explain(self, owned: Owned) -> None:
+        """Say which ranks did not start, and what each waited for: its last stage, and the kernel's word."""
+        stages = startup.stages(self.starts)
+        ranks: dict[int, int] = {}
+        for pid, environ in owned.processes().items():
+            number = next((environ[v] for v in ("RANK", *startup.MPI_RANK_VARIABLES) if v in environ), "")
+            if number.isdigit():
+                ranks[int(number)] = pid
+        ready = sum(s.stage == startup.READY for s in stages.values())
+        launcher = f"mpirun ({self.mpirun})" if self.mpirun else "reproflow's local launcher (a process per rank)"
+        print(f"reproflow: start-up limit reached: {ready} of {self.world} rank(s) reached their first point within "
+              f"{self.limit_s:g} s (launch.startup_s); {launcher} had started {len(ranks)} rank process(es). "
+              "What the others waited for:", file=sys.stderr)
+        waits: dict[str, list[int]] = {}
+        for rank in range(self.world):
+            stage = stages.get(rank)
+            if stage and stage.stage == startup.READY:
+                continue
+            pid = ranks.get(rank, stage.pid if stage else None)
+            kernel = f"; kernel: {owner.wchan(pid) or 'running'}" if pid in ranks.values() else "; not running"
+            waits.setdefault((stage.waiting() if stage else startup.SILENT) + kernel, []).append(rank)
+        for what, which in waits.items():
+            print(f"  rank(s) {_ranges(which)}: {what}", file=sys.stderr)
+        print("reproflow: stopping them. Points measured before are kept; a rerun measures only the rest. Raise "
+              "launch.startup_s only where a start is slow rather than stuck.", file=sys.stderr)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def _signal_name(code: int | None) -> str:
@@ -147,7 +225,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, int | None, list[int]]:
+def _wait(procs: list[subprocess.Popen], deadline: float, launch: Launch,
+          owned: Owned) -> tuple[int, int | None, list[int]]:
     """(exit code, index of the first process that failed or None, indices still running after a second's
     grace) once all are done or stopped."""
     # When one rank fails the others would wait for it until the collective timeout: stop them.
@@ -161,6 +240,10 @@ def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, int | No
             return int(codes[bad[0]] or 1), bad[0], running
         if all(c is not None for c in codes):
             return (3 if 3 in codes else 0), None, []
+        if launch.overdue():
+            launch.explain(owned)
+            _stop(procs)
+            return startup.EXIT_STARTUP, None, [i for i, c in enumerate(codes) if c is None]
         if time.monotonic() > deadline:
             running = [i for i, c in enumerate(codes) if c is None]
             print(f"reproflow: time limit reached with rank(s) {running} still running; stopping them.",
@@ -204,6 +287,7 @@ class LocalExecutor:
                 self.host_size(exp),
                 find_mpirun() if exp.launch.launcher == "mpi" else "",
                 self._network(exp, stack),
+                exp.launch.startup_s,
             )
 
     def _network(self, exp: Experiment, stack: contextlib.ExitStack) -> EmulatedNetwork | None:

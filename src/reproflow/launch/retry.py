@@ -48,6 +48,8 @@ _LOG = [
     (INFRASTRUCTURE, re.compile(r"health gate all-reduce failed|health gate fail"), "the health gate failed"),
     (INFRASTRUCTURE, re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclRemoteError|NCCL WARN .*(init|"
                                 r"connect)|Failed to initialize NCCL", re.I), "NCCL could not communicate"),
+    (INFRASTRUCTURE, re.compile(r"did not reach its first point within|start-up limit reached"),
+     "the ranks did not start within launch.startup_s"),
     (INFRASTRUCTURE, re.compile(r"RendezvousConnectionError|RendezvousTimeoutError|DistNetworkError|"
                                 r"DistStoreError"), "the ranks could not meet (rendezvous)"),
     (INFRASTRUCTURE, re.compile(r"fi_\w+ failed|libfabric|EFA error", re.I), "the network fabric failed"),

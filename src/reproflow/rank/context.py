@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from reproflow.rank.startup import GATE, JOINING, MPI_RANK_VARIABLES, reached
 from reproflow.spec.errors import ReproflowError
 
 # torch 2.13 renamed the flat-tensor collectives and warns on the old names; the GPU images'
@@ -54,9 +55,6 @@ def gpu_of(local_rank: int, gpus: int, backend: str) -> int:
             "share GPUs (spatial's comm_backend = 'mpi' moves its tensors over MPI either way).")
     return local_rank % gpus
 
-
-# Set by MPI launchers for each rank: hydra/MPICH and srun --mpi=pmi2, PMIx, Open MPI, MVAPICH's mpirun_rsh.
-MPI_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 
 
 def adopt_mpi_environment() -> None:
@@ -119,9 +117,11 @@ class RunContext:
             torch.cuda.set_device(dev)
         else:
             dev = torch.device("cpu")
+        reached(JOINING, f"its store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}, served by rank 0")
         dist.init_process_group(
             backend, rank=rank, world_size=world, timeout=_dt.timedelta(seconds=timeout_s)
         )
+        reached(GATE)
         return cls(rank, world, local_rank, dev, backend, os.environ.get("REPROFLOW_HOST") or socket.gethostname(),
                    host_size)
 

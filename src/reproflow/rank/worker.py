@@ -11,11 +11,12 @@ off; rank 0 of each host records the job's environment (secrets redacted) beside
 
 Fault injection for reliability tests: REPROFLOW_INJECT_FAULT="<text>:<mode>[:<rank>[:<attempt>]]" acts
 on the points whose label contains <text>, on that rank (all ranks when omitted), in that attempt of a
-retried job only (every attempt when omitted: a fault that must not follow the retry). Modes: `raise` fails
-the point and goes on; `exit` ends the rank as a crash would; `kill` sends the rank SIGKILL 0.2 s
-into the point, in the middle of its collectives; `hang` stops the rank before the point's first
-collective, as a stuck GPU would. `health:corrupt[:<rank>]` makes the rank add wrong values
-in the health gate.
+retried job only (every attempt when omitted: a fault that must not follow the retry); a rank's start is
+labelled `startup of <experiment>`, where `hang` stops it before it joins the process group (a start-up
+that never ends). Modes: `raise` fails the point and goes on; `exit` ends the rank as a crash would;
+`kill` sends the rank SIGKILL 0.2 s into the point, in the middle of its collectives; `hang` stops the
+rank before the point's first collective, as a stuck GPU would. `health:corrupt[:<rank>]` makes the rank
+add wrong values in the health gate.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -37,6 +39,7 @@ import torch.distributed as dist
 
 from reproflow.rank.context import RunContext
 from reproflow.rank.health import Gate, health_gate
+from reproflow.rank.startup import BEGUN, READY, env_rank, reached, watch
 from reproflow.spec.errors import NOT_APPLICABLE, NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.spec.family import Family, Measurement, get_family
 from reproflow.spec.params import whole
@@ -190,6 +193,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
     box: list[object] = [todo]
     dist.broadcast_object_list(box, src=0)
     todo = box[0]  # type: ignore[assignment]
+    reached(READY)
     if ctx.rank == 0:
         events.emit("experiment", suite=suite_name, experiment=exp.name, family=fam.name, points=sum(chosen),
                     to_run=sum(todo))
@@ -284,9 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--point", type=whole(0), default=None,
                         help="run only the point with this 0-based index (one task of a job array)")
     args = parser.parse_args(argv)
+    reached(BEGUN)
     try:
         suite = load_suite(args.suite, parse_overrides(args.set), only=args.experiment)
         exp = suite.experiment(args.experiment)
+        watch(exp.launch.startup_s, env_rank() or 0, socket.gethostname())
+        if _injected_fault(f"startup of {exp.name}", env_rank() or 0) == "hang":
+            _inject_during_point("hang", env_rank() or 0, "start-up")
         ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
         _rank_log(ctx.rank)
         try:

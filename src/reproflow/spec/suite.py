@@ -73,6 +73,7 @@ class Launch:
     repeats: int = 1
     time_limit: str = "00:30:00"
     timeout_s: float = 600.0
+    startup_s: float = 300.0
     partition: str = ""
     exclusive: bool = True
     launcher: str = "torchrun"
@@ -98,6 +99,9 @@ LAUNCH_FIELDS: dict[str, Param] = {
         Param("time_limit", "str", "00:30:00", "Slurm time limit, [D-]HH:MM:SS"),
         Param("timeout_s", "float", 600.0, "seconds before a hung collective fails the job", minimum=10,
               maximum=86400),
+        Param("startup_s", "float", 300.0, "seconds each rank has to reach its first point (the interpreter, MPI's "
+              "wire-up, the process group, the health gate); past it the ranks are stopped and the run says what "
+              "each waited for", minimum=10, maximum=86400),
         Param("partition", "str", "", "Slurm partition (empty: the cluster default)"),
         Param("exclusive", "bool", True, "request whole nodes (#SBATCH --exclusive)"),
         Param("launcher", "str", "torchrun", "how ranks start: torchrun (one per node, it starts the ranks), or "
