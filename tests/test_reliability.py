@@ -333,6 +333,22 @@ def test_the_rendezvous_port_is_below_the_ephemeral_ports():
     assert rendezvous_port("168_14") == 26814 and rendezvous_port("no digits") == 20000
 
 
+def test_a_local_rendezvous_port_is_free_and_below_the_ephemeral_ports():
+    """The local launcher's MASTER_PORT (and rank 0's under an MPI launcher, and a tool's) is one the kernel
+    never hands out, so no MPI transport's listener or outgoing connection takes it before the store
+    listens; and nothing holds it when chosen."""
+    import socket
+
+    from reproflow.rank.ports import FIRST, ephemeral_ports, free_port
+
+    low = ephemeral_ports()[0]
+    ports = [free_port() for _ in range(200)]
+    assert all(FIRST <= p < low for p in ports) and len(set(ports)) > 150
+    for port in ports[:20]:
+        with socket.socket() as sock:
+            sock.bind(("", port))  # free when chosen: a store can listen there on every interface
+
+
 def test_retry_keeps_the_rank_count_on_fewer_nodes():
     assert fit(2, 1, 5) == (2, 1)
     assert fit(2, 1, 1) == (1, 2)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from reproflow.rank.ports import free_port
 from reproflow.rank.startup import GATE, JOINING, MPI_RANK_VARIABLES, reached
 from reproflow.spec.errors import ReproflowError
 
@@ -71,11 +72,7 @@ def adopt_mpi_environment() -> None:
     rank = comm.Get_rank()
     hosts = comm.allgather(socket.gethostname())
     if "MASTER_ADDR" not in os.environ:
-        port = 0
-        if rank == 0:
-            with socket.socket() as sock:
-                sock.bind(("", 0))
-                port = sock.getsockname()[1]
+        port = free_port() if rank == 0 else 0
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = comm.bcast((hosts[0], str(port)))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(comm.Get_size()),
                       LOCAL_RANK=str(hosts[:rank].count(hosts[rank])),

@@ -61,7 +61,7 @@ def _rendezvous(ctx: RunContext) -> tuple[str, int]:
     # The tool's rank 0 runs where reproflow's rank 0 runs, so that host and a port free on it.
     box: list[object] = [None]
     if ctx.rank == 0:
-        box = [(socket.gethostbyname(socket.gethostname()), free_port(""))]
+        box = [(socket.gethostbyname(socket.gethostname()), free_port())]
     dist.broadcast_object_list(box, src=0)
     addr, port = box[0]  # type: ignore[misc]
     return str(addr), int(port)
