@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -201,6 +202,31 @@ def test_mpi_ranks_stuck_at_start_are_stopped_at_the_startup_limit(tmp_path):
     assert "its ranks did not start within launch.startup_s = 20 s" in proc.stderr
     assert not left, left
     assert kept, again.stdout[-2000:] + again.stderr[-2000:]
+
+
+def test_mpi_rank_0_whose_store_cannot_listen_ends_its_job_at_once(tmp_path, capfd):
+    """What held 9 ranks for 15 minutes in a clean-room `make test`: MASTER_PORT held on another address (a
+    neighbouring MPI job's UCX listener on the host's address), rank 0's store failed to listen (EADDRINUSE)
+    and waited in MPI_Finalize for ranks that retried connecting to it, 600 s and again. Now the failed rank
+    aborts the MPI job, which ends in seconds, whatever startup_s is."""
+    from reproflow.launch.local import find_mpirun, run_ranks, worker_args
+
+    path, results = tmp_path / "starts.toml", tmp_path / "results"
+    path.write_text(STARTS.format(launcher="mpi", startup=600))
+    suite = load_suite(path)
+    cmd = [sys.executable, "-m", "reproflow.worker", *worker_args(suite, suite.experiment("stuck"), results, False,
+                                                                  ROOT)]
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        start = time.monotonic()
+        code = run_ranks(cmd, 3, tmp_path / "logs", {"MASTER_PORT": str(held.getsockname()[1])}, limit_s=900,
+                         mpirun=find_mpirun(), startup_s=600)
+        seconds = time.monotonic() - start
+    said = capfd.readouterr()
+    survived = code not in (0, 124) and "EADDRINUSE" in said.out + said.err and seconds < 180
+    record_fault("local: MPI rank 0's store port taken (EADDRINUSE)", survived, 0, seconds > 180, seconds)
+    assert survived, (code, seconds, said.err[-3000:])
 
 
 @pytest.mark.parametrize(("launcher", "moment", "sig"), [

@@ -3,6 +3,12 @@ unsplit model."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -246,6 +252,52 @@ def test_local_dp_micro_batches_two_spatial_stages_gloo_and_inference(tmp_path, 
     assert set(grads.index) == {"gloo-dp", "mpi-two-spatial-stages"} and grads.max() < 1e-8
     ips = _metric(rows, "images_per_s_mean")
     assert len(ips) == 3 and (ips["value"] > 0).all()
+
+
+# Another MPI job beside: each rank's transports listen (UCX's on 127.0.0.1 and the host's address), then wait.
+NEIGHBOUR = ("import sys, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+             "open(sys.argv[1] + str(MPI.COMM_WORLD.rank), 'w').close(); time.sleep(900)")
+
+
+def _listening_ports() -> set[int]:
+    """Every TCP port something on this machine listens on, on any address."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_nine_rank_mpi_experiment_starts_beside_another_mpi_job_every_time(tmp_path, write_suite):
+    """A clean-room `make test` once held this suite's 9 MPI ranks at start-up for 15 minutes. The cause:
+    MASTER_PORT was a port bound to 0 on 127.0.0.1 and let go, which a neighbouring MPI job's UCX listener
+    could hold on the host's address (0.1 % of launches beside 2-3 jobs), so rank 0's store could not
+    listen. With a neighbour's listeners up, 20,000 store ports picked as the launcher picks them are free on
+    every address (the old pick hit 60 in 50,000 beside 18 such listeners), and the experiment, launched
+    again and again beside it, starts and finishes each time."""
+    from reproflow.launch.local import find_mpirun
+    from reproflow.launch.owner import Owned
+    from reproflow.rank.ports import free_port
+
+    suite, results, ready = write_suite(MIXED, "spatial-mixed"), tmp_path / "results", tmp_path / "ready"
+    with Owned() as neighbour:
+        launcher = subprocess.Popen([find_mpirun(), "-np", "4", sys.executable, "-c", NEIGHBOUR, str(ready)],
+                                    env=os.environ | neighbour.env)
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("ready*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = _listening_ports()
+        taken = held & {free_port() for _ in range(20000)}
+        assert not taken, f"store ports picked that something listens on: {sorted(taken)}"
+        for _ in range(2):
+            proc = reproflow("run", str(suite), "--results", str(results), "-e", "mpi-two-spatial-stages",
+                             "--force", timeout=600)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    launcher.wait(timeout=60)  # stopped with its ranks as the context closed
 
 
 def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):

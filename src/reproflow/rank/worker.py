@@ -293,8 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite = load_suite(args.suite, parse_overrides(args.set), only=args.experiment)
         exp = suite.experiment(args.experiment)
         watch(exp.launch.startup_s, env_rank() or 0, socket.gethostname())
-        if _injected_fault(f"startup of {exp.name}", env_rank() or 0) == "hang":
-            _inject_during_point("hang", env_rank() or 0, "start-up")
+        _inject_during_point(_injected_fault(f"startup of {exp.name}", env_rank() or 0), env_rank() or 0, "start-up")
         ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
         _rank_log(ctx.rank)
         try:
@@ -322,13 +321,18 @@ def leave(exit_code: int) -> NoReturn:
     """End a rank's process whose rows are on disk and whose process group is gone, without the
     interpreter's teardown, where a gloo thread left joinable now and then aborts a finished rank
     ("terminate called without an active exception", SIGABRT: under mpirun the job ends with exit code 6,
-    under srun the task and its job fail)."""
+    under srun the task and its job fail). Under an MPI launcher a rank that failed (not one whose points
+    failed, which every rank reports alike) aborts the job rather than finalize: MPI_Finalize waits for
+    every rank, and the others may be waiting for this one (rank 0's store that could not listen, its
+    port taken: the others retried connecting for 15 minutes while it sat in Finalize)."""
     sys.stdout.flush()
     sys.stderr.flush()
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            if exit_code not in (0, EXIT_POINTS_FAILED) and MPI.COMM_WORLD.Get_size() > 1:
+                MPI.COMM_WORLD.Abort(exit_code)
             MPI.Finalize()
         # MPICH sends its PMI "finalize" from a C exit handler: without it, mpirun's proxy may take the
         # closed connection for a crash and SIGKILL the ranks still finalizing (exit code 9, 1 run in 8).
