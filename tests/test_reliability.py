@@ -357,19 +357,22 @@ def test_retry_keeps_the_rank_count_on_fewer_nodes():
     assert fit(2, 4, 0) is None
 
 
-@pytest.mark.parametrize("ready", [False, True])
-def test_a_rank_bounds_its_own_start_and_says_where_it_stood(ready):
+@pytest.mark.parametrize("how", ["stuck", "ready", "left"])
+def test_a_rank_bounds_its_own_start_and_says_where_it_stood(how):
     """Under srun or torchrun no launcher of reproflow's watches: a rank short of its first point past
-    launch.startup_s names its stage, shows its threads' stacks and exits 125; one that got there goes on."""
-    code = ("import time; from reproflow.rank import startup; startup.watch(1, 3, 'node2'); "
-            "startup.reached(startup.JOINING, 'its store at node1:29500, served by rank 0'); "
-            f"{'startup.reached(startup.READY); ' if ready else ''}time.sleep(20)")
+    launch.startup_s names its stage, shows its threads' stacks and exits 125; one that got there, or that
+    left the bounded block (its worker ended), goes on."""
+    code = "\n".join([
+        "import time", "from reproflow.rank import startup", "with startup.bounded(1, 3, 'node2'):",
+        "    startup.reached(startup.JOINING, 'its store at node1:29500, served by rank 0')",
+        "    startup.reached(startup.READY)" if how == "ready" else "    pass",
+        f"    time.sleep({0 if how == 'left' else 5})", "time.sleep(5)"])
     env = {k: v for k, v in os.environ.items() if k not in ("REPROFLOW_START", "RANK")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    if ready:
+    if how != "stuck":
         assert proc.returncode == 0 and not proc.stderr, proc.stderr
         return
     assert proc.returncode == 125, proc.stderr
     assert ("reproflow: rank 3 on node2 did not reach its first point within 1 s (launch.startup_s); it was joining "
             "the process group (its store at node1:29500, served by rank 0). Its threads:") in proc.stderr
-    assert 'File "<string>", line 1 in <module>' in proc.stderr  # where the main thread waited
+    assert 'File "<string>", line 6 in <module>' in proc.stderr  # where the main thread waited

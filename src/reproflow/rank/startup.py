@@ -4,16 +4,17 @@ Between a launcher starting a rank and the rank's first point lie the interprete
 launcher, the imports, the process group's rendezvous and the health gate; a rank can wait at any of them
 for a peer that never comes. Each rank writes the stage it reached to `<$REPROFLOW_START>/rank<N>` (one
 line, replaced whole), so the local launcher can bound the start-up and say what each rank waited for;
-and each rank bounds its own start-up too (`watch`), which is what bounds it under srun or torchrun.
+and each rank bounds its own start-up too (`bounded`), which is what bounds it under srun or torchrun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class Stage:
         return f"{text} ({self.detail})" if self.detail else text
 
 
-# The stage this rank stands at, and what cancels its bound (`watch`) once it is ready.
+# The stage this rank stands at, and what cancels its bound (`bounded`) once it is ready.
 _now = [Stage(BEGUN, os.getpid(), "")]
 _bounds: list[Callable[[], None]] = []
 
@@ -71,9 +72,7 @@ def reached(stage: str, detail: str = "") -> None:
     watches."""
     _now[:] = [Stage(stage, os.getpid(), detail)]
     if stage == READY:
-        for cancel in _bounds:
-            cancel()
-        _bounds.clear()
+        _unbound()
     folder, rank = os.environ.get(ENV), env_rank()
     if folder and rank is not None:
         atomic_write(Path(folder) / f"rank{rank}", f"{stage}\t{os.getpid()}\t{detail}\n")
@@ -89,11 +88,12 @@ def stages(folder: Path) -> dict[int, Stage]:
     return found
 
 
-def watch(limit_s: float, rank: int, where: str) -> None:
-    """Bound this rank's start-up until it reaches READY: past `limit_s` (longer where a launcher watches)
-    it says which stage it stood at, prints every thread's stack and exits with EXIT_STARTUP.
-    faulthandler's own timer backs the bound up: it needs no interpreter lock, which a rank stuck in a C
-    call may hold."""
+@contextlib.contextmanager
+def bounded(limit_s: float, rank: int, where: str) -> Iterator[None]:
+    """Bound this rank's start-up, within the block, until it reaches READY: past `limit_s` (longer where a
+    launcher watches) it says which stage it stood at, prints every thread's stack and exits with
+    EXIT_STARTUP. faulthandler's own timer backs the bound up: it needs no interpreter lock, which a rank
+    stuck in a C call may hold."""
     if os.environ.get(ENV):
         limit_s += LAUNCHER_FIRST_S
 
@@ -108,4 +108,14 @@ def watch(limit_s: float, rank: int, where: str) -> None:
     timer.daemon = True
     timer.start()
     faulthandler.dump_traceback_later(limit_s + 15, exit=True, file=sys.stderr)
-    _bounds.extend([timer.cancel, faulthandler.cancel_dump_traceback_later])
+    _bounds[:] = [timer.cancel, faulthandler.cancel_dump_traceback_later]
+    try:
+        yield
+    finally:
+        _unbound()
+
+
+def _unbound() -> None:
+    for cancel in _bounds:
+        cancel()
+    _bounds.clear()

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from reproflow.rank.context import RunContext
 from reproflow.rank.health import Gate, health_gate
-from reproflow.rank.startup import BEGUN, READY, env_rank, reached, watch
+from reproflow.rank.startup import BEGUN, READY, bounded, env_rank, reached
 from reproflow.spec.errors import NOT_APPLICABLE, NotApplicable, ParamError, PointFailed, ReproflowError
 from reproflow.spec.family import Family, Measurement, get_family
 from reproflow.spec.params import whole
@@ -292,15 +292,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         suite = load_suite(args.suite, parse_overrides(args.set), only=args.experiment)
         exp = suite.experiment(args.experiment)
-        watch(exp.launch.startup_s, env_rank() or 0, socket.gethostname())
-        _inject_during_point(_injected_fault(f"startup of {exp.name}", env_rank() or 0), env_rank() or 0, "start-up")
-        ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
-        _rank_log(ctx.rank)
-        try:
-            failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root),
-                                    args.point)
-        finally:
-            ctx.close()
+        rank = env_rank() or 0
+        with bounded(exp.launch.startup_s, rank, socket.gethostname()):
+            _inject_during_point(_injected_fault(f"startup of {exp.name}", rank), rank, "start-up")
+            ctx = RunContext.from_env(exp.launch.device, exp.launch.backend, exp.launch.timeout_s)
+            _rank_log(ctx.rank)
+            try:
+                failed = run_experiment(ctx, suite.name, exp, Path(args.results), args.force, Path(args.root),
+                                        args.point)
+            finally:
+                ctx.close()
     except ReproflowError as exc:
         print(f"reproflow: error: {exc}", file=sys.stderr, flush=True)
         return 2
