@@ -294,6 +294,49 @@ def test_megatron_core_layers_train_the_same_numbers(write_suite, tmp_path: Path
     assert _losses(results, "mcore") == pytest.approx(_losses(results, "serial"), rel=1e-4)
 
 
+def _megatron_stages(args: list[str]) -> tuple[int, ...]:
+    """The layers Megatron-LM builds on each pipeline stage from its options: the first and last stages'
+    own depths where given, the layers left split equally over the other stages."""
+    opt = {a.split("=")[0]: int(a.split("=")[1]) for a in args if "=" in a and a.split("=")[1].isdigit()}
+    layers, pp = opt["--num-layers"], opt["--pipeline-model-parallel-size"]
+    first, last = opt.get("--decoder-first-pipeline-num-layers"), opt.get("--decoder-last-pipeline-num-layers")
+    between = pp - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    assert (between == 0 and rest == 0) or (between > 0 and rest % between == 0), args
+    middle = (rest // between,) * between if between else ()
+    if first is not None:
+        middle = (first, *middle)
+    return (*middle, last) if last is not None else middle
+
+
+def test_megatron_lm_runs_every_split_of_the_baseline_grid_as_split() -> None:
+    """Every split of GPT-1.3B's 24 layers over 1-8 stages that the Megatron-LM grid holds (uneven first and
+    last stages included) renders to options under which Megatron-LM builds exactly those stages; a split
+    it cannot build (uneven stages between them, a stage cutting a layer) is refused, never evened out."""
+    from reproflow.families.aceso.plans import layer_splits, megatron_lm_args, to_json
+
+    gpt = model("gpt", "1_3B")
+    n = 1 + 24 * 13 + 2
+    ops, ones = [f"op{i}" for i in range(n)], [1] * n
+
+    def plan(counts: list[int]) -> dict:
+        return to_json(config_from_counts(gpt, 512, 8, ops, counts, ones, ones, [0] * n, [0] * n))
+
+    checked = 0
+    for pp in range(1, 9):
+        for split in layer_splits(24, pp, True):
+            counts = [13 * k for k in split]
+            counts[0] += 1
+            counts[-1] += 2
+            assert _megatron_stages(megatron_lm_args(plan(counts))) == split
+            checked += 1
+    assert checked > 500, checked
+    for counts, words in [([1 + 13 * 6, 13 * 5, 13 * 7, 13 * 6 + 2], "the stages between them equal"),
+                          ([150, 165], "cut a GPT layer")]:
+        with pytest.raises(ValueError, match=words):
+            megatron_lm_args(plan(counts))
+
+
 def test_megatron_lm_reads_the_uniform_plan(tmp_path: Path) -> None:
     """The plan's tp, pp, per-DP-rank micro-batch, batch, shape and recompute as Megatron-LM's options;
     its log's iteration times are read back; a non-uniform config is refused."""

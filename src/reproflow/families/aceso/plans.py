@@ -256,9 +256,35 @@ def best_feasible(plans: list[Plan], memory_limit: float) -> Plan | None:
     return min(ok, key=lambda p: (p.prediction.iteration_ms, p.prediction.max_memory), default=None)
 
 
+def stage_layers(ops: list[int]) -> tuple[int, ...]:
+    """The GPT layers of each stage of a plan with `ops` ops a stage (the embedding on the first stage, the
+    two tail ops on the last); ValueError where a stage holds part of a layer."""
+    inner = [n - (1 if i == 0 else 0) - (2 if i == len(ops) - 1 else 0) for i, n in enumerate(ops)]
+    if any(n <= 0 or n % len(GPT_LAYER) for n in inner):
+        raise ValueError(f"stages of {ops} ops cut a GPT layer ({len(GPT_LAYER)} ops): Megatron-LM splits whole "
+                         "layers")
+    return tuple(n // len(GPT_LAYER) for n in inner)
+
+
+def stage_depth_args(layers: tuple[int, ...]) -> list[str]:
+    """Megatron-LM's options for pipeline stages of `layers` layers: none where they are equal; the first
+    and last stages' own depths where only they differ (the stages between them equal); ValueError else."""
+    if len(set(layers)) <= 1:
+        return []
+    if len(layers) == 2:  # the last stage takes the layers the first leaves
+        return [f"--decoder-first-pipeline-num-layers={layers[0]}"]
+    if len(set(layers[1:-1])) > 1:
+        raise ValueError(f"stages of {'+'.join(map(str, layers))} layers: Megatron-LM gives only its first and last "
+                         "stages depths of their own, the stages between them equal")
+    middle = layers[1]
+    return [f"--decoder-{end}-pipeline-num-layers={n}" for end, n in (("first", layers[0]), ("last", layers[-1]))
+            if n != middle]
+
+
 def megatron_lm_args(d: dict[str, object], train_iters: int = 5) -> list[str]:
-    """Megatron-LM's `pretrain_gpt.py` options for a uniform GPT plan in Aceso's JSON (`d`): the same
-    tp, pp, per-DP-rank micro-batch, global batch, shape and full recompute, on mock data."""
+    """Megatron-LM's `pretrain_gpt.py` options for a GPT plan in Aceso's JSON (`d`) that Megatron-LM can
+    run: one tp and one dp for every op, its stages' depths (uneven first and last stages included), the
+    per-DP-rank micro-batch, global batch, shape and full recompute, on mock data."""
     if d.get("model_name") != "gpt":
         raise ValueError(f"model_name {d.get('model_name')!r}: only GPT plans map onto Megatron-LM's pretrain_gpt.py")
     tps = {t for stage in d["model_parallel_size_of_each_op"] for t in stage}  # type: ignore[attr-defined]
@@ -267,6 +293,7 @@ def megatron_lm_args(d: dict[str, object], train_iters: int = 5) -> list[str]:
         raise ValueError("not a uniform plan: Megatron-LM needs one tp and one dp for every op")
     (tp,), (dp,) = tps, dps
     pp = int(d["num_stages"])  # type: ignore[call-overload]
+    depths = stage_depth_args(stage_layers(list(d["num_ops_in_each_stage"])))  # type: ignore[call-overload]
     mbs = int(d["micro_batch_size"]) // dp  # type: ignore[call-overload]
     _, _, _, ffn, _, _, vocab = GPT[str(d["model_size"])] if d["model_size"] in GPT else GPT["scale-layer"]
     args = [f"--tensor-model-parallel-size={tp}", f"--pipeline-model-parallel-size={pp}",
@@ -275,7 +302,7 @@ def megatron_lm_args(d: dict[str, object], train_iters: int = 5) -> list[str]:
             f"--seq-length={d['seq_length']}", f"--max-position-embeddings={d['max_position_embeddings']}",
             f"--micro-batch-size={mbs}", f"--global-batch-size={d['global_batch_size']}",
             f"--train-iters={train_iters}", "--lr=1.0e-4", "--fp16", "--mock-data", "--tokenizer-type=NullTokenizer",
-            f"--vocab-size={vocab}", "--eval-iters=0", "--log-interval=1", "--log-throughput"]
+            f"--vocab-size={vocab}", "--eval-iters=0", "--log-interval=1", "--log-throughput", *depths]
     if any(any(stage) for stage in d["recompute_ops"]):  # type: ignore[attr-defined]
         args += ["--recompute-granularity=full", "--recompute-method=uniform", "--recompute-num-layers=1"]
     return args
