@@ -118,6 +118,14 @@ def test_run_ranks_stops_the_others_when_one_rank_fails(tmp_path):
     assert code == 5
 
 
+@pytest.mark.parametrize(("startup_s", "code"), [(None, 124), (3.0, 125)])
+def test_ranks_that_record_no_stage_meet_the_start_up_bound_only_where_one_is_given(tmp_path, startup_s, code):
+    """A command that is not reproflow's worker records no stage: without startup_s only the time limit
+    stops it (124); with one, it never reached a first point (125)."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert run_ranks(sleep, 2, tmp_path, limit_s=6, startup_s=startup_s) == code
+
+
 def test_runners_timed_together_take_turns_each_round(tmp_path) -> None:
     """interleaved_steps: warm-up rounds, then one step of every runner a round, so a drift reaches all alike."""
     import torch

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 import os
 import shutil
 import signal
@@ -84,7 +85,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     env.update(env_extra or {})
     procs: list[subprocess.Popen] = []
     files = []
-    launch = Launch(world, starts, startup_s or limit_s, mpirun)
+    launch = Launch(world, starts, startup_s, mpirun)
     with Owned() as owned:
         env.update(owned.env)
         if mpirun:
@@ -122,24 +123,25 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
 @dataclass
 class Launch:
     """What the wait for the ranks knows of their start: how many, where they record their stages, the
-    seconds from now each has to reach its first point, and the launcher (an mpirun's path, or '' for one
-    process per rank)."""
+    seconds from now each has to reach its first point (None: no bound, for commands that are not
+    reproflow's worker and record no stage), and the launcher (an mpirun's path, or '' for one process per
+    rank)."""
 
     world: int
     starts: Path
-    limit_s: float
+    limit_s: float | None
     mpirun: str
     started: bool = False
     _looked: float = 0.0
 
     def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.limit_s
+        self.deadline = time.monotonic() + (self.limit_s if self.limit_s is not None else math.inf)
 
     def overdue(self) -> bool:
         """Whether the start-up limit has passed with a rank short of its first point (looked up at most
         twice a second, and no more once every rank is there)."""
         now = time.monotonic()
-        if self.started or now < self._looked + 0.5:
+        if self.started or self.limit_s is None or now < self._looked + 0.5:
             return False
         self._looked = now
         ready = sum(s.stage == startup.READY for s in startup.stages(self.starts).values())
@@ -149,11 +151,8 @@ class Launch:
     def explain(self, owned: Owned) -> None:
         """Say which ranks did not start, and what each waited for: its last stage, and the kernel's word."""
         stages = startup.stages(self.starts)
-        ranks: dict[int, int] = {}
-        for pid, environ in owned.processes().items():
-            number = next((environ[v] for v in ("RANK", *startup.MPI_RANK_VARIABLES) if v in environ), "")
-            if number.isdigit():
-                ranks[int(number)] = pid
+        ranks = {rank: pid for pid, environ in owned.processes().items()
+                 if (rank := startup.env_rank(environ)) is not None}
         ready = sum(s.stage == startup.READY for s in stages.values())
         launcher = f"mpirun ({self.mpirun})" if self.mpirun else "reproflow's local launcher (a process per rank)"
         print(f"reproflow: start-up limit reached: {ready} of {self.world} rank(s) reached their first point within "

@@ -57,7 +57,6 @@ def gpu_of(local_rank: int, gpus: int, backend: str) -> int:
     return local_rank % gpus
 
 
-
 def adopt_mpi_environment() -> None:
     """Under an MPI launcher, take RANK, WORLD_SIZE, LOCAL_RANK and (unless set) the rendezvous from MPI.
 

@@ -14,7 +14,7 @@ import faulthandler
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +39,12 @@ SILENT = "no word from it: in the interpreter's start, its imports, or MPI_Init 
 EXIT_STARTUP = 125
 
 
-def env_rank() -> int | None:
-    """This rank's number from its launcher's environment (torchrun's RANK or an MPI launcher's), before
-    MPI or the process group is asked; None outside a launcher."""
+def env_rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """A rank's number from its launcher's environment (torchrun's RANK or an MPI launcher's; this process's
+    by default), before MPI or the process group is asked; None outside a launcher."""
     for name in ("RANK", *MPI_RANK_VARIABLES):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
     return None
 
 
