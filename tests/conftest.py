@@ -20,6 +20,21 @@ from reproflow.store.results import point_file_problem
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def one_case_claim(measured: float | None, interval: tuple[float, float] | None = None, *, statement: str = "s",
+                   target: str = "", at_least: float | None = 1.0, at_most: float | None = None,
+                   detail: str = "") -> Any:
+    """A judged claim of one case with the given ratio and interval (its verdict by the judge's rule), for
+    tests of what reads claims: the page, the picture, the plan for more samples."""
+    from reproflow.reporting.claims import Case, Claim, ClaimSpec, Design, verdict
+
+    spec = ClaimSpec(family="f", statement=statement, ratio="r", paper="", system="a", baselines="b",
+                     design=Design.INDEPENDENT, at_least=at_least, at_most=at_most, target=target)
+    if measured is None:
+        return Claim(spec, detail=detail)
+    case = Case("c", verdict(spec, measured, interval, interval), measured, interval, interval)
+    return Claim(spec, (case,), detail=detail, comparisons=1)
+
+
 @pytest.fixture(autouse=True)
 def own_catalog(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's runs go to a catalog of its own, never the user's, and no test inherits an open run."""

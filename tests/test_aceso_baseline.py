@@ -75,26 +75,40 @@ def test_under_the_memory_pressure_limit_every_plan_recomputes() -> None:
     assert pressure_limit([_plan(100, 90, False), _plan(120, 95, True)]) is None
 
 
-def test_confirmation_rounds_alternate_abba() -> None:
-    turns = baseline.confirm_trainings(4, mcore=True, configs={"aceso": Path("a.json"), "megatron": Path("m.json")})
-    assert turns[0] == {"plan": "megatron", "tp_impl": "megatron-core", "config": Path("m.json")}
-    assert [(t["round"], t["plan"]) for t in turns[1:]] == [
-        (1, "aceso"), (1, "megatron"), (2, "megatron"), (2, "aceso"),
-        (3, "aceso"), (3, "megatron"), (4, "megatron"), (4, "aceso")]
-    # every plan first as often as second
-    firsts = [turns[1 + 2 * i]["plan"] for i in range(4)]
-    assert firsts.count("aceso") == firsts.count("megatron")
+def test_confirmation_rounds_turn_the_order_round_and_train_a_config_once(tmp_path: Path) -> None:
+    """Each side's measured and predicted picks in rounds, the order reversed every other round, so each
+    role is as often early as late; a pick that is the other pick's config trains once, as both."""
+    for name, counts in (("a", [27, 28]), ("a2", [40, 15]), ("m", [20, 35]), ("u", [30, 25])):
+        _write(tmp_path / f"{name}.json", counts, 4)
+    configs = {("aceso", "measured"): tmp_path / "a.json", ("aceso", "predicted"): tmp_path / "a2.json",
+               ("megatron", "measured"): tmp_path / "m.json", ("megatron", "predicted"): tmp_path / "u.json"}
+    turns = baseline.confirm_trainings(2, mcore=True, configs=configs)
+    assert turns[0] == {"plan": "megatron", "pick": "measured", "tp_impl": "megatron-core",
+                        "config": tmp_path / "m.json"}
+    order = [(t["round"], t["plan"], t["pick"]) for t in turns[1:]]
+    assert order == [(1, "aceso", "measured"), (1, "megatron", "measured"), (1, "aceso", "predicted"),
+                     (1, "megatron", "predicted"), (2, "megatron", "predicted"), (2, "aceso", "predicted"),
+                     (2, "megatron", "measured"), (2, "aceso", "measured")]
+    assert turns[3]["config"] == tmp_path / "a2.json"
+    same = {**configs, ("megatron", "predicted"): tmp_path / "m.json"}  # the predicted plan measured fastest
+    turns = baseline.confirm_trainings(2, mcore=False, configs=same)
+    assert [(t["round"], t["plan"], t["pick"]) for t in turns] == [
+        (1, "aceso", "measured"), (1, "megatron", "both"), (1, "aceso", "predicted"),
+        (2, "aceso", "predicted"), (2, "megatron", "both"), (2, "aceso", "measured")]
+    submitted = baseline.confirm_trainings(1, mcore=False)  # resolved when the job runs: every role trains
+    assert [(t["plan"], t["pick"]) for t in submitted] == list(baseline.ROLES)
 
 
 def test_the_screen_is_shuffled_by_its_seed_and_recorded(tmp_path: Path) -> None:
     grid = [f"megatron_{i}.json" for i in range(12)]
-    one = baseline.screen_trainings(grid, 1)
-    assert baseline.screen_trainings(grid, 1) == one  # a rerun of the same search: the same points
-    assert baseline.screen_trainings(grid, 2) != one
-    assert sorted(str(t.get("grid_plan", "")) for t in one) == sorted(["", *grid])
-    assert [t.get("grid_plan") for t in one if t.get("grid_plan")] != grid  # not in the grid's order
+    aceso = [{"grid_plan": f"{k}stages"} for k in (1, 2)]
+    one = baseline.screen_trainings(grid, aceso, 1)
+    assert baseline.screen_trainings(grid, aceso, 1) == one  # a rerun of the same search: the same points
+    assert baseline.screen_trainings(grid, aceso, 2) != one
+    assert sorted(str(t.get("grid_plan", "")) for t in one) == sorted(["1stages", "2stages", *grid])
+    assert [t.get("grid_plan") for t in one if t["plan"] == "megatron"] != grid  # not in the grid's order
     text = baseline.turns_suite("s", "d", tmp_path, one, 2, 1, {"train_iters": 5})
-    assert "turn = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]" in text
+    assert "turn = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]" in text
 
 
 def _write(path: Path, counts: list[int], mbs: int) -> None:
@@ -122,22 +136,34 @@ def test_the_fastest_measured_plan_that_fits_is_the_baseline(tmp_path: Path) -> 
     _write(tmp_path / fits, [27, 28], 4)
     _write(tmp_path / predicted, [27, 28], 2)
     _write(tmp_path / "gpt_tiny_2stages_x.json", [40, 15], 4)
+    _write(tmp_path / "gpt_tiny_1stages_x.json", [55], 4)
     grid = [{"name": n, "plan": n, "predicted_ms": 1.0, "predicted_mb": 1.0} for n in (fast, fits, predicted)]
     (tmp_path / "search-k.json").write_text(json.dumps({
-        "configs": ["gpt_tiny_2stages_x.json"], "megatron": predicted, "megatron_grid": grid, "memory_limit": 100.0,
-        "megatron_memory_limit": 100.0, "best_ms": 1.0}))
+        "configs": ["gpt_tiny_2stages_x.json", "gpt_tiny_1stages_x.json"], "megatron": predicted,
+        "megatron_grid": grid, "memory_limit": 100.0, "megatron_memory_limit": 100.0, "best_ms": 1.0,
+        "depths": [{"num_stages": 1, "ms": 3.0}, {"num_stages": 2, "ms": 2.0}]}))
     rows = _rows("screen", {("megatron", fast, fast[:-5]): (800.0, 120.0), ("megatron", fits, fits[:-5]): (900.0, 90.0),
                             ("megatron", predicted, predicted[:-5]): (950.0, 70.0),
-                            ("aceso", "", "gpt_tiny_2stages_x"): (810.0, 110.0)})
+                            ("aceso", "2stages", "gpt_tiny_2stages_x"): (810.0, 110.0),
+                            ("aceso", "1stages", "gpt_tiny_1stages_x"): (850.0, 80.0)})
     # another search's Aceso config in the same suite's folder is not this one's
     rows = pd.concat([rows, _rows("screen", {("aceso", "", "gpt_tiny_2stages_old"): (10.0, 1.0)})])
     chosen = baseline.select(rows, tmp_path, "screen")
-    # the fastest plan measured over the limit (120 MB) is not the baseline; the next one is
+    # on each side the fastest measured over the limit (120 and 110 MB) is not the pick; the next one is
     assert chosen["measured_best"] == fits and chosen["predicted_best"] == predicted
-    assert [p["name"] for p in chosen["plans"]] == [fast, "gpt_tiny_2stages_x.json", fits, predicted]
+    assert chosen["aceso_measured_best"] == "gpt_tiny_1stages_x.json" and chosen["aceso"] == "gpt_tiny_2stages_x.json"
+    assert [p["name"] for p in chosen["plans"]] == [fast, "gpt_tiny_2stages_x.json", "gpt_tiny_1stages_x.json",
+                                                    fits, predicted]
+    assert [p["predicted_ms"] for p in chosen["plans"]][1:3] == [2.0, 3.0]
     assert not chosen["same_as_aceso"]
     assert resolve_config(tmp_path, "megatron") == tmp_path / fits
+    assert resolve_config(tmp_path, "megatron", pick="predicted") == tmp_path / predicted
     assert resolve_config(tmp_path, "megatron", predicted) == tmp_path / predicted
+    assert resolve_config(tmp_path, "aceso") == tmp_path / "gpt_tiny_1stages_x.json"
+    assert resolve_config(tmp_path, "aceso", pick="predicted") == tmp_path / "gpt_tiny_2stages_x.json"
+    assert resolve_config(tmp_path, "aceso", "2stages") == tmp_path / "gpt_tiny_2stages_x.json"
+    with pytest.raises(NotApplicable, match="no config of 3stages"):
+        resolve_config(tmp_path, "aceso", "3stages")
     with pytest.raises(NotApplicable, match="not among the plans"):
         resolve_config(tmp_path, "megatron", "megatron_pp1_tp1_dp2_mbs8_layers4_recompute.json")
     assert "the baseline: " + fits in baseline.say(chosen)

@@ -159,8 +159,8 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / 
 
 @pytest.mark.distributed
 def test_small_setting_from_one_command(tmp_path: Path) -> None:
-    """profile -> search -> screen of every Megatron-LM plan -> the fastest measured against Aceso's config
-    in ABBA rounds -> the reference's tables."""
+    """profile -> search -> screen of every Megatron-LM plan and every config of Aceso's -> each side's
+    measured and predicted picks in rounds -> the reference's tables."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
     # half the tiny setting's batch (--global-batch-size): every config the search and the grid write has it
@@ -213,14 +213,24 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
         assert (tables / name).is_file(), name
     for plan in ("aceso", "megatron"):
         assert list((logs / plan / "runtime" / "t5" / "tiny" / "csv").glob("*_stage0_rank0.csv")), plan
-    # Trained in turns in one job, ABBA: Aceso first in round 1, the plan first in round 2; each training's
-    # round and place recorded in its rows.
+    # Every config of Aceso's search screened as the grid's plans are, each side's measured pick taken.
+    assert {p["name"] for p in chosen["plans"] if p["plan"] == "aceso"} == set(manifest["configs"])
+    assert chosen["aceso_measured_best"] in manifest["configs"]
+    # Each side's measured and predicted picks trained in turns in one job, the order reversed in round 2
+    # (a pick that is the other pick's config once, as both); each training's round, pick and place in
+    # its rows, with its config's digest and the search's prediction.
     rows = load_results(results)
     turns = rows[(rows["suite"] == "aceso-train-t5-tiny") & (rows["metric"] == "iteration_ms")
                  & (pd.to_numeric(rows["round"]) > 0)].sort_values("turn")
-    assert [(int(r), p) for r, p in zip(turns["round"], turns["plan"], strict=True)] == [
-        (1, "aceso"), (1, "megatron"), (2, "megatron"), (2, "aceso")]
-    assert turns["config_name"].nunique() == 2  # the two configs by name, never another search's
+    order = [(int(r), p, k) for r, p, k in zip(turns["round"], turns["plan"], turns["pick"], strict=True)]
+    first = [(p, k) for r, p, k in order if r == 1]
+    assert first[:2] == [("aceso", "measured" if ("aceso", "predicted") in first else "both"),
+                         ("megatron", "measured" if ("megatron", "predicted") in first else "both")]
+    assert [(p, k) for r, p, k in order if r == 2] == first[::-1] and 2 <= len(first) <= 4
+    assert 2 <= turns["config_name"].nunique() <= 4  # the picks' configs by name, never another search's
+    predicted = rows[(rows["suite"] == "aceso-train-t5-tiny") & (rows["metric"] == "predicted_ms")]
+    assert set(predicted["plan"]) == {"aceso", "megatron"} and (predicted["value"] > 0).all()
+    assert rows.loc[rows["suite"] == "aceso-train-t5-tiny", "config_digest"].str.len().eq(12).all()
     # A second run reuses everything: profiles, search and training are not repeated.
     again = reproflow("aceso", "reproduce", "small", "--models", "t5", "--log-path", str(logs), "--results",
                       str(results), *short, timeout=300)

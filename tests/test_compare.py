@@ -98,7 +98,7 @@ def test_each_metric_is_judged_against_the_first_run(tmp_path: Path) -> None:
 def test_the_index_follows_the_files_and_matches_the_claims_statistics(tmp_path: Path) -> None:
     """The index is read again where a file changed or went, never trusted over the files; its interval
     is the one the claims compute from the raw samples."""
-    from reproflow.reporting.claims import ratio_interval
+    from reproflow.reporting.intervals import ratio_interval
     from reproflow.store.results import read_point_file
 
     write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")

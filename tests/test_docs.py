@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, reproflow
 
 from reproflow.app.cli import build_parser
 
@@ -289,3 +289,12 @@ def test_commands_exist(page, capsys):
     with capsys.disabled():
         print(f"\n{page_id(page)}: {sum(tally.values())} commands: {summary or 'none'}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_claims_page_is_what_the_code_declares() -> None:
+    """docs/claims.md (make claims-doc) holds the table `reproflow claims` prints from every family's
+    claims.py: a claim changed in code and not in the page fails here."""
+    declared = reproflow("claims")
+    assert declared.returncode == 0, declared.stderr
+    page = (ROOT / "docs" / "claims.md").read_text()
+    assert declared.stdout.strip() in page, "docs/claims.md is stale: run make claims-doc"

@@ -26,10 +26,11 @@ def test_markdown_leaves_missing_cells_empty_and_keeps_integers():
 
 def test_the_claims_table_gives_each_case_its_own_line():
     """A claim's `where` lists its cases one a line on the page, commas inside intervals kept."""
-    from reproflow.reporting.claims import Claim
+    from conftest import one_case_claim
+
     from reproflow.reporting.page import _html_claims, case_lines
 
     where = "gpt 1.17x [0.96, 1.41], moe 2.50x [2.1, 2.9]; 4 ranks gloo/cpu"
     assert case_lines(where) == ["gpt 1.17x [0.96, 1.41],", "moe 2.50x [2.1, 2.9];", "4 ranks gloo/cpu"]
-    page = _html_claims([Claim("cfp", "s", "r", 1.17, at_least=1.0, detail=where)])
+    page = _html_claims([one_case_claim(1.17, detail=where)])
     assert "gpt 1.17x [0.96, 1.41],<br>moe 2.50x [2.1, 2.9];<br>4 ranks gloo/cpu" in page

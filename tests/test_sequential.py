@@ -12,15 +12,20 @@ from conftest import ROOT
 
 from reproflow.app.reproduce.plan import PLAN, load_plan
 from reproflow.app.reproduce.resample import plan_resamples
-from reproflow.reporting.claims import HOLDS, LEVEL, Claim, at_level, level_for, paired_ratio_interval
+from reproflow.reporting.claims import HOLDS, Claim, ClaimSpec, Comparison, Design, judge, level_for
+from reproflow.reporting.intervals import LEVEL, at_level
 
 REPLICATES = 20000
 
 
+SPEC = ClaimSpec(family="aceso", statement="faster", ratio="ratio", paper="", system="aceso", baselines="megatron",
+                 design=Design.PAIRED, at_least=1.0, target="fig7")
+
+
 def _claim(log_ratios: np.ndarray) -> Claim:
     """Aceso's speed-up claim on rounds whose log ratios are given (one pair of trainings a round)."""
-    ratio, interval = paired_ratio_interval([([float(np.exp(d))], [1.0]) for d in log_ratios])
-    return Claim("aceso", "faster", "ratio", ratio, at_least=1.0, target="fig7", interval=interval)
+    return judge(SPEC, [Comparison("gpt", {r: [float(np.exp(d))] for r, d in enumerate(log_ratios, 1)},
+                                   {r: [1.0] for r in range(1, len(log_ratios) + 1)})])
 
 
 def false_holds(level: float, seed: int = 7) -> float:

@@ -164,12 +164,14 @@ def test_every_slicing_matches_the_unsplit_model_over_mpi(tmp_path, write_suite)
     for model in ("resnet", "amoebanet"):
         for sl in ("square", "vertical", "horizontal"):
             assert 0 < ex[(model, sl, True)] < ex[(model, sl, False)]
-    # The halo-D2 claim reads these one-step checks, paired within each setting: 6 pairs, below 1.
-    from reproflow.reporting.report import load_analysis
+    # The exactness claim reads these checks, a case per model and slicing; halo-D2's claim is about speed,
+    # which one-step checks do not time.
+    from reproflow.reporting.claims import NOT_APPLICABLE, NOT_MEASURED
+    from reproflow.reporting.report import family_part
 
-    exact, fewer, _ = load_analysis("spatial").claims(rows, tmp_path)
-    assert exact.status == "holds" and fewer.status == "holds" and fewer.target == "spatial-check", fewer
-    assert fewer.detail.startswith("6 pair(s)") and 0 < fewer.measured < 1, fewer
+    exact, _, halo = family_part("spatial", "claims").claims(rows, tmp_path)
+    assert exact.status == "holds" and len(exact.cases) == 13, exact.record()["cases"]
+    assert halo.status in (NOT_APPLICABLE, NOT_MEASURED) and halo.measured is None and halo.target == "spatial-chart"
     # Each tile keeps a quarter of what the unsplit first stage keeps for backward, plus its halos;
     # halo-D2 keeps more (it computes the overlaps of a group twice).
     act = rows[(rows["metric"] == "activation_bytes") & (rows["stage"].astype(float) == 0)]
@@ -311,13 +313,13 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
 
 def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):
     """...of the tiled configuration the suite names for the claim (speedup_claim), not the fastest one."""
-    from reproflow.reporting.claims import HOLDS, NOT_APPLICABLE, NOT_MEASURED
-    from reproflow.reporting.report import load_analysis
+    from reproflow.reporting.claims import FAILS, HOLDS, NOT_APPLICABLE, NOT_MEASURED
+    from reproflow.reporting.report import family_part
 
-    def rows(experiment, spatial_size, slice_method, verify, seconds, named=False):
+    def rows(experiment, spatial_size, slice_method, verify, seconds, named=False, d2=False):
         return [{"suite": "s", "experiment": experiment, "point": slice_method, "world_size": 5, "backend": "gloo",
                  "device": "cpu", "timestamp": "t", "family": "spatial", "rank": "all", "model": "amoebanet",
-                 "spatial_size": spatial_size, "slice_method": slice_method, "halo_d2": False, "verify": verify,
+                 "spatial_size": spatial_size, "slice_method": slice_method, "halo_d2": d2, "verify": verify,
                  "speedup_claim": named, "epoch": 0.0, "step": float(i), "metric": "step_s", "value": v}
                 for i, v in enumerate(seconds)]
 
@@ -329,15 +331,22 @@ def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_chec
         + rows("check", 1, "vertical", True, [0.90]))  # a one-step check of another size: not a timed step
     frame = pd.concat([frame, pd.DataFrame([{**frame.iloc[0].to_dict(), **steady[0]},
                                             {**frame.iloc[5].to_dict(), **steady[1]}])], ignore_index=True)
-    claims = load_analysis("spatial").claims
-    claim = claims(frame, tmp_path)[2]
+    claims = family_part("spatial", "claims").claims
+    claim = claims(frame, tmp_path)[1]
     assert claim.status == HOLDS and claim.measured == pytest.approx(1.95, rel=0.03), claim
     # 5 ranks on one host of 2 cores take turns on the cores: the ratio is shown, the claim not judged.
-    shared = claims(frame.assign(nodelist="vm", host_cpus=2), tmp_path)[2]
+    shared = claims(frame.assign(nodelist="vm", host_cpus=2), tmp_path)[1]
     assert shared.status == NOT_APPLICABLE and shared.measured == claim.measured, shared
     assert "5 ranks shared 2 CPU cores" in shared.record()["where"]
-    assert claims(frame.assign(nodelist="vm", host_cpus=8), tmp_path)[2].status == HOLDS
-    assert claims(frame.assign(nodelist="a,b,c,d,e", host_cpus=2), tmp_path)[2].status == HOLDS  # a rank per host
+    assert claims(frame.assign(nodelist="vm", host_cpus=8), tmp_path)[1].status == HOLDS
+    assert claims(frame.assign(nodelist="a,b,c,d,e", host_cpus=2), tmp_path)[1].status == HOLDS  # a rank per host
     # no configuration named before the run: nothing is judged, whichever tiles were fastest
-    unnamed = claims(frame.assign(speedup_claim=False), tmp_path)[2]
-    assert unnamed.status == NOT_MEASURED and "speedup_claim" in unnamed.detail
+    unnamed = claims(frame.assign(speedup_claim=False), tmp_path)[1]
+    assert unnamed.status == NOT_MEASURED and "tiled configuration" in unnamed.detail
+    # halo-D2 against the same tiles without it, slicing by slicing: faster on vertical, slower on square
+    timed = pd.DataFrame(rows("d2", 1, "vertical", False, [0.3, 0.05, 0.051, 0.05, 0.049], d2=True)
+                         + rows("plain", 1, "square", False, [0.3, 0.10, 0.101, 0.10, 0.099])
+                         + rows("d2", 1, "square", False, [0.3, 0.20, 0.201, 0.20, 0.199], d2=True))
+    halo = claims(pd.concat([frame, timed], ignore_index=True), tmp_path)[2]
+    assert [(c.label, c.status) for c in halo.cases] == [("amoebanet square", FAILS), ("amoebanet vertical", HOLDS)]
+    assert halo.status == FAILS

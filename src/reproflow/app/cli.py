@@ -178,7 +178,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Build tables and figures from every result under --results."""
-    from reproflow.reporting.claims import METHOD, NOT_MEASURED, counts
+    from reproflow.reporting.claims import METHOD, counts
     from reproflow.reporting.report import build_reports, check_claims
 
     if args.claims_only and args.reference:
@@ -187,7 +187,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.claims_only:
         claims, written = check_claims(Path(args.results), Path(args.out))
         for c in claims:
-            value = c.detail if c.status == NOT_MEASURED else f"{c.measured:.3g}" + (
+            value = c.detail if c.measured is None else f"{c.measured:.3g}" + (
                 f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})" + (
                 f": {c.not_applicable}" if c.not_applicable else "")
             more = c.record()["samples to decide"]
@@ -204,6 +204,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = Path(args.out) / "report.html"
     if not args.family:
         print(f"reproflow: report page {page} (self-contained) and {page.with_suffix('.md')}")
+    return 0
+
+
+def cmd_claims(args: argparse.Namespace) -> int:
+    """Print every family's claims as declared (markdown), and with --simulate the verdicts' error rates."""
+    import pandas as pd
+
+    from reproflow.reporting.claims import METHOD, spec_record
+    from reproflow.reporting.page import to_markdown
+    from reproflow.reporting.report import declared_claims
+
+    print(f"Every claim, as its family declares it; each judged by one rule: {METHOD}.\n")
+    print(to_markdown(pd.DataFrame([spec_record(s) for s in declared_claims()])))
+    if args.simulate:
+        from reproflow.reporting.simulation import SPREAD, table
+
+        print(f"\nThe verdicts' rates, each design judged by the same rule on {args.simulate} simulated draws (seed "
+              f"{args.seed}; `reproflow claims --simulate {args.simulate} --seed {args.seed}` prints the same). Every "
+              f"sample log-normal with a {SPREAD:.0%} spread; null: every side as fast as the system, so a holds and a "
+              "does not hold are both false; a 10 % effect either way says how often each verdict is reached. The "
+              "designs marked 'not used' are the ways verdicts were drawn before one judge: the bound they break "
+              "shows the simulation can tell.\n")
+        print(to_markdown(pd.DataFrame(table(args.simulate, seed=args.seed)), floatfmt=".3f"))
     return 0
 
 
@@ -510,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables and figures from the results", formatter_class=fmt,
                        description="Aggregate every CSV under --results into tables (CSV + markdown) and "
-                                   "figures (PNG + PDF) with the analysis/ module of each family, check the "
+                                   "figures (PNG + PDF) with each family's report module, check the "
                                    "papers' claims (claims.csv) and write the report page: report.html, "
                                    "self-contained, and its markdown twin report.md.")
     p.add_argument("--results", default="results", help="results folder")
@@ -523,6 +546,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a section (and reference_NAME.md) setting the results against this published figure of "
                         "workflows/reference/limits.toml, e.g. p5-2node (comma-separated or repeated)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("claims", help="every claim as declared: design, selection, error control, threshold",
+                       formatter_class=fmt,
+                       description="Print the table of every family's claims (markdown): what is compared with what, "
+                                   "the design of the comparison, how a best-of-several is chosen, how the verdict's "
+                                   "error rates are held, where it applies, its threshold and the paper's figure.")
+    p.add_argument("--simulate", type=int, default=0, metavar="N",
+                   help="also the verdicts' error rates, each design judged on N simulated draws")
+    p.add_argument("--seed", type=int, default=1, help="seed of the simulated draws")
+    p.set_defaults(func=cmd_claims)
 
     p = sub.add_parser("reproduce", help="every family's small suites, then the report page with the claims",
                        formatter_class=argparse.RawDescriptionHelpFormatter,

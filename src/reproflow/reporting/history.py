@@ -32,9 +32,9 @@ import numpy as np
 import pandas as pd
 
 from reproflow.reporting import catalog
-from reproflow.reporting.claims import LEVEL, log_ratio_intervals
 from reproflow.reporting.compare import direction
 from reproflow.reporting.figures import new_figure, save_figure
+from reproflow.reporting.intervals import LEVEL, log_ratio_intervals
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import families

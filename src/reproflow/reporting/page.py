@@ -85,7 +85,7 @@ def _html_claims(claims: list[Claim]) -> str:
 
     def cell(key: str, v: object) -> str:
         text = html.escape(f"{v:.4g}" if isinstance(v, float) else str(v or ""))
-        return "<br>".join(case_lines(text)) if key == "where" else text
+        return "<br>".join(case_lines(text)) if key in ("where", "cases") else text
 
     rows = [f'<tr class="{STATUS_CLASS[str(r["status"])]}">'
             + "".join(f"<td>{cell(k, v)}</td>" for k, v in r.items()) + "</tr>" for r in records]

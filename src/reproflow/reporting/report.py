@@ -1,7 +1,8 @@
 """Analysis helpers: load every result CSV, pick the newest measurement, write tables and figures.
 
-The papers' tables and figures are built by the `analysis` package's module of each family; each defines
-`build(frame, out_dir) -> list[Path]` and receives that family's rows.
+The papers' tables and figures are built by each family's `report` module (`build(frame, out_dir) ->
+list[Path]`, given that family's rows), its claims by its `claims` module (`claims(frame, reports)`),
+both found by name, as the family registry finds the families.
 """
 
 from __future__ import annotations
@@ -10,20 +11,21 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
 
 from reproflow.reporting import catalog
-from reproflow.reporting.claims import LEVEL, Claim, at_level, level_for, read_looks
+from reproflow.reporting.claims import Claim, ClaimSpec, level_for, read_looks
 from reproflow.reporting.compare import NOT_MEASURED, against_published
 from reproflow.reporting.figures import forest_plot
+from reproflow.reporting.intervals import LEVEL, at_level
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
 from reproflow.spec.errors import ReproflowError
-from reproflow.spec.family import AGGREGATE, families
+from reproflow.spec.family import AGGREGATE, PACKAGE, families
 from reproflow.spec.params import canonical
 from reproflow.store.results import (
     GATE_FAIL,
@@ -33,9 +35,6 @@ from reproflow.store.results import (
     quarantine,
     result_files,
 )
-
-# The package of the papers' tables, figures and claims, `analysis.<family>`: found by name, as a plugin.
-ANALYSIS = "analysis"
 
 
 @dataclass
@@ -224,12 +223,18 @@ def setting_label(row: pd.Series) -> str:
     return f"{int(row['world_size'])} ranks, {row['backend']}/{row['device']}"
 
 
-def load_analysis(family: str) -> ModuleType | None:
-    """The family's module of the `analysis` package (installed with reproflow), or None when it has none."""
-    name = f"{ANALYSIS}.{family}"
-    if importlib.util.find_spec(ANALYSIS) is None or importlib.util.find_spec(name) is None:
+def family_part(family: str, part: str) -> ModuleType | None:
+    """The family's module `part` (report: its tables and figures; claims: its claims), found by name as
+    the registry finds families, or None when the family has none."""
+    name = f"{PACKAGE}.{family}.{part}"
+    if importlib.util.find_spec(name) is None:
         return None
     return importlib.import_module(name)
+
+
+def declared_claims() -> list[ClaimSpec]:
+    """Every family's claims, as declared (its claims module's CLAIMS)."""
+    return [spec for name in families() for spec in getattr(family_part(name, "claims"), "CLAIMS", ())]
 
 
 def check_claims(results: Path, out_dir: Path) -> tuple[list[Claim], list[Path]]:
@@ -240,7 +245,7 @@ def check_claims(results: Path, out_dir: Path) -> tuple[list[Claim], list[Path]]
         raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
     looks = read_looks(results)
     claims = [c for name in families()
-              for c in _claims(load_analysis(name), _family_rows(frame, name), out_dir, looks.get(name, 1))]
+              for c in _claims(family_part(name, "claims"), _family_rows(frame, name), out_dir, looks.get(name, 1))]
     return claims, _write_claims(claims, out_dir)
 
 
@@ -254,8 +259,8 @@ def _claims(module: ModuleType | None, rows: pd.DataFrame, out_dir: Path, looks:
     if module is None or not hasattr(module, "claims"):
         return []
     level = level_for(looks)
-    with at_level(level):
-        return [replace(c, level=level) for c in module.claims(rows, out_dir)]
+    with at_level(level):  # judge() takes the level the block sets
+        return list(module.claims(rows, out_dir))
 
 
 def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
@@ -291,7 +296,7 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
         if only and name not in only:
             continue
         rows = _family_rows(frame, name)
-        module = load_analysis(name)
+        module = family_part(name, "report")
         files: list[Path] = []
         if len(rows) and module is None:
             table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
@@ -299,11 +304,11 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
         elif len(rows):
             files = module.build(rows, out_dir)
         # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too,
-        # but for the tables its analysis folds into one of its own (FOLDED: their name prefixes).
+        # but for the tables its report folds into one of its own (FOLDED: their name prefixes).
         folded = tuple(getattr(module, "FOLDED", ()))
         files += sorted(p for p in (out_dir / name).glob("*")
                         if p.suffix == ".png" or (p.suffix == ".csv" and not p.name.startswith(folded)))
-        claims = _claims(module, rows, out_dir, looks.get(name, 1))
+        claims = _claims(family_part(name, "claims"), rows, out_dir, looks.get(name, 1))
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
     for published in references:

@@ -1,4 +1,4 @@
-"""Where the project's data folders are: workflows/, templates/, analysis/, sbatch/."""
+"""Where the project's data folders are: workflows/, templates/, sbatch/."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from reproflow.spec.errors import ReproflowError
 
-_MARKERS = ("workflows", "templates", "analysis")
+_MARKERS = ("workflows", "templates")
 
 
 def _is_root(path: Path) -> bool:
@@ -16,11 +16,11 @@ def _is_root(path: Path) -> bool:
 
 def project_root() -> Path:
     """The reproflow checkout: $REPROFLOW_ROOT, else the nearest parent of the working directory
-    holding workflows/, templates/ and analysis/, else the checkout this package was installed from."""
+    holding workflows/ and templates/, else the checkout this package was installed from."""
     env = os.environ.get("REPROFLOW_ROOT")
     if env:
         if not _is_root(Path(env)):
-            raise ReproflowError(f"REPROFLOW_ROOT={env} has no workflows/, templates/ and analysis/ folders. "
+            raise ReproflowError(f"REPROFLOW_ROOT={env} has no workflows/ and templates/ folders. "
                                  "Point it at a reproflow checkout.")
         return Path(env).resolve()
     here = Path.cwd().resolve()
@@ -30,5 +30,5 @@ def project_root() -> Path:
     source = Path(__file__).resolve().parents[3]  # src/reproflow/spec/paths.py
     if _is_root(source):
         return source
-    raise ReproflowError("cannot find the reproflow checkout (workflows/, templates/, analysis/). "
+    raise ReproflowError("cannot find the reproflow checkout (workflows/, templates/). "
                          "Run from inside it or set REPROFLOW_ROOT.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reproflow.families.aceso.manifest import PICKS
 from reproflow.spec.family import Family, Measurement
 from reproflow.spec.params import Param
 
@@ -78,9 +79,13 @@ FAMILY = Family(
         Param("config", "str", "", "train: a config JSON (Aceso's format), or a search's --config-save-path"),
         Param("plan", "str", "aceso", "train: the runtime column (aceso: a searched config; megatron: a uniform "
               "plan) and, for a search folder, which of its configs", choices=("aceso", "megatron")),
-        Param("grid_plan", "str", "", "train: with a search folder and plan megatron, this plan of its Megatron-LM "
-              "grid (e.g. megatron_pp2_tp1_dp1_mbs4_layers3-1_norecompute.json); empty: the fastest measured, or "
-              "the predicted fastest where none was measured"),
+        Param("grid_plan", "str", "", "train: with a search folder, this config of it: plan megatron, a plan of its "
+              "Megatron-LM grid (e.g. megatron_pp2_tp1_dp1_mbs4_layers3-1_norecompute.json); plan aceso, Aceso's "
+              "config of one pipeline depth (e.g. 2stages); empty: the config `pick` names"),
+        Param("pick", "str", "measured", "train: with a search folder and no grid_plan, which config stands for the "
+              "plan: the fastest measured on the screen that fits (measured; the predicted fastest before a "
+              "screen), the search's predicted fastest as the artifact picks it (predicted), or both (one config "
+              "is both)", choices=PICKS),
         Param("train_iters", "int", 5, "train: iterations (then one more with per-op timers)", minimum=1),
         Param("train_seconds", "float", 0.0, "train: more iterations than train_iters until the timed ones take "
               "this many seconds (0: train_iters exactly)", minimum=0.0),

@@ -1,6 +1,6 @@
 """The artifact's experiments, one command each (`reproflow aceso reproduce small|large|scale` and the
 result scripts): each row of its settings (settings.py) through pipeline.py's steps, with its own
-options, then the reference's tables and figures (the `analysis` package's aceso module).
+options, then the reference's tables and figures (the family's `report` module).
 
 small: profile -> search -> train on this machine's ranks (or submitted), the Megatron-LM plan
 trained beside Aceso's config, and each trained config's ops profiled again right after its
@@ -21,6 +21,7 @@ from reproflow import api
 from reproflow.api import Placement
 from reproflow.families.aceso import mcore
 from reproflow.families.aceso.baseline import (
+    ROLES,
     SCREEN,
     confirm_trainings,
     order_seed,
@@ -32,13 +33,14 @@ from reproflow.families.aceso.baseline import (
 )
 from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import AFTER_TRAINING, read_database, write_from_rows
-from reproflow.families.aceso.manifest import newest_manifest, resolve_config
+from reproflow.families.aceso.manifest import depth_name, newest_manifest, resolve_config
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.pipeline import (
     SEARCH_KEYS,
     ProfileRequest,
     SearchRequest,
     Setup,
+    depths_of,
     grid_names,
     profile,
     profile_suite,
@@ -180,12 +182,13 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         launch = {"nodes": nodes, "gpus_per_node": gpn, "network": network}
         screen = {**SCREEN, **({"train_iters": req.screen_iters} if req.screen_iters else {})}
         after = _measure_baseline(search_req, label, {**params, **screen}, launch, replace(here, after=after))
-        # Aceso's config and the Megatron-LM plan in turns, in one job (the plan once more on
+        # Each side's measured and predicted picks in turns, in one job (the Megatron-LM plan once more on
         # megatron-core's layers first, where installed); run here, each by its JSON, so that the points
         # of another search's configs are never taken for these.
         name = f"aceso-train-{label}"
-        configs = None if where.submit else {p: resolve_config(folder, p) for p in ("aceso", "megatron")}
-        text = turns_suite(name, f"Aceso's config and the Megatron-LM plan of {label} in {rounds} round(s), ABBA",
+        configs = None if where.submit else {(p, k): resolve_config(folder, p, pick=k) for p, k in ROLES}
+        text = turns_suite(name, f"Aceso's configs and the Megatron-LM plans of {label} (measured and predicted "
+                           f"picks) in {rounds} round(s), in turns",
                            folder, confirm_trainings(rounds, bool(mcore_impl), configs), nodes, gpn,
                            {**params, "train_iters": train_iters, "train_seconds": train_seconds,
                             "warmup_iters": warmup_iters}, network)
@@ -215,17 +218,20 @@ def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object],
     screen names the grid's every plan (those its search does not write are not applicable). Returns
     the job ids the next step waits for."""
     folder = req.config_save_path
+    aceso: list[dict[str, object]]
     if where.submit:
         grid = grid_names(req)
+        aceso = [{"grid_plan": depth_name(k)} for k in depths_of(req)]
     else:
         manifest = newest_manifest(folder)
         assert manifest is not None
-        grid = [g["name"] for g in json.loads(manifest.read_text()).get("megatron_grid") or ()]
-        aceso = resolve_config(folder, "aceso")
+        done = json.loads(manifest.read_text())
+        grid = [g["name"] for g in done.get("megatron_grid") or ()]
+        aceso = [{"config": folder / n} for n in done["configs"]]
     options = {k: getattr(req, k) for k in SEARCH_KEYS}
     name = f"aceso-screen-{label}"
-    text = turns_suite(name, f"every Megatron-LM plan of {label} and Aceso's config, once each, shuffled", folder,
-                       screen_trainings(grid, order_seed(options), None if where.submit else aceso),
+    text = turns_suite(name, f"every Megatron-LM plan of {label} and every config of Aceso's, once each, shuffled",
+                       folder, screen_trainings(grid, aceso, order_seed(options)),
                        int(launch["nodes"]),  # type: ignore[call-overload]
                        int(launch["gpus_per_node"]), params, str(launch["network"]))  # type: ignore[call-overload]
     ids = api.run_generated_suite(text, name, where)
@@ -416,15 +422,12 @@ def _score_artifact(s: Setting, db_path: Path, artifact_configs: Path, where: Pa
 def results(script: str, setting: str, log_path: Path | None, out: Path | None, published: Path | None) -> str:
     """The reference's result scripts (e2e, search-cost, perf-model-acc, predicted): tables printed and
     written as CSVs, and the paper's figure. Returns the printed table."""
-    from reproflow.reporting.report import load_analysis
+    from reproflow.families.aceso import report  # matplotlib and pandas: only where the tables are made
 
-    analysis = load_analysis("aceso")
-    if analysis is None:
-        raise ReproflowError("the `analysis` package (installed with reproflow) has no aceso module.")
     log = log_path or Path("aceso-logs" if setting == "small" else "aceso-logs-large")
     out = out or log / "results"
-    fn = {"e2e": analysis.e2e, "search-cost": analysis.search_cost, "perf-model-acc": analysis.perf_model_acc,
-          "predicted": analysis.predicted}
+    fn = {"e2e": report.e2e, "search-cost": report.search_cost, "perf-model-acc": report.perf_model_acc,
+          "predicted": report.predicted}
     text = fn[script](log, setting, out, published)
     print(text or f"no {script} data under {log}: run `reproflow aceso reproduce` (or train) first")
     print(f"tables and figures: {out}")

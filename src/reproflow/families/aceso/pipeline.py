@@ -335,9 +335,14 @@ def grid_names(req: SearchRequest) -> list[str]:
     gpus = req.num_nodes * req.num_gpus_per_node
     mbs = list(req.megatron_micro_batch_size or req.micro_batch_size or (RESNET_MBS if m.family == "resnet"
                                                                          else GPT_MBS))
-    depths = range(req.start_num_stages, (req.end_num_stages or min(gpus, 16)) + 1)
     return [plan_name(pp, tp, dp, b, layers, rc) for pp, tp, dp, b, rc, layers, _ in
-            shapes(m, mbs, gpus, req.max_tp or m.max_tp(req.num_gpus_per_node), depths, uneven=True)]
+            shapes(m, mbs, gpus, req.max_tp or m.max_tp(req.num_gpus_per_node), depths_of(req), uneven=True)]
+
+
+def depths_of(req: SearchRequest) -> range:
+    """The pipeline depths the search tries, before any profile (a submitted screen names Aceso's config of
+    each; those the search does not find are not applicable)."""
+    return range(req.start_num_stages, (req.end_num_stages or min(req.num_nodes * req.num_gpus_per_node, 16)) + 1)
 
 
 def memory_pressure_limit(req: SearchRequest) -> float:

@@ -9,6 +9,7 @@ baseline is trained over (`to_train`), the fastest measured of them the baseline
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -92,6 +93,12 @@ def read_config(path: Path) -> dict:
             if len(ops) != n:
                 raise ParamError(f"{path}: {key}[{s}] has {len(ops)} entries; the stage has {n} ops.", what)
     return d
+
+
+def config_digest(path: Path) -> str:
+    """What identifies a config whatever its file's name: the hash of its fields (the same plan written
+    by Aceso's search and by the Megatron-LM grid has one digest)."""
+    return hashlib.sha256(json.dumps(read_config(path), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def read_json(path: Path, model: Model, model_ops: list[str]) -> Config:

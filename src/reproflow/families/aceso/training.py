@@ -28,7 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from reproflow.families.aceso import mcore
 from reproflow.families.aceso.layout import MB, Groups, check_shapes, load_config
-from reproflow.families.aceso.manifest import resolve_config
+from reproflow.families.aceso.manifest import predicted, resolve_config
+from reproflow.families.aceso.plans import config_digest
 from reproflow.families.aceso.stage import Stage, Timers
 from reproflow.families.aceso.tp import Env, Group, OpDef
 from reproflow.rank.context import RunContext
@@ -74,7 +75,8 @@ def check(params: Mapping[str, Any], world_size: int, *, at_run_time: bool = Fal
         raise ParamError("'config' is empty.", "the path of a config JSON (reproflow aceso search or megatron)")
     if Path(params["config"]).suffix != ".json" and not at_run_time:
         return
-    _, stages = load_config(resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", "")),
+    _, stages = load_config(resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", ""),
+                          params.get("pick", "measured")),
                             params["seq_len"])
     gpus = sum(s.size for s in stages)
     if gpus != world_size:
@@ -136,7 +138,8 @@ def _iterate(ctx: RunContext, stage: Stage, optimizer: torch.optim.Optimizer, it
 def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     """Train the config for `train_iters` iterations or more (`train_seconds`), then one instrumented;
     measurements of rank 0."""
-    path = resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", ""))
+    path = resolve_config(Path(params["config"]), params["plan"], params.get("grid_plan", ""),
+                          params.get("pick", "measured"))
     config, stages = load_config(path, params["seq_len"])
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         params["dtype"] if params["dtype"] != "auto" else ("bfloat16" if ctx.device.type == "cuda" else "float32")]
@@ -184,11 +187,15 @@ def train(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
     samples = config.global_bs / (iteration_ms / 1000)
     ctx.log(f"aceso train: {iteration_ms:.2f} ms per iteration, {samples:.2f} samples/s, "
             f"{tflops:.4f} TFLOP/s per rank (model FLOPs), losses {losses[0]:.4f} -> {losses[-1]:.4f}")
-    who = {"config_name": path.stem, "model_name": config.model.name, "model_size": config.model.size}
+    who = {"config_name": path.stem, "config_digest": config_digest(path), "model_name": config.model.name,
+           "model_size": config.model.size}
     out = [Measurement("iteration_ms", iteration_ms, "ms", who),
            Measurement("samples_per_s", samples, "samples/s", who),
            Measurement("tflops_per_gpu", tflops, "TFLOP/s", who), Measurement("model_flops", model_flops, "FLOP", who)]
     out += [Measurement("loss", v, "", {**who, "iteration": i + 1}) for i, v in enumerate(losses)]
+    # What the search predicted for this config before any training: the prediction claim's other side.
+    out += [Measurement(metric, value, unit, who) for metric, value, unit in
+            zip(("predicted_ms", "predicted_mb"), predicted(path), ("ms", "MB"), strict=True) if value is not None]
     # Each timed iteration's slowest rank: the samples a claim's confidence interval comes from.
     kept = steps[params["warmup_iters"]:] or steps[-1:]
     out += [Measurement("step_ms", v * 1000, "ms", {**who, "iteration": len(steps) - len(kept) + i + 1})

@@ -10,8 +10,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reproflow.families.param_comms.sweep import bus_factor
-from reproflow.reporting.claims import Claim, not_measured
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import (
     aggregates,
@@ -89,48 +87,3 @@ def compare(table: pd.DataFrame, out_dir: Path) -> list[Path]:
         _finish_busbw_axes(ax, sub["size_bytes"], f"{collective}: reproflow vs {', '.join(others)} (same job)")
         written += save_figure(fig, out_dir, f"param_comms_compare_{collective}")
     return written
-
-
-FAMILY = "param_comms"
-RUN_IT = "make comms (reproflow run param-demo -e comms)"
-
-
-def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """What nccl-tests' PERFORMANCE.md says of its columns: busBW = algBW x the collective's factor in every
-    row, and small messages are latency-bound (busBW grows with size). A plateau at large sizes is left out:
-    it is the link's bandwidth on GPUs, which the document does not promise, and on CPUs the caches make
-    busBW rise and fall with size from run to run."""
-    shape = "nccl-tests doc/PERFORMANCE.md: small messages are latency-bound, busBW approaches the link's at large ones"
-    statements = [("busBW / algBW equals the nccl-tests factor of each collective (2(n-1)/n, (n-1)/n or 1)",
-                   "largest |(busBW/algBW) / factor - 1| over every row",
-                   "0 by definition (nccl-tests doc/PERFORMANCE.md)"),
-                  ("busBW grows with message size", "smallest, over collectives, busBW at the largest size / at "
-                   "the smallest", shape)]
-    rows = aggregates(newest(frame)) if len(frame) else frame
-    if rows.empty:
-        return [not_measured(FAMILY, s, r, f"no param comms rows: {RUN_IT}", paper=p, target="comms")
-                for s, r, p in statements]
-    table = wide(rows, ["collective", *SETTING, "size_bytes"], ["algbw", "busbw"]).dropna()
-    table = table[table["algbw"] > 0]
-    factor = [bus_factor(c, int(n)) for c, n in zip(table["collective"], table["world_size"], strict=True)]
-    deviation = ((table["busbw"] / table["algbw"]) / factor - 1).abs()
-    ranks = ", ".join(sorted({str(int(n)) for n in table["world_size"]}))
-    statement, ratio, paper = statements[0]
-    out = [Claim(FAMILY, statement, ratio, float(deviation.max()), at_most=1e-6, target="comms", paper=paper,
-                 detail=f"{len(table)} rows, {table['collective'].nunique()} collectives, {ranks} ranks")]
-    rises = {}
-    for (collective, *_), sub in table[table["implementation"] == "reproflow"].groupby(["collective", *SETTING]):
-        sub = sub.sort_values("size_bytes")
-        if len(sub) >= 3:
-            rises[collective] = min(rises.get(collective, float("inf")), sub["busbw"].iloc[-1] / sub["busbw"].iloc[0])
-    statement, ratio, paper = statements[1]
-    if not rises:
-        return [*out, not_measured(FAMILY, statement, ratio, f"no size sweep of 3 or more sizes: {RUN_IT}",
-                                   paper=paper, target="comms")]
-    sizes = f"{readable_size(table['size_bytes'].min())}-{readable_size(table['size_bytes'].max())}"
-    worst = min(rises, key=rises.__getitem__)
-    below = [c for c, v in rises.items() if v < 2.0]
-    out.append(Claim(FAMILY, statement, ratio, rises[worst], at_least=2.0, target="comms", paper=paper,
-                     detail=f"{sizes}; lowest: {worst}" + (f"; below 2: {', '.join(below)}" if below
-                                                           else f"; all {len(rises)} collectives")))
-    return out

@@ -16,20 +16,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from reproflow.families.resharding import FAMILY
 from reproflow.families.resharding.plan import LOADBALANCE, problem
-from reproflow.launch.network import UNSHAPED
-from reproflow.reporting.claims import (
-    Claim,
-    not_measured,
-    pooled_ratio_interval,
-    ratio_interval,
-    ratio_of_ratios_interval,
-)
 from reproflow.reporting.figures import save_figure
+from reproflow.reporting.intervals import ratio_interval
 from reproflow.reporting.report import aggregates, newest, wide, write_table
 from reproflow.spec.params import resolve
 
@@ -67,7 +59,7 @@ def _layout(row: pd.Series) -> pd.Series:
                       "tensor_mib": p.nbytes / 2**20})
 
 
-def _table(frame: pd.DataFrame) -> pd.DataFrame:
+def case_table(frame: pd.DataFrame) -> pd.DataFrame:
     rows = aggregates(newest(frame)).copy()
     for col in CASE_PARAMS:
         if col not in rows.columns:
@@ -114,10 +106,10 @@ def _records(table: pd.DataFrame) -> list[dict]:
 def _one_to_m_ratios(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Per 1-to-m case, send_recv's time over each broadcast's, geometric means of the kept runs with
     the interval at the claims' level."""
-    send_recv = _samples(runs, BASELINE)
+    send_recv = samples_of(runs, BASELINE)
     out = []
     for config in (RING, BROADCAST):
-        other = _samples(runs, config)
+        other = samples_of(runs, config)
         for row in table[table["config"] == config].itertuples():
             key = tuple(map(str, (row.case, *(getattr(row, k) for k in SETTING))))
             if key in send_recv and key in other:
@@ -180,8 +172,8 @@ def _n_to_m_figure(table: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
 
 def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """resharding_<experiment> tables, speed-up tables, reference JSON and figures."""
-    table = _table(frame)
-    kept = _kept_runs(frame)
+    table = case_table(frame)
+    kept = kept_runs(frame)
     written: list[Path] = []
     for (exp, *setting), sub in table.groupby(["experiment", *SETTING]):
         tag = str(exp).replace("-", "_")
@@ -223,23 +215,7 @@ def build(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     return written
 
 
-def on_loopback(rows: pd.DataFrame) -> str:
-    """Why rows of a local run whose emulated links were not set up cannot judge the claim ('' otherwise):
-    over loopback a transfer costs memory copies, and broadcast's advantage is the link time it saves."""
-    if "network" not in rows.columns:
-        return ""
-    unshaped = int((rows["network"].astype(str) == UNSHAPED).sum())
-    if not unshaped:
-        return ""
-    return (f"{unshaped} of its {len(rows)} rows ran on {UNSHAPED}: the emulated links between hosts were not set "
-            "up (they need root and iproute2; the step log says why), and the claim is about links slower than "
-            "a host's memory")
-
-
-PAPER = "up to 10x faster than existing systems (arXiv 2211.05322 abstract); per-case numbers not published"
-
-
-def _kept_runs(rows: pd.DataFrame) -> pd.DataFrame:
+def kept_runs(rows: pd.DataFrame) -> pd.DataFrame:
     """Every kept run's time (`value`) of the newest rows, with its configuration's name."""
     runs = aggregates(newest(rows))
     runs = runs[(runs["metric"] == "run_time") & (runs["kept"].astype(str) == "True")]
@@ -247,95 +223,8 @@ def _kept_runs(rows: pd.DataFrame) -> pd.DataFrame:
                                runs[CONFIG].itertuples(index=False)])
 
 
-def _samples(runs: pd.DataFrame, config: str) -> dict[tuple[str, ...], list[float]]:
+def samples_of(runs: pd.DataFrame, config: str) -> dict[tuple[str, ...], list[float]]:
     """Per case and job setting, (case, *setting) as text, the kept run times of `config`."""
     part = runs[runs["config"] == config]
     return {tuple(map(str, key)): group["value"].astype(float).tolist()
             for key, group in part.groupby(["case", *SETTING], sort=False)}
-
-
-def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """Alpa's broadcast against send/recv when one sender feeds many receivers, how its advantage grows
-    with the receiving hosts, and load balancing by order against none in the n-to-m cases."""
-    one = frame[frame["experiment"] == "1-to-m"] if len(frame) else frame
-    many = frame[frame["experiment"] == "n-to-m"] if len(frame) else frame
-    return [*_one_to_m_claims(one), _order_claim(many)]
-
-
-def _one_to_m_claims(rows: pd.DataFrame) -> list[Claim]:
-    faster = "broadcast resharding is faster than send/recv for one-to-many (1-to-m, 2 or more receivers)"
-    faster_ratio = (f"geometric mean over 1-to-m cases of the faster send/recv's time (with or without the local "
-                    f"all-gather, by the geometric mean of its kept runs) / {RING} time (Alpa's broadcast, pipelined "
-                    "along a ring of the receivers by host), from each kept run")
-    grows = ("broadcast's advantage over send/recv grows with the receiving hosts (1-to-m, the most receivers "
-             "against one)")
-    grows_ratio = (f"(send_recv / {RING} time at the largest M) / (the same at M = 1), geometric means of the kept "
-                   "runs")
-    if rows.empty:
-        missing = "no 1-to-m rows: make resharding-1-to-m"
-        return [not_measured(FAMILY.name, s, r, missing, paper=PAPER, target="resharding-1-to-m")
-                for s, r in ((faster, faster_ratio), (grows, grows_ratio))]
-    table = _table(rows)
-    receivers = dict(zip(table["case"].astype(str), table["receivers"], strict=False))
-    runs = _kept_runs(rows)
-    send_recv, gathered, ring, library = (_samples(runs, c) for c in (BASELINE, GATHER, RING, BROADCAST))
-    # The strongest send/recv per case: where the all-gather rewrite applies it sends one copy per host.
-    fastest = {c: min((v for v in (send_recv[c], gathered.get(c)) if v), key=lambda v: float(np.mean(np.log(v))))
-               for c in send_recv}
-    both = [c for c in send_recv if c in ring]
-    several = [c for c in both if receivers[c[0]] >= 2]
-    loopback = on_loopback(newest(rows))
-    out = []
-    if not several:
-        out.append(not_measured(FAMILY.name, faster, faster_ratio, f"no 1-to-m case with 2+ receivers run with both "
-                                f"{BASELINE} and {RING}", paper=PAPER, target="resharding-1-to-m"))
-    else:
-        measured, interval = pooled_ratio_interval([(fastest[c], ring[c]) for c in several])
-        speedups = {c: ratio_interval(fastest[c], ring[c])[0] for c in several}
-        with_gather = [c[0] for c in several if fastest[c] is not send_recv[c]]
-        slower = [c[0] for c, v in speedups.items() if v < 1]
-        beside = [(send_recv[c], library[c]) for c in several if c in library]
-        lib = f"; the backend's broadcast ({BROADCAST}): {pooled_ratio_interval(beside)[0]:.2f}" if beside else ""
-        out.append(Claim(FAMILY.name, faster, faster_ratio, measured, at_least=1.0, paper=PAPER,
-                         target="resharding-1-to-m", interval=interval, not_applicable=loopback,
-                         detail=f"{len(several)} case(s), speed-ups {min(speedups.values()):.2f}-"
-                                f"{max(speedups.values()):.2f}" + (f"; send_recv faster in {', '.join(slower)}"
-                                                                   if slower else "")
-                                + (f"; send_recv + all-gather the faster in {', '.join(with_gather)}"
-                                   if with_gather else "") + lib))
-    if len(both) < 2 or max(receivers[c[0]] for c in both) < 2:
-        out.append(not_measured(FAMILY.name, grows, grows_ratio, f"1-to-m needs M = 1 and a larger M, both run with "
-                                f"{BASELINE} and {RING}", paper=PAPER, target="resharding-1-to-m"))
-        return out
-    low = min(both, key=lambda c: receivers[c[0]])
-    high = max(both, key=lambda c: receivers[c[0]])
-    measured, interval = ratio_of_ratios_interval((send_recv[high], ring[high]), (send_recv[low], ring[low]))
-    at = {c: ratio_interval(send_recv[c], ring[c]) for c in (low, high)}
-    detail = "; ".join(f"M = {receivers[c[0]]} ({c[0]}): {r:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
-                       for c, (r, iv) in at.items())
-    out.append(Claim(FAMILY.name, grows, grows_ratio, measured, at_least=1.0, paper=PAPER, target="resharding-1-to-m",
-                     interval=interval, not_applicable=loopback, detail=detail))
-    return out
-
-
-def _order_claim(rows: pd.DataFrame) -> Claim:
-    statement = "load balancing by order is at least as fast as no load balancing (n-to-m, Alpa's broadcast)"
-    ratio = ("geometric mean over n-to-m cases of ring_broadcast/no_loadbalance time / ring_broadcast/"
-             "loadbalance_order time, from each kept run")
-    paper = ("load balancing and ordering make the n-to-m cases faster (arXiv 2211.05322 section 5.3.1; Alpa "
-             "PR #486); per-case numbers not published")
-    none: dict[tuple[str, ...], list[float]] = {}
-    order: dict[tuple[str, ...], list[float]] = {}
-    if not rows.empty:
-        runs = _kept_runs(rows)
-        none, order = (_samples(runs, f"ring_broadcast/{lb}") for lb in ("no_loadbalance", "loadbalance_order"))
-    cases = [c for c in none if c in order]
-    if not cases:
-        return not_measured(FAMILY.name, statement, ratio, "no n-to-m case run with ring_broadcast and both "
-                            "no_loadbalance and loadbalance_order: make resharding-n-to-m", paper=paper,
-                            target="resharding-n-to-m")
-    measured, interval = pooled_ratio_interval([(none[c], order[c]) for c in cases])
-    speedups = {c: ratio_interval(none[c], order[c])[0] for c in cases}
-    return Claim(FAMILY.name, statement, ratio, measured, at_least=1.0, paper=paper, target="resharding-n-to-m",
-                 interval=interval, not_applicable=on_loopback(newest(rows)),
-                 detail=", ".join(f"{c[0]} {v:.2f}" for c, v in speedups.items()))

@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from reproflow.families.aceso.database import AFTER_TRAINING
 from reproflow.families.aceso.manifest import BASELINE, newest_file, resolve_config
 from reproflow.families.aceso.plans import read_config
 from reproflow.families.aceso.settings import PUBLISHED_SMALL_THROUGHPUT
-from reproflow.reporting.claims import (
-    Claim,
-    deciding,
-    not_measured,
-    paired_ratio_interval,
-    ratio_interval,
-)
 from reproflow.reporting.figures import save_figure
 from reproflow.reporting.report import aggregates, newest, wide, write_table
 from reproflow.spec.errors import ParamError, ReproflowError
@@ -557,13 +547,6 @@ def _folded(reports: Path) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()))
 
 
-# The artifact's small setting (its README's expected results): Aceso / Megatron-LM samples/s and the
-# time prediction's error, per model.
-T = TypeVar("T")
-PAPER_SPEEDUP = "GPT-1.3B 1.24x, T5-770M 1.52x, Wide-ResNet-1B 1.20x (8.68/6.98, 15.14/9.94, 41.52/34.59 samples/s)"
-PAPER_ERROR = "GPT-1.3B 0.4%, T5-770M 0.5%, Wide-ResNet-1B 5.3% (the artifact's small setting)"
-
-
 def _small_tables(reports: Path, stem: str) -> dict[str, pd.DataFrame]:
     """`<reports>/aceso/<stem>_small_<model>.csv` per model, as written by the result scripts."""
     found = {}
@@ -572,131 +555,3 @@ def _small_tables(reports: Path, stem: str) -> dict[str, pd.DataFrame]:
         if path.is_file():
             found[model] = pd.read_csv(path, index_col=0)
     return found
-
-
-def _per_size(reports: Path, stem: str, value: Callable[[pd.Series], T | None]) -> dict[str, T]:
-    """`value` of every model and size column of the result scripts' `<stem>` tables (None: left out)."""
-    found = {}
-    for model, table in _small_tables(reports, stem).items():
-        for size in table.columns:
-            measured = value(table[size].astype(float))
-            if measured is not None:
-                found[f"{model} {size}"] = measured
-    return found
-
-
-def _step_samples(frame: pd.DataFrame, reports: Path) -> dict[str, dict[str, list[list[float]]]]:
-    """Per "<model> <size>" (the case's label): each plan's trainings in turns on reproflow's layers, one
-    per round in round order, each as its per-iteration times (ms, the slowest rank's); only trainings of
-    the configs the size's newest search stands for (`config_names`)."""
-    if not {"metric", "plan", "model_name", "model_size", "round"} <= set(frame.columns):
-        return {}
-    rows = frame[(frame["metric"] == "step_ms") & (pd.to_numeric(frame["round"], errors="coerce") > 0)]
-    if "tp_impl" in rows.columns:
-        rows = rows[rows["tp_impl"] == "reproflow"]
-    case = rows["case"].fillna("").astype(str) if "case" in rows.columns else pd.Series("", index=rows.index)
-    rows = rows.assign(key=rows["model_name"].astype(str) + " " + rows["model_size"].astype(str)
-                       + case.map(lambda c: f"-{c}" if c else ""), round=pd.to_numeric(rows["round"]))
-    names = config_names(reports)
-    out: dict[str, dict[str, list[list[float]]]] = {}
-    for (key, plan), group in newest(rows).groupby(["key", "plan"]):
-        wanted = names.get(str(key), {}).get(str(plan))
-        if wanted is not None:
-            group = group[group["config_name"].astype(str) == wanted]
-        if len(group):
-            out.setdefault(str(key), {})[str(plan)] = [r["value"].astype(float).tolist()
-                                                      for _, r in group.sort_values("round").groupby("round")]
-    return out
-
-
-def config_names(reports: Path) -> dict[str, dict[str, str]]:
-    """Per "<model> <size>", the config name of each plan (aceso, megatron) its newest search stands for,
-    from the result scripts' e2e_config_names tables."""
-    found: dict[str, dict[str, str]] = {}
-    for model in MODELS:
-        path = reports / "aceso" / f"e2e_config_names_small_{model}.csv"
-        if path.is_file():
-            for size, plans in pd.read_csv(path, index_col=0).to_dict().items():
-                found[f"{model} {size}"] = {plan: str(n) for plan, n in plans.items() if isinstance(n, str)}
-    return found
-
-
-def _cases(values: dict[str, tuple[float, tuple[float, float] | None]], fmt: str, notes: dict[str, str]) -> str:
-    """'<case> <ratio> [<low>, <high>] <note>' per case."""
-    return ", ".join(f"{k} {fmt.format(r)}" + (f" [{fmt.format(i[0])}, {fmt.format(i[1])}]" if i and i[0] != i[1]
-                                                else "") + notes.get(k, "") for k, (r, i) in values.items())
-
-
-def _predictions(c: pd.Series) -> dict[str, tuple[float, float, float]] | None:
-    """Per plan (aceso, megatron), (the search's prediction, made before any training; the prediction
-    from its ops profiled again right after training; the measured iteration; NaN where there is none)
-    of one size's perf_model_time column."""
-    if not c["actual"] > 0:
-        return None
-    nan = float("nan")
-    return {"aceso": (c["predict"], c.get("predict_after_training", nan), c["actual"]),
-            "megatron": (c.get("megatron_predict", nan), c.get("predict_after_megatron_training", nan),
-                         c.get("megatron_actual", nan))}
-
-
-def claims(frame: pd.DataFrame, reports: Path) -> list[Claim]:
-    """Aceso's config trains faster than the Megatron-LM baseline (the fastest plan of Megatron-LM's grid
-    as measured); the search's predicted iteration time is within 10 % of the measured one. Each ratio's
-    interval is over the rounds in which the two trained in turns."""
-    run_it = "make fig7 (reproflow aceso reproduce small --out <reports>/aceso)"
-    out = []
-    steps = _step_samples(frame, reports)
-    statement = "Aceso's config trains faster than the fastest Megatron-LM plan measured (same runtime, same devices)"
-    ratio = "Aceso samples/s / the Megatron-LM baseline's samples/s, over the rounds in turns, the case that decides"
-    speedups = _per_size(reports, "e2e_thpt",
-                         lambda c: c["aceso"] / c["megatron"] if c["aceso"] > 0 and c["megatron"] > 0 else None)
-    # Where Aceso's config is the baseline itself, the two are one config: nothing was compared for that
-    # case (the claim is "not compared" unless another case does not hold).
-    same = [k for k, v in _per_size(reports, "e2e_same_config", lambda c: c["same_config"]).items() if v]
-    speed: dict[str, tuple[float, tuple[float, float] | None]] = {}
-    for key, value in speedups.items():
-        runs = steps.get(key, {})
-        if key in same:
-            speed[key] = (1.0, (1.0, 1.0))
-        elif "aceso" in runs and "megatron" in runs:
-            # Trained in turns (ABBA rounds in one job): the i-th round's plan over its Aceso training.
-            speed[key] = paired_ratio_interval(list(zip(runs["megatron"], runs["aceso"], strict=False)))
-        else:
-            speed[key] = (value, None)
-    if speed:
-        detail = _cases(speed, "{:.2f}x", dict.fromkeys(same, " (the same config)"))
-        itself = "Aceso's config is the Megatron-LM baseline itself"
-        out.append(deciding([Claim("aceso", statement, ratio, r, at_least=1.0, paper=PAPER_SPEEDUP, target="fig7",
-                                   interval=i, detail=detail,
-                                   same_on_both_sides=f"{key}: {itself}" if key in same else "")
-                             for key, (r, i) in speed.items()]))
-    else:
-        out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it}", paper=PAPER_SPEEDUP,
-                                target="fig7"))
-    statement = ("the search's predicted iteration time is within 10 % of the measured one (Aceso's config and the "
-                 "baseline)")
-    ratio = ("predicted by the search, before any training / measured iteration (the rounds' medians), the case that "
-             "decides (0.9 to 1.1 holds)")
-    cases, notes = {}, {}
-    for key, plans in _per_size(reports, "perf_model_time", _predictions).items():
-        for plan, (predicted, again, actual) in plans.items():
-            runs = steps.get(key, {}).get(plan, [])
-            if pd.isna(predicted) or not (runs or actual > 0):
-                continue
-            case = f"{key} {'Aceso' if plan == 'aceso' else 'Megatron-LM'}"
-            # The prediction, made once before any training, over the geometric mean of the rounds' median
-            # iterations, its interval from their spread: the machine's speed drifts between rounds. No
-            # rounds in the rows: over the result table's iteration, without an interval.
-            cases[case] = (ratio_interval([predicted], [float(np.median(r)) for r in runs]) if runs
-                           else (predicted / actual, None))
-            if not pd.isna(again):
-                last = float(np.median(runs[-1])) if runs else actual
-                notes[case] = f" (from its ops profiled again right after training: {again / last:.3f})"
-    if cases:
-        detail = _cases(cases, "{:.3f}", notes)
-        out.append(deciding([Claim("aceso", statement, ratio, r, at_least=0.9, at_most=1.1, paper=PAPER_ERROR,
-                                   target="fig9", interval=i, detail=detail) for r, i in cases.values()]))
-    else:
-        out.append(not_measured("aceso", statement, ratio, f"no trained configs: {run_it.replace('fig7', 'fig9')}",
-                                paper=PAPER_ERROR, target="fig9"))
-    return out
