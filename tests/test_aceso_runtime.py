@@ -198,7 +198,7 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # each plan's own peak memory: the activations its micro-batches keep, not only its weights
     same_stages = [p["measured_mb"] for p in measured if "layers2-2_norecompute" in p["name"]]
     assert len(set(same_stages)) == len(same_stages) > 1, measured
-    assert "the baseline: " in out and "every Megatron-LM plan trained once" in out
+    assert "the baseline: " in out and "every Megatron-LM plan and Aceso config trained once" in out
     # Both configs side by side: stages, ops, GPUs, micro-batch, TP / DP sizes, recomputed ops.
     assert re.search(r"^  tiny: Aceso's config: \d stage\(s\): [\d +]+ ops on [\d +]+ GPUs, micro-batch \d+", out, re.M)
     assert "  tiny: the Megatron-LM plan: " in out

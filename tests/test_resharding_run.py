@@ -67,7 +67,7 @@ def test_both_suites_pass_the_tile_check_in_every_configuration(tmp_path: Path) 
                             ("broadcast resharding", "broadcast's advantage", "load balancing"))
     cases = {name: c["cases"].split("; ") for name, c in (("faster", faster), ("grows", grows), ("order", order))}
     assert len(cases["faster"]) == 12 and cases["faster"][0].startswith("1-to-1x2 against send_recv ")
-    assert [c.split(" [")[0].rsplit(" ", 1)[0] for c in cases["grows"]] == [
+    assert [re.match(r"(1-to-\S+ over 1-to-\S+) ", c)[1] for c in cases["grows"]] == [
         "1-to-2x2 over 1-to-1x2", "1-to-3x2 over 1-to-2x2", "1-to-4x2 over 1-to-3x2"]
     assert len(cases["order"]) == 9 and {c["threshold"] for c in (faster, grows, order)} == {">= 1"}
 

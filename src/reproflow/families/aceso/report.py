@@ -85,8 +85,8 @@ def same_config(root: Path, model: str, size: str) -> bool:
 
 
 def screened(root: Path, model: str, size: str) -> pd.DataFrame:
-    """The Megatron-LM plans the size's baseline screen trained (baseline.json of its newest search), with
-    Aceso's config among them: prediction, measurement, whether it fits, and which is which."""
+    """The Megatron-LM plans and Aceso's configs the size's screen trained (baseline.json of its newest
+    search): prediction, measurement, whether it fits, and which each side picks."""
     folder = root / "aceso" / "search" / model / size
     path, manifest = folder / BASELINE, _manifest(folder)
     if not path.is_file() or manifest is None:
@@ -95,9 +95,10 @@ def screened(root: Path, model: str, size: str) -> pd.DataFrame:
     if done.get("search") != (newest_file(folder, "search-*.json") or Path()).name:
         return pd.DataFrame()
     table = pd.DataFrame(done["plans"])
-    role = {done["measured_best"]: "baseline (fastest measured that fits)", done["aceso"]: "Aceso's config"}
-    table["chosen"] = [("; ".join(filter(None, (role.get(n, ""), "predicted fastest" if n == done["predicted_best"]
-                                               else "")))) for n in table["name"]]
+    picks = ((done["measured_best"], "baseline: fastest measured that fits"),
+             (done.get("aceso_measured_best"), "Aceso: fastest measured that fits"),
+             (done["predicted_best"], "baseline: predicted fastest"), (done["aceso"], "Aceso: predicted fastest"))
+    table["chosen"] = ["; ".join(role for name, role in picks if name == n) for n in table["name"]]
     return table.assign(size=size, memory_limit=done["memory_limit"])
 
 
@@ -152,7 +153,8 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
         same = {size: same_config(root, model, size) for size in sizes}
         plans = pd.concat([screened(root, model, size) for size in sizes] or [pd.DataFrame()])
         for size, group in (plans.groupby("size", sort=False) if len(plans) else ()):
-            lines.append(f"  {size}: every Megatron-LM plan trained once (one job, shuffled; ms per iteration and "
+            lines.append(f"  {size}: every Megatron-LM plan and Aceso config trained once (one job, shuffled; ms per "
+                         "iteration and "
                          f"peak MB per rank measured / predicted; limit {group['memory_limit'].iloc[0]:.0f} MB):")
             lines += [f"    {r.measured_ms:8.1f} / {r.predicted_ms or float('nan'):8.1f} ms  {r.measured_mb:6.1f} / "
                       f"{r.predicted_mb or float('nan'):6.1f} MB{'' if r.fits else ' over the limit'}  "
@@ -174,8 +176,6 @@ def e2e(root: Path, setting: str, out: Path, published: Path | None) -> str:
             pd.DataFrame(configs).to_csv(out / f"e2e_configs_{setting}_{model}.csv", index_label="plan")
         if len(plans):
             plans.to_csv(out / f"e2e_baseline_{setting}_{model}.csv", index=False, float_format="%.2f")
-        pd.DataFrame({size: {plan: chosen(root, plan, model, size) for plan in PLAN_NAMES} for size in sizes}).to_csv(
-            out / f"e2e_config_names_{setting}_{model}.csv", index_label="plan")
         norm = table.set_index("size")[["megatron", "aceso"]].T
         norm = norm.div(norm.loc["megatron"].where(norm.loc["megatron"] > 0), axis=1)
         _write_wide(norm, out / f"e2e_norm_thpt_{setting}_{model}.csv")

@@ -1,0 +1,226 @@
+"""The Python API: what the command line does, for notebooks and submitit users.
+
+A suite is named as on the command line (`param-demo` is workflows/param-demo.toml) or given by
+path; `overrides` fix a parameter for every point, as `--set` does. Every function returns what a
+script needs next (an exit code, job ids, a pandas frame, files) and raises ReproflowError, with the
+field and the fix in its message, on bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reproflow.rank.startup import EXIT_STARTUP
+from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.family import get_family
+from reproflow.spec.paths import project_root
+from reproflow.spec.suite import NAME_RE, Experiment, Suite, named_suite, override_strings
+from reproflow.store import events
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from reproflow.launch.local import LocalExecutor
+    from reproflow.launch.submit import SubmititExecutor
+    from reproflow.reporting.claims import Claim
+
+
+def load_suite(suite: str | Path, overrides: Mapping[str, Any] | None = None) -> Suite:
+    """The suite with its experiments and points (parameters resolved), without running anything."""
+    return named_suite(str(suite), override_strings(overrides or {}))
+
+
+def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
+              overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), procs: int | None = None,
+              network: str | None = None, force: bool = False, dry_run: bool = False,
+              explain: bool = False) -> int:
+    """Run the suite's experiments (all, or those named) on this machine, one process group each;
+    points measured before are skipped unless `force`. Returns 0, or the first failing exit code.
+
+    `sets` are `--set` strings (KEY=VALUE), applied after `overrides`. With `dry_run`, print each
+    rank's command; with `explain`, each point's plan; neither runs anything."""
+    from reproflow.launch.local import LocalExecutor
+
+    sets = [*override_strings(overrides or {}), *sets]
+    loaded = named_suite(str(suite), sets)
+    executor = LocalExecutor(Path(results), project_root(), force, procs, tuple(sets), network)
+    if dry_run or explain:
+        _show_run(loaded, list(experiments), executor, explain)
+        return 0
+    worst = 0
+    for exp in loaded.select(list(experiments)):
+        if exp.launch.nodes > 1 and not procs:
+            print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its "
+                  f"{executor.world_size(exp)} ranks on this machine (use `reproflow submit` or sbatch for real nodes)")
+        code = executor.run(loaded, exp)
+        if code < 0:  # a rank killed by a signal: report it as a shell does (128 + signal)
+            print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
+            code = 128 - code
+        elif code:
+            why = {3: " (some points failed; see *.failed.json)",
+                   EXIT_STARTUP: f" (its ranks did not start within launch.startup_s = {exp.launch.startup_s:g} s)"}
+            print(f"reproflow: experiment {exp.name} ended with exit code {code}{why.get(code, '')}", file=sys.stderr)
+        worst = worst or code
+    print(f"reproflow: results of suite {loaded.name} are in {Path(results) / loaded.name}")
+    return worst
+
+
+def _show_run(suite: Suite, experiments: list[str], executor: LocalExecutor, explain: bool) -> None:
+    """Print what run_suite would start (each rank's command), or each point's plan, running nothing."""
+    from reproflow.launch.local import worker_args
+
+    for exp in suite.select(experiments):
+        if explain:
+            _explain(exp, executor.host_size(exp))
+            continue
+        world = executor.world_size(exp)
+        print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
+        launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
+                    else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
+        print(f"{launcher} -m reproflow.worker "
+              + " ".join(worker_args(suite, exp, executor.results, executor.force, executor.root, executor.sets)))
+        for point in exp.points:
+            print(f"    {point.label}")
+
+
+def _explain(exp: Experiment, host_size: int) -> None:
+    """Print the family's plan of every point, computed as the ranks would compute it."""
+    fam = get_family(exp.family)
+    print(f"# {exp.name}: {len(exp.points)} point(s), {exp.launch.nodes} host(s) x {host_size} rank(s)")
+    for point in exp.points:
+        print(f"- {point.label}")
+        if fam.explain is None:
+            print(f"  (family {fam.name} has no plan to explain; --dry-run shows the command)")
+            continue
+        try:
+            print(textwrap.indent(fam.explain(point.params, host_size), "  "))
+        except ParamError as exc:
+            print(f"  cannot plan this point: {exc}")
+
+
+def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
+                 overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), nodes: int | None = None,
+                 procs: int | None = None, partition: str | None = None, image: str = "", mounts: str = "",
+                 runtime: str = "pyxis", force: bool = False, after: Sequence[str] = (), array: bool = False,
+                 max_parallel: int = 0, retries: int = 0, wait: bool = False, dry_run: bool = False,
+                 exclude: Sequence[str] = ()) -> list[str]:
+    """Submit the suite's experiments to Slurm through submitit (`results` must be on storage the nodes
+    share); returns the Slurm job ids. With `wait` or `retries`, waits for them and resubmits jobs that
+    failed for the infrastructure (at most `retries` times, without the failed nodes). `after`: start
+    only after these jobs succeed; `array`: one array task per point; `dry_run`: print, submit nothing;
+    `exclude`: nodes the jobs must not run on (`reproflow nodes` names suspects)."""
+    loaded = named_suite(str(suite), [*override_strings(overrides or {}), *sets])
+    executor = submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs=procs,
+                                 partition=partition, image=image, mounts=mounts, runtime=runtime, force=force,
+                                 after=after, array=array, max_parallel=max_parallel, exclude=exclude)
+    ids: list[str] = []
+    for exp in loaded.select(list(experiments)):
+        if dry_run:
+            print(f"# {loaded.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
+            print(executor.dry_run(loaded, exp))
+        elif wait or retries:
+            ids += [j for attempt in executor.supervise(loaded, exp, retries) for j in attempt.job_ids]
+        else:
+            submitted = executor.submit(loaded, exp)
+            if not submitted:
+                continue
+            shown = f"array {submitted[0].split('_')[0]} ({len(submitted)} tasks)" if array else submitted[0]
+            print(f"submitted {loaded.name} / {exp.name} as Slurm job {shown}")
+            print(f"job ids: {','.join(submitted)}")
+            ids += submitted
+    return ids
+
+
+def submitit_executor(results: str | Path = "results", *, overrides: Mapping[str, Any] | None = None,
+                      sets: Sequence[str] = (), nodes: int | None = None, procs: int | None = None,
+                      partition: str | None = None, image: str = "", mounts: str = "", runtime: str = "pyxis",
+                      force: bool = False, after: Sequence[str] = (), array: bool = False,
+                      max_parallel: int = 0, exclude: Sequence[str] = ()) -> SubmititExecutor:
+    """The executor that submit_suite submits with (`after`: job ids, comma-separated items allowed)."""
+    from reproflow.launch.submit import SubmititExecutor
+
+    jobs = tuple(j for item in after for j in item.split(",") if j)
+    return SubmititExecutor(Path(results), project_root(), nodes, procs, partition, image, mounts, runtime, force,
+                            tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel,
+                            exclude=tuple(exclude))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a suite that a family command writes runs: here, or submitted to Slurm after some jobs."""
+
+    results: Path = Path("results")
+    submit: bool = False
+    after: tuple[str, ...] = ()
+    image: str = ""
+    mounts: str = ""
+    force: bool = False
+    dry_run: bool = False
+
+
+def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
+    """Write a generated suite under `where.results` and run it here, or submit it; returns the submitted
+    job ids (none when run here). Reruns skip the points already measured."""
+    from reproflow.store.files import atomic_write
+
+    if not NAME_RE.fullmatch(name):  # checked before anything is written: a name with '/' would lead out
+        raise ReproflowError(f"the generated suite's name {name[:80]!r} cannot name a file: it comes from the "
+                             "options given (models, sizes, meshes such as --mesh 2x2); give values of letters, "
+                             "digits, 'x', ',' and '.' only.")
+    suite = where.results / f"{name}.toml"
+    suite.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(suite, text)
+    if not where.submit:
+        code = run_suite(suite, results=where.results, force=where.force, dry_run=where.dry_run)
+        if code:
+            raise ReproflowError(f"the generated suite {suite} failed (exit {code}); its log is above.")
+        return []
+    # A generated suite is a pipeline (CFP's analysis -> profile -> search): each experiment's jobs start
+    # after the previous experiment's succeed, in the order a run here takes them.
+    ids: list[str] = []
+    after = where.after
+    for exp in named_suite(str(suite), []).experiments:
+        submitted = submit_suite(suite, [exp.name], results=where.results, image=where.image, mounts=where.mounts,
+                                 force=where.force, after=after, dry_run=where.dry_run)
+        after = tuple(submitted) or after
+        ids += submitted
+    return ids
+
+
+def submit_call(name: str, fn: Callable[..., Any], *args: Any, folder: str | Path, minutes: int,
+                where: Placement) -> str:
+    """Submit `fn(*args)` as a one-task Slurm job (a pipeline step that is not a suite, e.g. Aceso's
+    search) the way suites are submitted: in `where.image`, after `where.after`. Returns the job id."""
+    executor = submitit_executor(where.results, image=where.image, mounts=where.mounts, after=where.after)
+    job_id = executor.submit_call(name, fn, *args, folder=Path(folder), minutes=minutes)
+    events.emit("submitted", job_ids=[job_id])
+    return job_id
+
+
+def read_results(folder: str | Path = "results") -> pd.DataFrame:
+    """Every row under the results folder as one long frame (torn files quarantined, points whose job
+    failed its health gate left out), as the report reads them."""
+    from reproflow.reporting.report import load_results
+
+    return load_results(Path(folder))
+
+
+def build_report(folder: str | Path = "results", out: str | Path = "reports",
+                 families: Sequence[str] = ()) -> list[Path]:
+    """Tables, figures, the claims and the report page (report.html, report.md) from the rows under
+    `folder` into `out`; with `families`, only their tables and figures. Returns the files written."""
+    from reproflow.reporting.report import build_reports
+
+    return build_reports(Path(folder), Path(out), families)
+
+
+def check_claims(folder: str | Path = "results", out: str | Path = "reports") -> list[Claim]:
+    """The papers' claims checked again on the rows under `folder` (claims.csv and .md rewritten in `out`)."""
+    from reproflow.reporting import report
+
+    return report.check_claims(Path(folder), Path(out))[0]

@@ -1,0 +1,1 @@
+"""The application: the command line and `reproflow reproduce`."""

@@ -1,0 +1,1 @@
+"""Experiment families. Each subpackage exports `FAMILY` (a reproflow.spec.family.Family)."""

@@ -1,0 +1,1 @@
+"""Launching: local process groups, emulated links, sbatch rendering, submitit, images, retries, status."""

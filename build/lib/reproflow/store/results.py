@@ -1,0 +1,212 @@
+"""Result rows: one long-format CSV schema for every family, written atomically, one file a point.
+
+Layout: `<results>/<suite>/<experiment>/<point-key>.csv`. A point whose file exists and is whole is
+done and is skipped on reruns; a failed point leaves `<point-key>.failed.json` with the error
+instead. A file that is not whole (cut short by a full disk, a copy, an editor) is moved to
+`<results>/quarantine/` with the reason, so it is never aggregated and its point runs again.
+Each job also leaves `<results>/<suite>/env/<job>-<host>.json`: its environment, secrets redacted
+(provenance.py, beside the provenance columns of every row).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from reproflow.spec.family import AGGREGATE, Measurement
+from reproflow.spec.params import canonical
+from reproflow.spec.suite import RESULTS_FOLDERS
+from reproflow.store.files import atomic_write
+from reproflow.store.provenance import Provenance
+
+# 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network; 4 added
+# host_cpus; 5 added container_runtime and enroot_version; 6 added run_id. Files of every earlier schema
+# are still read.
+SCHEMA_VERSION = 6
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
+QUARANTINE = RESULTS_FOLDERS[0]
+# Values of the health_gate column (reproflow.rank.health).
+GATE_PASS, GATE_FAIL, GATE_OFF = "pass", "fail", "off"
+
+HEAD_COLUMNS = ("schema_version", "suite", "experiment", "family", "point")
+MEASURE_COLUMNS = ("metric", "value", "unit", "repeat", "rank")
+PROVENANCE_COLUMNS = (
+    "job_id",
+    "nodelist",
+    "world_size",
+    "backend",
+    "device",
+    "device_name",
+    "torch_version",
+    "nccl_version",
+    "reproflow_version",
+    "git_commit",
+    "image",
+    "image_sha256",
+    "container_runtime",
+    "enroot_version",
+    "attempt",
+    "retry_of",
+    "health_gate",
+    "health_detail",
+    "network",
+    "host_cpus",
+    "run_id",
+    "point_rows",
+    "timestamp",
+)
+RESERVED = frozenset(HEAD_COLUMNS + MEASURE_COLUMNS + PROVENANCE_COLUMNS)
+
+
+def point_path(results: Path, suite: str, experiment: str, key: str) -> Path:
+    """Where a point's rows live."""
+    return results / suite / experiment / f"{key}.csv"
+
+
+def failure_path(csv_path: Path) -> Path:
+    """Where a point's failure record lives."""
+    return csv_path.with_suffix(".failed.json")
+
+
+def make_rows(
+    head: Mapping[str, Any],
+    params: Mapping[str, Any],
+    measurements: Iterable[tuple[int, Measurement]],
+    provenance: Provenance,
+) -> list[dict[str, Any]]:
+    """Rows in the shared schema from (repeat, measurement) pairs."""
+    stamp = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    measurements = list(measurements)
+    # Every row carries the file's row count, so a file cut at a line boundary is still seen as torn.
+    prov = provenance.columns() | {"point_rows": len(measurements), "timestamp": stamp}
+    base = {"schema_version": SCHEMA_VERSION, **head}
+    fixed = {k: canonical(v) for k, v in params.items()}
+    rows = []
+    for repeat, m in measurements:
+        clash = (set(m.coords) | set(fixed)) & RESERVED
+        if clash:
+            raise ValueError(f"columns {sorted(clash)} are reserved by the result schema")
+        rows.append(
+            base
+            | fixed
+            | {k: canonical(v) for k, v in m.coords.items()}
+            | {
+                "metric": m.metric,
+                "value": m.value,
+                "unit": m.unit,
+                "repeat": repeat,
+                "rank": AGGREGATE if m.rank is None else m.rank,
+            }
+            | prov
+        )
+    return rows
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """CSV text; columns: schema head, parameters and coordinates, measurement, provenance."""
+    middle: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in RESERVED and key not in middle:
+                middle.append(key)
+    columns = list(HEAD_COLUMNS) + middle + list(MEASURE_COLUMNS) + list(PROVENANCE_COLUMNS)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def write_failure(csv_path: Path, point_label: str, error: str, job_id: str, run_id: str = "") -> None:
+    """Record why a point failed, next to where its rows would be."""
+    record = {"point": point_label, "error": error, "job_id": job_id, "run_id": run_id,
+              "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n")
+
+
+def _outside_quarantine(results: Path, paths: Iterable[Path]) -> list[Path]:
+    return sorted(p for p in paths if not p.name.startswith(".") and p.relative_to(results).parts[0] != QUARANTINE)
+
+
+def result_files(results: Path) -> list[Path]:
+    """Every point CSV under a results folder (not the quarantined ones)."""
+    if not results.is_dir():
+        return []
+    return _outside_quarantine(results, results.rglob("*.csv"))
+
+
+def failure_files(results: Path) -> list[Path]:
+    """Every failure record under a results folder."""
+    if not results.is_dir():
+        return []
+    return _outside_quarantine(results, results.rglob("*.failed.json"))
+
+
+def point_file_problem(path: Path) -> str:
+    """Why a point CSV is not a whole result file ('' when it is): read before it is trusted or aggregated."""
+    return read_point_file(path)[1]
+
+
+def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
+    """A point CSV's rows (column -> text) and '', or no rows and why the file is not whole."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return [], f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
+    except OSError as exc:
+        return [], f"unreadable: {exc}"
+    if not text.endswith("\n"):
+        return [], "the last line is cut short (no final newline)"
+    try:
+        lines = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        return [], f"not CSV: {exc}"
+    if not lines or tuple(lines[0][: len(HEAD_COLUMNS)]) != HEAD_COLUMNS:
+        return [], "no reproflow header (schema_version, suite, experiment, family, point)"
+    header, rows = lines[0], lines[1:]
+    if not rows:
+        return [], "a header and no rows"
+    for i, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            return [], f"line {i} has {len(row)} fields, the header {len(header)}"
+    fields = [dict(zip(header, row, strict=True)) for row in rows]
+    versions = {f["schema_version"] for f in fields}
+    if not versions <= {str(v) for v in READABLE_SCHEMAS}:
+        return [], f"result schema {sorted(versions)}; this reproflow reads {list(READABLE_SCHEMAS)}"
+    if "point_rows" in header:
+        # A file of one point, or points' rows put together (each point's own count, the last cut short
+        # when the file is).
+        counts: dict[tuple[str, ...], list[str]] = {}
+        for f in fields:
+            counts.setdefault((f["suite"], f["experiment"], f["point"], f["job_id"]), []).append(f["point_rows"])
+        for written in counts.values():
+            if set(written) != {str(len(written))}:
+                return [], f"{len(written)} rows where the writer wrote {written[0]}"
+    for i, f in enumerate(fields, start=2):
+        try:
+            float(f["value"])
+        except (KeyError, ValueError):
+            return [], f"line {i}: value {f.get('value')!r} is not a number"
+    return fields, ""
+
+
+def quarantine(results: Path, path: Path, problem: str) -> Path:
+    """Move a torn point file to `<results>/quarantine/` (same relative path) with a note of why."""
+    target = results / QUARANTINE / path.relative_to(results)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:  # another job found the same torn file and moved it first
+        return target
+    atomic_write(target.with_suffix(".why.json"), json.dumps({
+        "file": str(path), "problem": problem,
+        "quarantined": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}, indent=1) + "\n")
+    return target
+
+
