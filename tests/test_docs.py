@@ -298,3 +298,16 @@ def test_the_claims_page_is_what_the_code_declares() -> None:
     assert declared.returncode == 0, declared.stderr
     page = (ROOT / "docs" / "claims.md").read_text()
     assert declared.stdout.strip() in page, "docs/claims.md is stale: run make claims-doc"
+
+
+def test_every_commands_help_prints_as_written() -> None:
+    """argparse formats help strings with %, never descriptions: a doubled %% in a description prints
+    as two."""
+    parser = build_parser()
+    actions = [a for a in parser._actions if a.choices and isinstance(a.choices, dict)]
+    subparsers = [p for a in actions for p in a.choices.values()]
+    assert subparsers
+    for sub in [parser, *subparsers]:
+        assert "%%" not in (sub.description or ""), sub.prog
+        text = sub.format_help()
+        assert "%%" not in text, sub.prog

@@ -187,9 +187,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.claims_only:
         claims, written = check_claims(Path(args.results), Path(args.out))
         for c in claims:
-            value = c.detail if c.measured is None else f"{c.measured:.3g}" + (
-                f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else "") + f" ({c.threshold})" + (
-                f": {c.not_applicable}" if c.not_applicable else "")
+            span = f" [{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
+            value = c.detail if c.deciding is None else (
+                f"{c.measured:.3g}{span} ({c.threshold}; deciding: {c.deciding.label})"
+                + (f": {c.not_applicable}" if c.not_applicable else ""))
             more = c.record()["samples to decide"]
             print(f"{c.status:19s} {c.family:12s} {c.statement}: {value}"
                   + (f"; samples to decide it: {more}" if more else ""))
@@ -612,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("history", help="a metric run after run, and the runs where it changed",
                        formatter_class=fmt,
                        description="For the series selected (a point's metric across the catalog's runs, in start "
-                                   "order): each run's geometric mean with its 95 %% interval, and the change points "
+                                   "order): each run's geometric mean with its 95 % interval, and the change points "
                                    "(PELT) with the runs either side, the ratio after / before with its "
                                    "interval and what the rows say differs across it (commit, image, versions, "
                                    "nodes). Writes history.md, a self-contained history.html with a figure per "
@@ -650,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt,
                        description="Set each later run against the first: points matched by suite, experiment, "
                                    "parameters and metric; per metric the ratio of the repeats' geometric means "
-                                   "with its 95 %% interval and a verdict (a rate better higher, a time lower); "
+                                   "with its 95 % interval and a verdict (a rate better higher, a time lower); "
                                    "points in one run only listed; what differs in the runs' provenance first. "
                                    "Writes compare.md and a self-contained compare.html with the runs' curves "
                                    "overlaid.")
