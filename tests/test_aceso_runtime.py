@@ -216,6 +216,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # Every config of Aceso's search screened as the grid's plans are, each side's measured pick taken.
     assert {p["name"] for p in chosen["plans"] if p["plan"] == "aceso"} == set(manifest["configs"])
     assert chosen["aceso_measured_best"] in manifest["configs"]
+    # The paper's baseline, the predicted pick: the uniform plan the cost model predicts fastest, as the
+    # artifact picks it, never one of the grid's uneven first and last stages.
+    assert len(set(re.search(r"_layers([\d-]+)_", manifest["megatron"])[1].split("-"))) == 1, manifest["megatron"]
     # Each side's measured and predicted picks trained in turns in one job, the order reversed in round 2
     # (a pick that is the other pick's config once, as both); each training's round, pick and place in
     # its rows, with its config's digest and the search's prediction.

@@ -179,10 +179,12 @@ class Setup:
                               uneven=self.req.megatron_grid), limit
 
     def megatron_plan(self) -> tuple[str, Plan | None]:
-        """The predicted-fastest feasible plan, and a line saying it."""
-        plans, limit = self.megatron_grid()
-        best = best_feasible(plans, limit)
-        kind = "plans" if self.req.megatron_grid else "uniform plans"
+        """The predicted-fastest feasible uniform plan, the artifact's baseline (a grid's uneven first and
+        last stages are for the screen, never this pick), and a line saying it."""
+        cost, limit = self.megatron_cost()
+        best = best_feasible(megatron_plans(cost, self.ops, self.req.global_batch_size, self.gpus, self.max_tp,
+                                            self.depths), limit)
+        kind = "uniform plans"
         if best is None:
             return f"Megatron-LM {kind}: none fits {limit:.0f} MB", None
         gbs = self.req.global_batch_size
