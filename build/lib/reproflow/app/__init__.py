@@ -1,1 +1,0 @@
-"""The application: the command line and `reproflow reproduce`."""

@@ -1,1 +1,0 @@
-"""Experiment families. Each subpackage exports `FAMILY` (a reproflow.spec.family.Family)."""

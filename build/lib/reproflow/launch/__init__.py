@@ -1,1 +1,0 @@
-"""Launching: local process groups, emulated links, sbatch rendering, submitit, images, retries, status."""

@@ -1,1 +1,0 @@
-"""Reporting: tables and figures from the rows, claims with intervals, the report page."""

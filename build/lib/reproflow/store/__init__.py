@@ -1,1 +1,0 @@
-"""Results on disk: the long-format row schema, per-point files with provenance, the archive."""
