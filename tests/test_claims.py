@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import one_case_claim
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reproflow.reporting.claims import (
     FAILS,
@@ -18,6 +20,7 @@ from reproflow.reporting.claims import (
     NOT_APPLICABLE,
     NOT_COMPARED,
     NOT_MEASURED,
+    ONCE,
     Case,
     Claim,
     ClaimSpec,
@@ -240,3 +243,23 @@ def test_every_design_keeps_its_error_rates_in_simulation() -> None:
             assert found[FAILS] > bound, (scenario.name, found)
         else:
             assert found[HOLDS] <= bound and found[FAILS] <= bound, (scenario.name, found)
+
+
+ONE_SAMPLE_A_SIDE = {
+    Design.PAIRED: lambda a, b: Comparison("c", {1: [a]}, {1: [b]}),
+    Design.INDEPENDENT: lambda a, b: Comparison("c", [a], [b]),
+    Design.GROWTH: lambda a, b: Comparison("c", ([a], [b]), ([b], [a])),
+    Design.PREDICTION: lambda a, b: Comparison("c", a, [b]),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(design=st.sampled_from(list(ONE_SAMPLE_A_SIDE)), a=st.floats(1e-6, 1e6), b=st.floats(1e-6, 1e6),
+       threshold=st.floats(0.01, 100.0))
+def test_a_timing_measured_once_a_side_decides_nothing(design: Design, a: float, b: float, threshold: float) -> None:
+    """However far the two numbers are apart, a ratio of timings with one sample a side has no interval:
+    inconclusive, saying why and what to measure; only a BOUND's value is exact."""
+    claim = judge(spec(design, at_least=threshold), [ONE_SAMPLE_A_SIDE[design](a, b)])
+    assert claim.status == INCONCLUSIVE and claim.interval is None and ONCE in claim.cases[0].note, claim.record()
+    exact = judge(spec(Design.BOUND, at_least=threshold), [Comparison("c", a / b)])
+    assert exact.status == (HOLDS if a / b >= threshold else FAILS)

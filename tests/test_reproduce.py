@@ -24,6 +24,7 @@ from reproflow.reporting.claims import (
     NOT_APPLICABLE,
     NOT_COMPARED,
     NOT_MEASURED,
+    ONCE,
     Claim,
 )
 from reproflow.reporting.report import family_part
@@ -288,7 +289,9 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
     # The tiny resharding suite asks for no emulated network: its rows ran on loopback, which cannot judge it.
     resharding = claims[claims["family"] == "resharding"].iloc[0]
     assert resharding["status"] == NOT_APPLICABLE and "ran on loopback, unshaped" in resharding["where"]
-    assert status["busBW grows with message size"] == HOLDS
+    # The tiny sweep measures each size once: a timing without repeats has no interval, so decides nothing.
+    grows = claims.set_index("claim").loc["busBW grows with message size"]
+    assert grows["status"] == INCONCLUSIVE and ONCE in grows["cases"], grows.to_dict()
     assert status["spatial parallelism's logits and gradients equal the serial (unsplit) model's"] == HOLDS
     # Its timing left out, the speed-up is not applicable where the checks' 5 ranks shared fewer cores.
     timed = status["spatial tiles are faster than layer parallelism alone"]

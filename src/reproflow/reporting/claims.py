@@ -13,7 +13,8 @@ may be looked at again with more samples: `level_for`) and m its comparisons (ca
 - a comparison *holds* when its `level` interval lies on the claim's side of the threshold, and is
   *below* (does not hold) when its interval at `1 - (1 - level) / m` lies wholly on the other side
   (Bonferroni over the m comparisons: with one rejection enough, Holm's procedure decides the same);
-  otherwise it is *inconclusive*;
+  otherwise it is *inconclusive*, as is a comparison of timings with one sample a side (no interval, so no
+  error rate: only a BOUND's value is exact);
 - the claim *holds* only when every comparison holds (an intersection-union test: its false *holds*
   rate is at most one comparison's, (1 - level) / 2); it *does not hold* when any comparison is below
   (false rate at most (1 - level) / 2 over all m); else it is *inconclusive*, *not measured* (a case
@@ -46,6 +47,8 @@ from reproflow.store.files import atomic_write, read_json_object
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NOT_MEASURED, NOT_COMPARED = "not measured", "not compared"
 STATUSES = (HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED, NOT_COMPARED, NOT_APPLICABLE)
+# Why a sampled comparison without an interval is inconclusive, and the fix.
+ONCE = "one sample a side: no interval to judge by (more samples: launch.repeats, or more rounds)"
 LOOKS = "looks.json"  # in a results folder: the looks each family's claims may get (app.reproduce writes it)
 
 
@@ -268,7 +271,11 @@ def _ratio(design: Design, comparison: Comparison, level: float) -> tuple[float,
 
 def verdict(spec: ClaimSpec, ratio: float, interval: tuple[float, float] | None,
              corrected: tuple[float, float] | None) -> str:
-    """holds / does not hold / inconclusive of one comparison (see the module's rule)."""
+    """holds / does not hold / inconclusive of one comparison (see the module's rule). Only a BOUND's value
+    is exact: a ratio of timings measured once a side has no interval, so no error rate, and decides
+    nothing."""
+    if interval is None and spec.design is not Design.BOUND:
+        return INCONCLUSIVE
     low, high = interval or (ratio, ratio)
     if (spec.at_least is None or low >= spec.at_least) and (spec.at_most is None or high <= spec.at_most):
         return HOLDS
@@ -301,7 +308,8 @@ def judge(spec: ClaimSpec, comparisons: Sequence[Comparison], rows: pd.DataFrame
         except ValueError as exc:  # a side without samples: the case was not measured
             cases.append(Case(label, NOT_MEASURED, note=str(exc)))
             continue
-        note = "; ".join(filter(None, (c.note, left_out)))
+        once = "" if interval or spec.design is Design.BOUND else ONCE
+        note = "; ".join(filter(None, (c.note, left_out, once)))
         cases.append(Case(label, verdict(spec, ratio, interval, corrected), ratio, interval, corrected, note))
     cases += [Case(u, NOT_MEASURED) for u in unmeasured]
     if not cases:  # nothing measured; the rows given (of another step, on the same ranks) may say why
@@ -359,7 +367,8 @@ def write_looks(results: Path, looks: dict[str, int]) -> None:
 
 METHOD = (f"each case's ratio of geometric means with its {LEVEL:.0%} t-interval (over paired rounds where jobs ran "
           "in turns, Welch's on log samples otherwise); holds when every case's interval clears the threshold, "
-          "does not hold when one case's Bonferroni-corrected interval is below it, else inconclusive")
+          "does not hold when one case's Bonferroni-corrected interval is below it, else inconclusive (so is a "
+          "case of timings measured once a side: no interval)")
 
 
 def spec_record(spec: ClaimSpec) -> dict[str, str]:
