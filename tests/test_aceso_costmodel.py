@@ -11,6 +11,7 @@ import pytest
 from reproflow.families.aceso.costmodel import Config, CostModel, Stage
 from reproflow.families.aceso.database import (
     OP_COLUMNS,
+    PRECISION_FILE,
     op_file,
     read_database,
     write_collective_table,
@@ -87,6 +88,20 @@ def test_two_stages_pay_p2p_and_keep_activations_for_the_stage_behind(tiny) -> N
     assert first.total == pytest.approx(195)
     # Stage 1: 14 ops, input 8 MB + activations 28 in flight only, reserved 14.
     assert last.total == pytest.approx(42 + 14 + 56 + 0 + 36 + 14)
+
+
+def test_a_cpu_profile_reserves_nothing_and_keeps_no_master_copy(tiny, tmp_path: Path) -> None:
+    """reproflow's CPU profile (precision.txt: float32) trains in float32 without a caching allocator: no
+    master copy and no reserved memory, where the reference's floor of the weights would count them again
+    (what the CPU training measures: weights, gradients, Adam's two moments and the saved tensors)."""
+    m, _, ops = tiny
+    (tmp_path / PRECISION_FILE).write_text("float32\n")
+    db = read_database(tmp_path, m, [1, 2], max_tp=2)
+    assert db.fp32 and not db.caching_allocator
+    first, _ = CostModel(db, gpus_per_node=4, memory_limit=1e9, shared_space=False).predict(
+        Config(m, 4, 1, [one_tp(ops[:15]), one_tp(ops[15:])])).memory
+    assert (first.weights, first.gradients, first.optimizer, first.activations, first.peak, first.reserved) == \
+        pytest.approx((15, 15, 30, 30, 30, 0))
 
 
 def test_flexible_recompute_takes_the_largest_group_until_it_fits(tiny) -> None:

@@ -116,6 +116,11 @@ def test_aceso_claims_judge_the_rounds_in_the_rows() -> None:
     # Ranks that shared fewer cores: not applicable, however the step was started.
     shared = pd.concat([aceso, best, uniform]).assign(nodelist="vm", host_cpus=1)
     assert {c.status for c in claims(shared, Path("."))} == {NOT_APPLICABLE}
+    # On one rank Aceso's space is the grid's plus per-op recomputation: the speed claims test nothing there;
+    # the prediction still applies.
+    alone = claims(pd.concat([aceso, best, uniform]).assign(world_size=1), Path("."))
+    assert [c.status for c in alone] == [NOT_APPLICABLE, NOT_APPLICABLE, INCONCLUSIVE]
+    assert "one rank: Aceso's space then adds only per-op recomputation" in alone[0].record()["where"]
 
 
 def test_without_rows_every_claim_is_not_measured_and_says_what_to_run(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ inter-node bandwidth by where the stage boundary falls) + resharding between nei
 whose layouts differ (GPT and ResNet; T5 ops declare no layouts). A 1F1B pipeline of M = global /
 micro batches takes max over stages of (M - 1) t_s + sum_j t_j. Memory per stage = weights (with
 the fp32 master copy for fp16 models) + gradients + optimizer state + activations kept for the
-stages behind + the peak of one micro-batch + reserved (allocator) memory, as the reference.
+stages behind + the peak of one micro-batch + reserved (allocator) memory, as the reference; a CPU
+profile (float32) has no caching allocator, so nothing reserved, where the reference's floor of the
+weights' size would count them a fifth time.
 
 Two kinds (`kind`):
 * "reference": the reference's predictions exactly, quirks included (the last op's output is looked up
@@ -363,7 +365,8 @@ class CostModel:
         activations = float((act * share).sum())
         saved, peak = self._saved_and_peak(ids, rc, act, share)
         reserved = 0.0
-        if self.reserved_space:
+        # The reference's floor of the weights' size is the CUDA allocator's: a CPU profile reserves nothing.
+        if self.reserved_space and self.db.caching_allocator:
             fwd_r = float(v[F["fwd_reserved"], :-1].max(initial=0.0))
             bwd_r = float(v[F["bwd_reserved"], :-1].max(initial=0.0))
             reserved = max(fwd_r + bwd_r, weights) if self.memory_pred == "MAX" else max(fwd_r, bwd_r, weights)

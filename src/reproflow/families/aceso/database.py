@@ -71,6 +71,9 @@ class Database:
     intra_band: list[float] = field(default_factory=list)  # GB/s at 1, 2, 4, ... MB
     inter_band: list[float] = field(default_factory=list)
     fp32: bool = False  # profiled in float32 (reproflow on CPU): no fp16 master copies to model
+    # Profiled on GPUs, whose caching allocator reserves memory beyond what tensors hold (reproflow's CPU
+    # profile, its precision file saying float32, reserves nothing)
+    caching_allocator: bool = True
     optimizer_us: dict[int, np.ndarray] = field(default_factory=dict)  # per TP size: Adam step per distinct op
     latency_us: dict[str, float] = field(default_factory=dict)  # per link (intra, inter): a message's fixed cost
     path: Path = Path()
@@ -155,8 +158,9 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
                                              "model must list the same ops.")
                     table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
     precision = path / PRECISION_FILE
-    fp32 = precision.is_file() and precision.read_text().strip() == "float32"
-    db = Database(model, ops, list(mbs_list), tps, table, fp32=fp32 or not model.fp16, path=path)
+    on_cpu = precision.is_file() and precision.read_text().strip() == "float32"
+    db = Database(model, ops, list(mbs_list), tps, table, fp32=on_cpu or not model.fp16, caching_allocator=not on_cpu,
+                  path=path)
     for prim in COLLECTIVES:
         for gpus in tps[1:]:
             f = path / collective_file(model, prim, gpus)
