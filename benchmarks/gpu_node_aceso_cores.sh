@@ -45,7 +45,7 @@ for part in $parts; do
     aceso)
       for m in t5 gpt; do
         timed "aceso-$m" 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
-          --memory-limit 120000 --time-budget-total 20 --global-batch-size 64 --screen-iters 3 \
+          --memory-limit 120000 --global-batch-size 64 --screen-iters 3 \
           --train-iters 4 --train-rounds 4 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
           --out "$w/reports"
       done

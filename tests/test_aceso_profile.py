@@ -120,7 +120,7 @@ def test_profiled_database_round_trip(write_suite, tmp_path: Path) -> None:
     search = reproflow("aceso", "search", "--model-name", "gpt", "--model-size", "tiny", "--global-batch-size", "16",
                        "--micro-batch-size", "1", "2", "--num-nodes", "1", "--num-gpus-per-node", "2",
                        "--memory-limit", "10000", "--profiled-time-path", str(db), "--config-save-path",
-                       str(tmp_path / "configs"), "--time-budget-total", "1")
+                       str(tmp_path / "configs"), "--budget-cases", "300")
     assert search.returncode == 0, search.stderr
     assert "at least as fast as the uniform plan" in search.stdout
 

@@ -164,7 +164,7 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     logs, results = tmp_path / "logs", tmp_path / "results"
     extra = ["--published", str(PUBLISHED)] if PUBLISHED.is_dir() else []
     # half the tiny setting's batch (--global-batch-size): every config the search and the grid write has it
-    short = ["--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
+    short = ["--budget-cases", "300", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
              "--global-batch-size", "16"]
     run = reproflow("aceso", "reproduce", "small", "--models", "t5", "--log-path", str(logs), "--results",
                     str(results), *short, *extra, timeout=900)

@@ -5,6 +5,7 @@ files. Every config it returns obeys the reference's legality rules."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ def test_search_beats_or_matches_the_uniform_plan(name: str, size: str, gbs: int
     cost = CostModel(db, 4, 12000)
     uniform = best_feasible(megatron_plans(cost, ops, gbs, 4, m.max_tp(4), range(1, 5)), 12000)
     assert uniform is not None
-    results = search(cost, ops, Options(gbs, mbs, 1, 4, 12000, m.max_tp(4), budget_s=2.0), range(1, 5), processes=2)
+    results = search(cost, ops, Options(gbs, mbs, 1, 4, 12000, m.max_tp(4), budget_cases=3000), range(1, 5),
+                     processes=2)
     found = [r.best for r in results if r.best is not None]
     best = min(found, key=lambda p: p.time)
     assert best.memory <= 12000
@@ -63,6 +65,8 @@ def test_search_command_writes_the_reference_outputs(tmp_path: Path) -> None:
     proc = reproflow(*argv, "--model", "reference")
     assert proc.returncode == 0, proc.stderr
     assert "at least as fast as the uniform plan" in proc.stdout
+    # the artifact's budget, asked for: said to be the clock
+    assert "budget 2 s per depth (the clock: the config depends on the machine and its load)" in proc.stdout
     assert "Megatron-LM uniform plans, the predicted fastest: pp 4" in proc.stdout
     (top,) = (out / "top_configs").glob("*.json")
     config = json.loads(top.read_text())
@@ -104,7 +108,7 @@ def test_large_setting_search_step_on_the_artifacts_database(tmp_path: Path) -> 
     reproflow's own, in the same layout) is scored with the reference model beside it."""
     logs = tmp_path / "logs"
     argv = ["aceso", "reproduce", "large", "--profiled-time-path", str(EUROSYS), "--models", "gpt",
-            "--model-sizes", "350M", "1_3B", "--time-budget-total", "1", "--log-path", str(logs),
+            "--model-sizes", "350M", "1_3B", "--budget-cases", "2000", "--log-path", str(logs),
             "--published", str(PUBLISHED)]
     run = reproflow(*argv)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -169,3 +173,29 @@ def test_fewest_ops_equals_a_scan_where_moving_ops_never_hurts(shape: str) -> No
         probes.clear()
         assert s._fewest_ops(config, 0, 1, goal, "time") == scan, goal
         assert len(probes) <= 2 * n.bit_length() + 2  # never worse than a bisection by more than twice
+
+
+@needs_miniset
+def test_a_count_budget_finds_one_config_however_slow_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default budget counts explored cases, so the config does not depend on the clock: with one that
+    runs 1000 s a reading (a machine as slow or as loaded as any) the search explores the same cases and
+    finds the same config, depth by depth; the artifact's clock budget stops at once on it."""
+    from reproflow.families.aceso import search as search_module
+
+    m = model("gpt", "1_3B")
+    mbs = (1, 2, 4, 8)
+    db = read_database(MINISET, m, list(mbs), m.max_tp(4))
+    cost, ops = CostModel(db, 4, 12000), m.full_op_list(db.ops)
+    opts = Options(512, mbs, 1, 4, 12000, m.max_tp(4), budget_cases=400)
+
+    def found(budget: Options) -> list[tuple[int, int, tuple | None]]:
+        return [(r.num_stages, r.explored, r.best.key() if r.best else None)
+                for r in search(cost, ops, budget, range(1, 4), processes=1)]
+
+    idle = found(opts)
+    assert all(explored >= 400 * 0.9 for _, explored, _ in idle[1:]) and all(k for _, _, k in idle)
+    ticks = iter(range(0, 10 ** 9, 1000))
+    monkeypatch.setattr(search_module, "clock", lambda: float(next(ticks)))
+    assert found(opts) == idle
+    clocked = found(dataclasses.replace(opts, budget_s=200.0))
+    assert clocked != idle and all(explored < 400 * 0.9 for _, explored, _ in clocked)

@@ -314,7 +314,7 @@ def test_aceso_profile_then_search_as_dependent_jobs(tmp_path, write_suite):
     search_args = ["aceso", "search", "--model-name", "gpt", "--model-size", "tiny", "--global-batch-size", "8",
                    "--micro-batch-size", "1", "2", "--num-nodes", "1", "--num-gpus-per-node", "1",
                    "--memory-limit", "10000", "--profiled-time-path", str(db), "--config-save-path", str(configs),
-                   "--time-budget-total", "1", "--from-results", str(results)]
+                   "--budget-cases", "300", "--from-results", str(results)]
     search = reproflow(*search_args, "--submit", "--after", profile_job)
     assert search.returncode == 0, search.stderr
     (search_job,) = submitted_ids(search.stdout)
@@ -336,7 +336,7 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
     both configs predicted from them, as Slurm jobs chained with afterok; the trainings span both nodes."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     run = reproflow("aceso", "reproduce", "small", "--models", "t5", "--num-nodes", "2", "--num-gpus-per-node", "1",
-                    "--time-budget-total", "1", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
+                    "--budget-cases", "300", "--train-iters", "3", "--train-seconds", "0", "--train-rounds", "2",
                     "--screen-iters", "3", "--log-path", str(logs), "--results", str(results), "--submit")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("job ids:")]

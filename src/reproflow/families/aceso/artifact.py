@@ -48,6 +48,7 @@ from reproflow.families.aceso.pipeline import (
     stage_info,
 )
 from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
+from reproflow.families.aceso.search import budget_text
 from reproflow.families.aceso.settings import SETTINGS, Setting
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.store.files import atomic_write
@@ -68,6 +69,7 @@ class ReproduceRequest:
     num_gpus_per_node: int = 0
     network: str | None = None
     memory_limit: float | None = None
+    budget_cases: int | None = None
     time_budget_total: float | None = None
     processes: int = 0
     train_iters: int | None = None
@@ -94,7 +96,7 @@ def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node
         memory_limit=req.memory_limit if req.memory_limit is not None else o.memory_limit,
         profiled_time_path=db, config_save_path=where, max_num_hops=o.max_hops,
         num_of_saved_configs=o.saved_configs,
-        time_budget_total=req.time_budget_total if req.time_budget_total is not None else o.budget_s,
+        budget_cases=req.budget_cases or o.budget_cases, time_budget_total=req.time_budget_total,
         processes=req.processes, force=force, from_results=from_results, cost_model=cost_model,
         megatron_memory_limit=req.memory_limit if req.memory_limit is not None else s.megatron_memory_limit,
         megatron_micro_batch_size=s.megatron_mbs, op_group_size=o.op_group_size,
@@ -344,7 +346,8 @@ def _reproduce_search(req: ReproduceRequest, where: Placement) -> None:
             o = s.search
             print(f"{s.model} {s.label}: {s.nodes} x {s.gpus_per_node} GPUs, global batch {s.global_bs}, "
                   + (f"the given single-GPU config (micro-batch {s.single_gpu[0]})" if s.single_gpu else
-                     f"Aceso: {o.memory_limit:.0f} MB, micro-batches {list(o.mbs)}, {o.budget_s:g} s, {o.max_hops} "
+                     f"Aceso: {o.memory_limit:.0f} MB, micro-batches {list(o.mbs)}, budget "
+                     f"{budget_text(req.budget_cases or o.budget_cases, req.time_budget_total)}, {o.max_hops} "
                      f"hops; Megatron-LM plan: {s.megatron_memory_limit:.0f} MB, micro-batches {list(s.megatron_mbs)}"))
         return
     for s in rows:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from reproflow.api.options import generated_suite_options, placement
-from reproflow.families.aceso.settings import KINDS
+from reproflow.families.aceso.settings import CASES, KINDS, TINY_CASES
 from reproflow.spec.params import number, whole
 
 T = TypeVar("T")
@@ -147,6 +147,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "which need the database's all_reduce and optimizer tables) or reference (Aceso's own)")
 
 
+def _budget(p: argparse.ArgumentParser, cases_help: str, default: int | None) -> None:
+    """The search's budget: a count of explored cases, or the artifact's clock."""
+    p.add_argument("--budget-cases", type=whole(1), default=default, metavar="N", help=cases_help)
+    p.add_argument("--time-budget-total", type=number(), default=None, metavar="S",
+                   help="the artifact's budget instead: S seconds per pipeline depth (its 200); the config then "
+                   "depends on the machine's speed and on what else runs on it")
+
+
 def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Add `reproflow aceso ...`."""
     top = sub.add_parser("aceso", help="Aceso: profile, search, train, Megatron-LM plans, result scripts",
@@ -156,7 +164,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                          formatter_class=formatter, description=cmd_search.__doc__)
     _common(p)
     p.add_argument("--max-num-hops", type=whole(1), default=7)
-    p.add_argument("--time-budget-total", type=number(), default=10, help="seconds per pipeline depth")
+    _budget(p, f"explored cases per pipeline depth (default: {CASES}): one database, one config, on any machine",
+            CASES)
     p.add_argument("--num-of-saved-configs", type=whole(1), default=1)
     p.add_argument("--op-group-size", type=whole(1), default=1, help="ops moved together by an op migration")
     p.add_argument("--peak-mem-in-backward", type=number(), default=0.0,
@@ -258,8 +267,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    "models; '' for loopback)")
     p.add_argument("--memory-limit", type=number(), default=None,
                    help="MB per GPU for the search and the plan (default: the artifact's, per model)")
-    p.add_argument("--time-budget-total", type=number(), default=None,
-                   help="search seconds per depth (default: the artifact's 200; 5 for tiny)")
+    _budget(p, f"explored cases per pipeline depth (default: {CASES}; {TINY_CASES} for tiny models): one "
+            "database, one config, on any machine", None)
     p.add_argument("--processes", type=whole(0), default=0, help="parallel searches (default: one per depth)")
     p.add_argument("--train-iters", type=whole(1), default=None,
                    help="iterations per training (default: 6 for tiny models, the first untimed; 5 for the "

@@ -35,7 +35,7 @@ from reproflow.families.aceso.plans import (
 )
 from reproflow.families.aceso.search import Options
 from reproflow.families.aceso.search import search as search_depths
-from reproflow.families.aceso.settings import GPT_MBS, RESNET_MBS
+from reproflow.families.aceso.settings import CASES, GPT_MBS, RESNET_MBS
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.suite import suite_toml
 from reproflow.store.files import atomic_write
@@ -61,7 +61,8 @@ class SearchRequest:
     config_save_path: Path
     cost_model: str = "runtime"
     max_num_hops: int = 7
-    time_budget_total: float = 10
+    budget_cases: int = CASES  # explored cases per depth: the same config on any machine
+    time_budget_total: float | None = None  # the reference's seconds per depth instead: machine-dependent
     num_of_saved_configs: int = 1
     op_group_size: int = 1
     peak_mem_in_backward: float = 0.0
@@ -81,10 +82,13 @@ class SearchRequest:
     force: bool = False
 
 
+# A submitted search's time limit where the budget is a count: GPT-13B on the artifact's 32 GPUs, the
+# largest search here, takes minutes on a core per depth (docs/aceso.md).
+SEARCH_JOB_MINUTES = 60
 # What keys a search (with the database's hash): the same database searched with these again is reused.
 SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",
                "num_gpus_per_node", "memory_limit", "max_tp", "start_num_stages", "end_num_stages", "max_num_hops",
-               "time_budget_total", "cost_model", "megatron_memory_limit", "megatron_micro_batch_size",
+               "budget_cases", "time_budget_total", "cost_model", "megatron_memory_limit", "megatron_micro_batch_size",
                "op_group_size", "peak_mem_in_backward", "finetune_after_trial", "sort_metric", "megatron_grid",
                "memory_pressure")
 
@@ -248,12 +252,9 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
         return SearchOutcome(manifest, True)
     suffix = req.config_suffix or f"{_dt.datetime.now():%Y-%m-%d-%H-%M-%S}"
     gbs = req.global_batch_size
-    opts = Options(gbs, tuple(setup.mbs), req.num_nodes, req.num_gpus_per_node, req.memory_limit, setup.max_tp,
-                   req.max_num_hops, req.time_budget_total, op_group_size=req.op_group_size,
-                   finetune_after_trial=req.finetune_after_trial, sort_metric=req.sort_metric)
+    opts = search_options(req, setup)
     print(f"searching {setup.name} ({len(setup.ops)} ops) on {req.num_nodes} x {req.num_gpus_per_node} GPUs, "
-          f"depths {setup.depths.start}-{setup.depths.stop - 1}, {req.time_budget_total:g} s budget per depth",
-          flush=True)
+          f"depths {setup.depths.start}-{setup.depths.stop - 1}, budget {opts.budget}", flush=True)
     start = time.monotonic()
     by_depth = search_depths(setup.cost, setup.ops, opts, setup.depths, req.processes)
     wall = time.monotonic() - start
@@ -297,7 +298,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     depths = [{"num_stages": r.num_stages, "ms": round(r.best.time, 2) if r.best else None, "explored": r.explored,
                "seconds": round(r.seconds, 2), "to_best_s": round(r.seconds_to_best, 2)} for r in by_depth]
     best = found[0].best if found else None
-    atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "search_s": round(wall, 2),
+    atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "budget": opts.budget,
+                                       "search_s": round(wall, 2),
                                        "configs": names, "megatron": mega,
                                        "best_ms": round(best.time, 2) if best else None,
                                        "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
@@ -359,6 +361,15 @@ def memory_pressure_limit(req: SearchRequest) -> float:
     return limit
 
 
+def search_options(req: SearchRequest, setup: Setup) -> Options:
+    """The search's options from the request: its budget the count of explored cases, or the clock where
+    `time_budget_total` is given."""
+    return Options(req.global_batch_size, tuple(setup.mbs), req.num_nodes, req.num_gpus_per_node, req.memory_limit,
+                   setup.max_tp, req.max_num_hops, budget_cases=req.budget_cases, budget_s=req.time_budget_total,
+                   op_group_size=req.op_group_size, finetune_after_trial=req.finetune_after_trial,
+                   sort_metric=req.sort_metric)
+
+
 def search_job(req: SearchRequest) -> str:
     """Body of a submitted search: the search, failing the job when it found no config."""
     outcome = search(req)
@@ -374,7 +385,8 @@ def _submit_search(req: SearchRequest, where: Placement) -> SearchOutcome:
                        log_path=req.log_path.resolve() if req.log_path else None,
                        from_results=req.from_results.resolve() if req.from_results else None)
     job_id = api.submit_call("aceso-search", search_job, absolute, folder=absolute.config_save_path / "submitit",
-                             minutes=max(5, int(req.time_budget_total * 2 / 60) + 10), where=where)
+                             minutes=SEARCH_JOB_MINUTES if req.time_budget_total is None else
+                             max(5, int(req.time_budget_total * 2 / 60) + 10), where=where)
     after = [j for item in where.after for j in item.split(",") if j]
     print(f"submitted the search as Slurm job {job_id}" + (f", after {', '.join(after)}" if after else ""))
     print(f"job ids: {job_id}")

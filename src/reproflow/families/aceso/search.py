@@ -18,8 +18,12 @@ node boundaries on stage boundaries, and op micro-batches in the profiled list.
 Differences from the reference: the search is deterministic (no randomness is used), and the best
 config of each depth gets a last local polish (boundary ops moved one stage over while that helps),
 and an op migration finds how many ops to move by bisection instead of trying 0, 1, 2, ... in turn.
-The time budget covers each depth's search, as the reference's per-process budget; the ops a
-migration moves take the receiving stage's boundary tp/dp and keep their algo, as there.
+The ops a migration moves take the receiving stage's boundary tp/dp and keep their algo, as there.
+
+The budget: by default a count of explored cases per depth (the count the reference prints), so one
+database, one set of options, one config on any machine, however fast or loaded; the reference's clock
+(`budget_s`, seconds per depth, as its per-process budget) is kept as an option, and with it the config
+depends on the machine's speed and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -30,9 +34,18 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction, Stage
+from reproflow.families.aceso.settings import CASES
 
 INF = float("inf")
+clock = time.monotonic  # the clock of the trend and of the artifact's budget (a test sets it)
 POLISH_AT = 0.9  # share of the budget after which the search stops and the polish may run
+
+
+def budget_text(cases: int, seconds: float | None) -> str:
+    """A search's budget in words: the count, or the clock where `seconds` is given."""
+    if seconds is not None:
+        return f"{seconds:g} s per depth (the clock: the config depends on the machine and its load)"
+    return f"{cases} explored cases per depth"
 
 
 @dataclass(frozen=True)
@@ -46,13 +59,19 @@ class Options:
     memory_limit: float
     max_tp: int
     max_hops: int = 7
-    budget_s: float = 200.0
+    budget_cases: int = CASES
+    budget_s: float | None = None  # the reference's clock instead of the count: machine-dependent
     max_trials: int = 100
     op_group_size: int = 1
     max_op_move_steps: int = 5
     adaptive_times: int = 5
     finetune_after_trial: int = 0
     sort_metric: str = "max_stage_time"
+
+    @property
+    def budget(self) -> str:
+        """The budget that runs, in words."""
+        return budget_text(self.budget_cases, self.budget_s)
 
     @property
     def num_gpus(self) -> int:
@@ -171,7 +190,9 @@ class DepthSearch:
 
     def time_up(self, share: float = POLISH_AT) -> bool:
         """Past `share` of the budget (the search stops at POLISH_AT, the polish at the full budget)."""
-        return time.monotonic() - self.start >= self.opts.budget_s * share
+        if self.opts.budget_s is not None:
+            return clock() - self.start >= self.opts.budget_s * share
+        return self.explored >= self.opts.budget_cases * share
 
     def alone_ms(self, stage: Stage, micro_bs: int) -> float:
         """One micro-batch through a stage, intra-node links (the reference's partner estimate)."""
@@ -582,7 +603,7 @@ class DepthSearch:
         return self._best_of(seen)
 
     def run(self) -> Result:
-        self.start = time.monotonic()
+        self.start = clock()
         config = self.initial()
         if config is None:
             return Result(self.n, None, 0, 0.0, 0)
@@ -604,7 +625,7 @@ class DepthSearch:
                 best = q if self.fits(q) else best
                 if self.fits(q):
                     self.best_time = q.time
-                trend.append((time.monotonic() - self.start, self.best_time))
+                trend.append((clock() - self.start, self.best_time))
                 continue
             p = self._pop_candidate()
             if p is None:
@@ -616,8 +637,8 @@ class DepthSearch:
             polished = self.polish(best)
             if polished is not best:
                 best = polished
-                trend.append((time.monotonic() - self.start, best.time))
-        return Result(self.n, best, self.explored, time.monotonic() - self.start, trials, trend)
+                trend.append((clock() - self.start, best.time))
+        return Result(self.n, best, self.explored, clock() - self.start, trials, trend)
 
     def polish(self, p: Point, max_ops: int = 16) -> Point:
         """Move 1..max_ops ops across each stage boundary while that shortens the iteration and fits,
