@@ -102,7 +102,8 @@ FAMILY = Family(
               "({plan}/runtime/{model}/{size}/csv/)"),
         Param("case", "str", "", "train: a case of its own beside the model's size (e.g. memory: a lower memory "
               "limit), its CSVs under {size}-{case}"),
-        Param("round", "int", 0, "train: the round of trainings in turns this one belongs to (0: none)", minimum=0),
+        Param("round", "int", 0, "train: the round of trainings in turns this one belongs to; ops: the round of a "
+              "profile in rounds, whose database takes each op's median over them (0: none)", minimum=0),
         Param("turn", "int", 0, "train: its place in its job's order of trainings (0: alone), so that an order "
               "effect shows in the rows", minimum=0),
     ),

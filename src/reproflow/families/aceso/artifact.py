@@ -49,7 +49,7 @@ from reproflow.families.aceso.pipeline import (
 )
 from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
 from reproflow.families.aceso.search import budget_text
-from reproflow.families.aceso.settings import SETTINGS, Setting
+from reproflow.families.aceso.settings import SETTINGS, TINY_PROFILE_ROUNDS, Setting
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.store.files import atomic_write
 
@@ -159,6 +159,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                               prof_seq_len=t.seq_len, prof_warmup_times=2 if tiny else 3, prof_repeat_times=10,
                               # tiny: 10 passes take under a second, shorter than this machine's slowdowns
                               prof_repeat_seconds=2.0 if tiny else 0.0,
+                              prof_rounds=TINY_PROFILE_ROUNDS if tiny else 1,
                               # tiny: up to the tiny models' gradients (the runtime model's all-reduce)
                               prof_comm_sizes="0-4,8,16,32" if tiny else "0-64",
                               prof_path=root / "profiled-time", prof_num_nodes=nodes, network=network,
@@ -275,7 +276,7 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, plan
     text = profile_suite(prof.prof_model_name, prof.prof_model_size, mbs, tps, prof.prof_seq_len,
                          prof.prof_warmup_times, prof.prof_repeat_times, prof.prof_comm_sizes, algos=algos,
                          ranks=max(prof.prof_tp_size), repeat_seconds=prof.prof_repeat_seconds, groups=groups,
-                         p2p=False, nodes=prof.prof_num_nodes, network=prof.network)
+                         p2p=False, nodes=prof.prof_num_nodes, network=prof.network, rounds=prof.prof_rounds)
     ids = api.run_generated_suite(text, f"aceso-profile-{label}{AFTER_TRAINING}", where)
     if not where.submit:
         predict_after_training(where.results, prof.prof_path, search_req, plans, label)

@@ -204,6 +204,9 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--prof-repeat-times", type=whole(1), default=10)
     p.add_argument("--prof-repeat-seconds", type=number(), default=0.0,
                    help="more timed passes over the ops than --prof-repeat-times until they take this many seconds")
+    p.add_argument("--prof-rounds", type=whole(1), default=1,
+                   help="time the ops in this many rounds over every micro-batch and algo in turn, the repeats and "
+                   "seconds shared among them; the database takes each op's median over the rounds")
     p.add_argument("--prof-comm-sizes", default="0-64", help="collective sizes in whole MB, e.g. '0-16,32'")
     p.add_argument("--prof-path", type=Path, required=True, help="database folder to write")
     p.add_argument("--prof-num-nodes", type=whole(1), default=1,

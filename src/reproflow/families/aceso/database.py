@@ -213,7 +213,8 @@ def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
 
 
 def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False) -> list[Path]:
-    """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each:
+    """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each
+    (of a profile in rounds: each op's median over the rounds of the newest suite):
     op files per model, size, micro-batch, TP size and algo; collective tables per model, size,
     collective and GPU count; P2P bandwidth per link (intra- or inter-node). The profiles taken right
     after a training (suites named ...-after-training-<iterations>) make a database of their own
@@ -226,8 +227,8 @@ def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False
     ops = rows[rows["kind"] == "ops"]
     optimizer: dict[Path, list[tuple[str, float]]] = {}
     for (name, size, mbs, tp, algo), sub in _groups(ops, ["model", "size", "mbs", "tp", "algo"]):
-        sub = _newest(sub)
-        wide = sub.pivot_table(index=["op_index", "op"], columns="metric", values="value").reset_index()
+        wide = _rounds(sub).pivot_table(index=["op_index", "op"], columns="metric", values="value",
+                                        aggfunc="median").reset_index()
         missing = [f for f in FIELDS if f not in wide.columns]
         if missing:
             raise ReproflowError(f"profiler rows of {name} {size} mbs {mbs} tp {tp} algo {algo} lack {missing}.")
@@ -273,3 +274,13 @@ def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFra
 
 def _newest(sub: pd.DataFrame) -> pd.DataFrame:
     return sub[sub["timestamp"] == sub["timestamp"].max()]
+
+
+def _rounds(sub: pd.DataFrame) -> pd.DataFrame:
+    """The newest measurement of each round of a profile in rounds (one round where it is not), from the
+    suite that measured last: a point's rows, for a median over its rounds."""
+    if "suite" in sub.columns:
+        sub = sub[sub["suite"] == _newest(sub)["suite"].iloc[0]]
+    if "round" not in sub.columns:
+        return _newest(sub)
+    return pd.concat([_newest(one) for _, one in sub.groupby("round", dropna=False)])

@@ -114,6 +114,9 @@ class ProfileRequest:
     prof_warmup_times: int = 3
     prof_repeat_times: int = 10
     prof_repeat_seconds: float = 0.0
+    # Rounds over every micro-batch and algo in turn, the repeats and seconds shared among them; the
+    # database takes each op's median over the rounds, so a slow spell of the machine hits all alike.
+    prof_rounds: int = 1
     prof_comm_sizes: str = "0-64"
     prof_path: Path
     # Hosts the ops are timed on (each with max(prof_tp_size) ranks), and P2P between two of them;
@@ -456,22 +459,26 @@ def predict(req: SearchRequest, config: Path) -> Prediction:
 def profile_suite(model_name: str, size: str, mbs: list[int], tps: list[int], seq_len: int, warmup: int,
                   repeats: int, comm_mb: str, algos: list[int] | None = None, ranks: int | None = None,
                   groups: list[int] | None = None, p2p: bool | None = None, repeat_seconds: float = 0.0,
-                  nodes: int = 1, network: str = "") -> str:
+                  nodes: int = 1, network: str = "", rounds: int = 1) -> str:
     """A suite (TOML) profiling every op per TP size, micro-batch and algo (default: all the model's),
     plus collectives over each of `groups` ranks (default: the TP sizes over 1) and P2P (default: where
     there are 2 ranks or more): within a node where it has 2 ranks, between two nodes where there are
     `nodes`. Every op point runs on `nodes` x `ranks` (default max(tps): one node's GPUs), as
-    ranks / tp TP groups per node at once; `network` shapes the emulated hosts' links of a local run."""
+    ranks / tp TP groups per node at once; `network` shapes the emulated hosts' links of a local run.
+    With `rounds` > 1 the op points run in that many rounds over every micro-batch and algo in turn,
+    each round with its share of `repeats` and `repeat_seconds`."""
     algos = algos or ([0] if model_name == "t5" else [0, 1])
     ranks = ranks or max(tps)
     groups = [tp for tp in tps if tp > 1] if groups is None else groups
     common = {"model": model_name, "size": size, "seq_len": seq_len, "warmup": warmup, "repeats": repeats}
-    timed = {"repeat_seconds": repeat_seconds} if repeat_seconds else {}
+    shared = common | {"repeats": -(-repeats // rounds)}  # a round's share, rounded up
+    timed = {"repeat_seconds": repeat_seconds / rounds} if repeat_seconds else {}
+    turns: dict[str, object] = {"round": list(range(1, rounds + 1))} if rounds > 1 else {}
     exps: list[dict[str, object]] = [
         {"name": f"tp{tp}", "family": "aceso", "launch": {"nodes": nodes, "procs_per_node": ranks} if nodes > 1
          else {"procs_per_node": ranks},
-         "params": common | timed | {"tp": tp},
-         "matrix": {"mbs": mbs, "algo": algos}} for tp in tps]
+         "params": shared | timed | {"tp": tp},
+         "matrix": turns | {"mbs": mbs, "algo": algos}} for tp in tps]
     exps += [{"name": f"collectives-{n}", "family": "aceso", "launch": {"procs_per_node": n},
               "params": {"kind": "collectives", **common, "sizes_mb": comm_mb}} for n in groups]
     links = [("p2p", {"procs_per_node": 2})] if ranks > 1 else []
@@ -537,7 +544,7 @@ def profile(req: ProfileRequest, where: Placement) -> list[str]:
     text = profile_suite(req.prof_model_name, req.prof_model_size, list(req.prof_mbs_list), list(req.prof_tp_size),
                          req.prof_seq_len, req.prof_warmup_times, req.prof_repeat_times, req.prof_comm_sizes,
                          p2p=None if req.prof_p2p else False, repeat_seconds=req.prof_repeat_seconds,
-                         nodes=req.prof_num_nodes, network=req.network)
+                         nodes=req.prof_num_nodes, network=req.network, rounds=req.prof_rounds)
     ids = api.run_generated_suite(text, f"aceso-profile-{stem}", where)
     if not (where.dry_run or where.submit):
         database(where.results, req.prof_path)

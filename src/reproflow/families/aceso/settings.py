@@ -22,6 +22,11 @@ KINDS = ("runtime", "reference")
 # the configs are as good as the clock's there (docs/aceso.md, "The search's budget").
 CASES = 20000
 TINY_CASES = 2000
+# The tiny models' op profile runs in rounds over the micro-batches, each op's time the median over them:
+# on 2 shared cores, micro-batches profiled one after another took their turns at different machine
+# speeds, so the per-sample ratios between them moved by a tenth and more from run to run, and
+# with them which config the search found (docs/aceso.md, "A profile in rounds").
+TINY_PROFILE_ROUNDS = 5
 
 
 @dataclass(frozen=True)
