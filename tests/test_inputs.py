@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -267,6 +268,31 @@ def test_generated_cli_values_give_one_clear_error(command, suite, opts, tmp_pat
         assert err.getvalue().strip(), argv
 
 
+@COUNTED
+@pytest.mark.parametrize("command", [["run", "smoke"], ["submit", "smoke", "--dry-run"], ["runs"], ["history"],
+                                     ["status"], ["report"], ["archive"], ["nodes"]])
+@pytest.mark.parametrize("bad", [os.fsdecode(b"/tmp/r\xff\xfe"), "/tmp/r\ntouch x\n#", "/tmp/\x1b]0;title\x07",
+                                 "/tmp/" + "r" * 5000])
+def test_a_value_no_command_can_take_is_refused_before_anything_runs(command, bad, tmp_path, monkeypatch):
+    """Bytes that are not UTF-8, control characters and overlong values, in any option of any command: one
+    line naming the option, exit 2, nothing written (a run's manifest is never left running)."""
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with no_traceback("command lines"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main([*command, "--results", bad])
+    assert code == 2 and err.getvalue().startswith("reproflow: error: --results "), err.getvalue()
+    assert len(err.getvalue().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+@COUNTED
+@pytest.mark.parametrize("missing", ["/a/missing/path", "../up/there", "2026*", "[x]"])
+def test_compare_of_what_is_neither_a_folder_nor_a_run_names_it(missing, tmp_path):
+    err = io.StringIO()
+    with no_traceback("command lines"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(["compare", missing, str(tmp_path), "--out", str(tmp_path / "out")])
+    assert code == 2 and f"{missing}: not a results folder, an archive or one run's id" in err.getvalue()
+
+
 def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_path):
     suite = write_suite("""
         [launch]
@@ -290,15 +316,17 @@ def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_pa
 
 @COUNTED
 @settings(SETTINGS, max_examples=100)
-@given(image=hostile, mounts=hostile, partition=hostile)
-def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, partition, tmp_path):
+@given(image=hostile, mounts=hostile, partition=hostile, results=hostile)
+def test_submitit_scripts_quote_every_value_and_refuse_line_breaks(image, mounts, partition, results, tmp_path):
+    """The image, the mounts, the partition and the results folder reach the job script quoted, or are
+    refused naming the option; the script run under bash injects nothing."""
     suite = load_suite(ROOT / "workflows" / "param-demo.toml")
-    executor = SubmititExecutor(tmp_path / "results", ROOT, image="/" + image, container_mounts=mounts,
-                                partition=partition or None, retry_of=image)
     try:
+        executor = SubmititExecutor(tmp_path / ("results" + results), ROOT, image="/" + image,
+                                    container_mounts=mounts, partition=partition or None, retry_of=image)
         text = executor.dry_run(suite, suite.experiments[0])
     except ReproflowError as exc:
-        assert "--image" in str(exc) or "--mounts" in str(exc) or "--partition" in str(exc)
+        assert any(o in str(exc) for o in ("--image", "--mounts", "--partition", "--results")), exc
         _count("submitit job scripts")
         return
     except BaseException:
@@ -316,6 +344,28 @@ def test_submitit_scripts_quote_images_and_refuse_line_breaks(image, mounts, par
     assert not injected, text
     recorded = (folder / "argv").read_bytes().decode(errors="replace").split("\0")
     assert recorded[0] == "/" + image and f"--container-image=/{image}" in recorded, recorded
+    if not mounts:
+        where = (tmp_path / ("results" + results)).resolve()
+        assert f"--container-mounts={where}:{where}" in recorded, recorded
+
+
+@COUNTED
+@settings(SETTINGS, max_examples=60)
+@given(results=hostile)
+def test_run_dry_run_prints_a_command_a_shell_reads_back(results, tmp_path):
+    """`run --dry-run` prints each rank's command quoted: a shell splits it back into the folder given, or
+    the folder is refused before anything is printed."""
+    folder = str(tmp_path / ("r" + results))
+    out, err = io.StringIO(), io.StringIO()
+    with no_traceback("command lines"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["run", "smoke", "--results", folder, "--dry-run"])
+    if code == 2:
+        assert err.getvalue().startswith("reproflow: error: --results "), err.getvalue()
+        return
+    assert code == 0, err.getvalue()
+    line = next(x for x in out.getvalue().splitlines() if "-m reproflow.worker" in x)
+    words = shlex.split(line)
+    assert words[words.index("--results") + 1] == folder
 
 
 # ---- Aceso configs and CFP profiles -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ field and the fix in its message, on bad input.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -83,7 +84,7 @@ def _show_run(suite: Suite, experiments: list[str], executor: LocalExecutor, exp
         launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
                     else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
         print(f"{launcher} -m reproflow.worker "
-              + " ".join(worker_args(suite, exp, executor.results, executor.force, executor.root, executor.sets)))
+              + shlex.join(worker_args(suite, exp, executor.results, executor.force, executor.root, executor.sets)))
         for point in exp.points:
             print(f"    {point.label}")
 

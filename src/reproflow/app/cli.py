@@ -15,7 +15,7 @@ from typing import Any
 
 from reproflow import __version__, api
 from reproflow.api import options
-from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.errors import ParamError, ReproflowError, shown, text_problem
 from reproflow.spec.family import PACKAGE, families, family_names
 from reproflow.spec.params import canonical, number, whole
 from reproflow.spec.paths import project_root
@@ -703,9 +703,28 @@ def _stopped(signum: int, _frame: object) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
+def _argv_problem(argv: list[str]) -> str:
+    """The first argument no command takes, whatever the option: every value may reach a job script, a
+    file name or a terminal, so none holds a control character or bytes that are not UTF-8."""
+    for i, arg in enumerate(argv):
+        problem = text_problem(arg)
+        if problem:
+            if arg.startswith("--") and "=" in arg:
+                name = arg.split("=", 1)[0]
+            else:
+                name = argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}"
+            name = shown(name, 40) if text_problem(name) else name
+            return f"{name} {shown(arg)} {problem}. Give plain text on one line."
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    problem = _argv_problem(argv)
+    if problem:
+        print(f"reproflow: error: {problem}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     measures = args.command in ("run", "submit", "reproduce") and not any(
         getattr(args, flag, False) for flag in ("dry_run", "explain", "estimate"))

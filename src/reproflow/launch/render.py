@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from reproflow.spec.errors import ReproflowError, SuiteError
+from reproflow.spec.errors import CONTROL, ReproflowError, SuiteError, shown, text_problem
 from reproflow.spec.suite import Suite, format_slurm_time, slurm_seconds
 
 TEMPLATE = "suite.sbatch.j2"
@@ -81,20 +81,19 @@ def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSet
 
 
 _IN_CHECKOUT = "$REPROFLOW_DIR/"
-# Line breaks and other control characters would end a comment line and start a command.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
 
 
 def comment(text: object) -> str:
     """Free text (descriptions, paths) made safe for one `#` comment line of a shell script."""
-    return _CONTROL.sub(" ", str(text))
+    return CONTROL.sub(" ", str(text))
 
 
 def shell_value(option: str, value: str) -> str:
     """`value` if it can sit on one line of a job script (once quoted), else an error naming the option."""
-    if _CONTROL.search(value):
-        raise ReproflowError(f"{option} {value!r} holds a line break or another control character, which would "
-                             "split the job script's line. Give it on one line.")
+    problem = text_problem(value)
+    if problem:
+        raise ReproflowError(f"{option} {shown(value)} {problem}, which a job script cannot hold. Give a plain "
+                             "value on one line.")
     return value
 
 

@@ -95,6 +95,9 @@ class SubmititExecutor:
 
     def __post_init__(self) -> None:
         # Checked before anything reaches a job script, where a newline would end the #SBATCH lines.
+        for option, text in (("--results", str(self.results)), ("--image", self.image),
+                             ("--mounts", self.container_mounts), ("python", self.python)):
+            shell_value(option, text)
         for name in ("nodes", "procs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -188,13 +191,14 @@ class SubmititExecutor:
         return replace(suite, path=copy)
 
     def _python(self) -> str:
-        """The tasks' Python: with an image, the image's (inside Apptainer, or as Pyxis starts the task in
-        it: the first python3 on the job's PATH, which the images' virtual environment leads); else this one."""
+        """The tasks' Python as a shell command (submitit writes it into the job script as it is): with an
+        image, the image's (inside Apptainer, or as Pyxis starts the task in it: the first python3 on the
+        job's PATH, which the images' virtual environment leads); else this one."""
         if self.image and self.runtime == "apptainer":
             return shlex.join(["apptainer", "exec", "--bind", self._mounts(), self.image, "python3"])
         if self.image and self.runtime == "pyxis":
-            return self.python or "python3"  # this process's path need not exist in the image
-        return self.python or sys.executable
+            return shlex.quote(self.python or "python3")  # this process's path need not exist in the image
+        return shlex.quote(self.python or sys.executable)
 
     def check(self, *, on_disk: bool = True) -> None:
         """Refuse, before anything is submitted, an image or a runtime the jobs could not start."""
@@ -218,7 +222,7 @@ class SubmititExecutor:
 
         self.check(on_disk=False)
         folder = self.folder(suite)
-        command = f"{self._python()} -u -m submitit.core._submit {folder}/%j"
+        command = f"{self._python()} -u -m submitit.core._submit {shlex.quote(str(folder / '%j'))}"
         params = self.parameters(suite, exp)
         if self.array:
             params["map_count"] = len(exp.points)

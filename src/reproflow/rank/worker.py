@@ -268,7 +268,7 @@ def _rank_log(rank: int) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(Path(logs) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(Path(logs) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

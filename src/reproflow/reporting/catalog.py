@@ -46,7 +46,7 @@ from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
 from reproflow.store.frames import CHUNK, PointFrame, read_point_frames
 from reproflow.store.results import GATE_FAIL, QUARANTINE, RESERVED
-from reproflow.store.runs import RUNS, catalog_home, job_run_id, known_folders
+from reproflow.store.runs import RUN_ID_START, RUNS, catalog_home, job_run_id, known_folders
 
 INDEX_VERSION = 7
 # Provenance that makes two runs different machines or software, kept per point for `compare`.
@@ -721,7 +721,10 @@ def curves(con: sqlite3.Connection, side: Selection, suite: str, experiment: str
 
 def folders_of(run: str) -> list[Path]:
     """The catalog's folders holding the manifest of a run whose id is or starts with `run`: the only ones a
-    comparison by id needs brought up to date (runs of hand-submitted jobs have none: then every folder)."""
+    comparison by id needs brought up to date (runs of hand-submitted jobs have none: then every folder).
+    A path (a folder that does not exist) is no run's id."""
+    if not RUN_ID_START.fullmatch(run):
+        return []
     return [f for f in known_folders() if any((f / RUNS).glob(f"{glob.escape(run)}*.json"))]
 
 

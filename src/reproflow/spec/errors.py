@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ReproflowError(Exception):
     """An error caused by the user's input or environment, with the fix in its message."""
@@ -44,3 +46,30 @@ class PointFailed(Exception):
     Raise it only after the ranks agreed, e.g. through RunContext.all_agree; a failure on one rank
     alone must end the job instead, since the other ranks may be waiting in a collective.
     """
+
+
+# Line breaks and other control characters would end a job script's line (a #SBATCH comment, a command)
+# and start another, or rewrite a terminal's screen.
+CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
+# The longest value (a path, a name) any command takes: PATH_MAX on Linux.
+LONGEST = 4096
+
+
+def text_problem(value: str) -> str:
+    """What keeps `value` from being written into a shell command or a job script once quoted (a control
+    character, bytes that are not UTF-8, more than LONGEST characters), or ''."""
+    if CONTROL.search(value):
+        return "holds a line break or another control character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds bytes that are not UTF-8"
+    if len(value) > LONGEST:
+        return f"is longer than {LONGEST} characters"
+    return ""
+
+
+def shown(value: str, width: int = 60) -> str:
+    """`value` as an error message may print it: escaped, and cut to `width` characters."""
+    text = ascii(value)
+    return text if len(text) <= width else text[:width - 3] + "..."

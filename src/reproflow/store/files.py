@@ -3,6 +3,7 @@ atomically, and lines appended under a lock."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -12,11 +13,25 @@ from pathlib import Path
 from typing import Any
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the system tells (Linux's /proc)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never half."""
+    """Write `text` to `path` so that readers see the old file or the whole new one, never half. The file
+    gets the umask's mode, as any file the user creates (a shared folder's group reads it under umask 002),
+    not the private mode of the temporary file it is written as."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w", newline="") as fh:
             fh.write(text)
             fh.flush()
@@ -33,7 +48,7 @@ def append_line(path: Path, line: str) -> None:
     O_APPEND write, which local file systems, NFS's single client and Lustre keep whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line.rstrip("\n") + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as any new file
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import secrets
 import sys
 import time
@@ -30,6 +31,8 @@ from reproflow.store.files import append_line, atomic_write
 from reproflow.store.provenance import git_commit, hardware, image_sha256
 
 RUN_ID_ENV = "REPROFLOW_RUN_ID"
+# What a run id, or the start of one, is made of (new_run_id's and job_run_id's characters).
+RUN_ID_START = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 RUNS = RESULTS_FOLDERS[1]  # <results>/runs/<run id>.json; no suite may take the name
 CATALOG_ENV = "REPROFLOW_CATALOG"
 # How a run ended, in its manifest.
