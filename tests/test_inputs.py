@@ -293,6 +293,26 @@ def test_compare_of_what_is_neither_a_folder_nor_a_run_names_it(missing, tmp_pat
     assert code == 2 and f"{missing}: not a results folder, an archive or one run's id" in err.getvalue()
 
 
+@COUNTED
+def test_render_refuses_a_script_sbatch_would_refuse_and_a_committed_name(tmp_path):
+    """A description of 5 MB would make a job script longer than sbatch's 4 MB; a suite from elsewhere named
+    like a committed one would overwrite that suite's script: both refused before anything is written."""
+    committed = ROOT / "sbatch" / "smoke.sbatch"
+    before = committed.read_bytes()
+    big = tmp_path / "big.toml"
+    big.write_text('[suite]\ndescription = "' + "x" * (5 * 2**20) + '"\n' + TINY.format(launch="", iters="2",
+                                                                                       matrix=""))
+    twin = tmp_path / "twin" / "smoke.toml"
+    twin.parent.mkdir()
+    twin.write_text(TINY.format(launch="", iters="2", matrix=""))
+    for suite, words in ((big, "more than the 4,194,304 sbatch takes"), (twin, "not overwritten")):
+        err = io.StringIO()
+        with no_traceback("suites"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli.main(["render", str(suite)])
+        assert code == 2 and words in err.getvalue(), err.getvalue()
+    assert committed.read_bytes() == before and not (ROOT / "sbatch" / "big.sbatch").exists()
+
+
 def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_path):
     suite = write_suite("""
         [launch]
@@ -602,6 +622,137 @@ def test_generated_results_folders_give_a_report_or_one_clear_error(changes, com
     with no_traceback("results folders"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli.main(argv)
     assert code in (0, 1, 2), (argv, err.getvalue())
+
+
+SECRET = b"secret-7f3a9c: a file outside the results folder"
+# What a shared results folder may hold besides what reproflow wrote: (where, what it is).
+PLANTED = {"fifo": ("t/c/fifo.csv", "fifo"), "zero": ("t/c/zero.csv", "/dev/zero"),
+           "secret-file": ("t/c/shadow.csv", "secret"), "secret-record": ("t/env/x.json", "secret"),
+           "linked-folder": ("t/linked", "outside"), "runs-link": ("runs", "outside"),
+           "quarantine-link": ("quarantine", "outside"), "not-results": ("", "outside")}
+READERS = {"runs": lambda r, o: ["runs", "--results", str(r)], "status": lambda r, o: ["status", "--results", str(r)],
+           "report": lambda r, o: ["report", "--results", str(r), "--out", str(o / "out")],
+           "compare": lambda r, o: ["compare", str(r), str(r), "--out", str(o / "cmp")],
+           "archive": lambda r, o: ["archive", "--results", str(r), "--reports", str(o / "none"), "--logs",
+                                    str(o / "none"), "--out", str(o / "a.tar.gz")],
+           "rerun": lambda r, o: ["run", str(_tiny(o)), "--results", str(r), "--force"]}
+
+
+@COUNTED
+@pytest.mark.parametrize("command", list(READERS))
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_a_results_folder_with_links_fifos_and_devices_is_read_safely(kind, command, measured, tmp_path):
+    """A FIFO or a link to /dev/zero named like a point file, links to a secret file or folder, runs/ or
+    quarantine/ planted as links, a results folder that leads elsewhere: every command ends (no hang, no
+    traceback), reads and packs nothing outside the folder, and writes nothing through a link."""
+    import hashlib
+    import shutil
+    import stat
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "shadow").write_bytes(SECRET)
+    (outside / "t" / "c").mkdir(parents=True)
+    (outside / "t" / "c" / "s.csv").write_bytes(SECRET)
+    before = sorted(outside.rglob("*"))
+    folder = tmp_path / "results"
+    shutil.copytree(measured, folder)
+    where, what = PLANTED[kind]
+    path = folder / where
+    if path.exists():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "secret":
+        path.symlink_to(outside / "shadow")
+    elif what == "outside":
+        path.symlink_to(outside, target_is_directory=True)
+    else:
+        path.symlink_to(what)
+    proc = reproflow(*READERS[command](folder, tmp_path), timeout=120)
+    _count("planted files", "tracebacks" if "Traceback" in proc.stderr else "")
+    assert proc.returncode in (0, 1, 2, 3) and "Traceback" not in proc.stderr, (kind, command, proc.stderr[-2000:])
+    assert sorted(outside.rglob("*")) == before, f"{command} wrote through a link"
+    assert SECRET.decode() not in proc.stdout + proc.stderr
+    written = [p for p in tmp_path.rglob("*") if not p.is_symlink() and p.is_file() and outside not in p.parents
+               and stat.S_ISREG(p.lstat().st_mode)]
+    digest = hashlib.sha256(SECRET).hexdigest()
+    for p in written:
+        data = p.read_bytes()
+        if p.suffix == ".gz":
+            import tarfile
+
+            with tarfile.open(p) as tar:
+                data = b"".join(tar.extractfile(m).read() for m in tar if m.isfile())
+        assert SECRET not in data and digest.encode() not in data, f"{command} leaked the secret into {p}"
+    if kind == "not-results" and command == "archive":
+        assert proc.returncode == 2 and "is not a results folder" in proc.stderr, proc.stderr
+
+
+@COUNTED
+@pytest.mark.parametrize("field", ["cluster", "nodes", "suites", "command"])
+def test_control_characters_in_records_reach_the_terminal_escaped(field, measured, tmp_path):
+    """A manifest whose fields clear the screen, set the window title or fake a line: `runs` prints them as
+    escapes, never as the characters a terminal acts on."""
+    import json
+    import shutil
+
+    folder = tmp_path / "results"
+    shutil.copytree(measured, folder)
+    manifest = next((folder / "runs").glob("*.json"))
+    record = json.loads(manifest.read_text())
+    payload = "\x1b[2J\x1b]0;owned\x07\rfake line\x9b"
+    record[field] = [payload] if isinstance(record.get(field), list) else payload
+    manifest.write_text(json.dumps(record))
+    out = io.StringIO()
+    with no_traceback("terminal output"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["runs", "--results", str(folder)])
+    assert code == 0
+    text = out.getvalue()
+    assert not any(c in text for c in "\x1b\x07\r\x9b"), text
+    if field in ("cluster", "nodes"):  # printed on the run's line
+        assert "\\x1b[2J" in text, text
+
+
+ROW_VALUES = st.one_of(st.sampled_from(["../../../outside", "/etc/passwd", "two", "9" * 400, "", "nan", "-1", "0",
+                                         "a/b", "..", ".hidden", "x" * 300, "all_reduce", "unknown"]), hostile)
+
+
+@COUNTED
+@settings(SETTINGS, max_examples=80)
+@given(column=st.sampled_from(["suite", "experiment", "family", "world_size", "repeat", "collective", "metric",
+                               "unit", "point", "rank", "begin_size", "job_id"]), value=ROW_VALUES,
+       command=st.sampled_from(["report", "claims", "compare", "runs"]))
+def test_row_values_never_name_a_file_outside_the_output_or_end_in_a_traceback(column, value, command, measured,
+                                                                                 tmp_path):
+    """A value of any column (names, counts, parameters) in every row of a point file: the commands that
+    build file names, figures and numbers from rows write only inside --out, or leave the file out."""
+    import csv
+    import shutil
+
+    where = Path(tempfile.mkdtemp(dir=tmp_path))
+    folder = where / "in" / "results"
+    shutil.copytree(measured, folder)
+    for path in folder.glob("t/c/*.csv"):
+        rows = list(csv.DictReader(path.open()))
+        with path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows([{**r, column: value} if column in r else r for r in rows])
+    before = {p for p in where.rglob("*")}
+    out = where / "in" / "out"
+    argv = {"report": ["report", "--results", str(folder), "--out", str(out)],
+            "claims": ["report", "--results", str(folder), "--out", str(out), "--claims-only"],
+            "compare": ["compare", str(measured), str(folder), "--out", str(out)],
+            "runs": ["runs", "--results", str(folder)]}[command]
+    err = io.StringIO()
+    with no_traceback("row values"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code in (0, 1, 2), (argv, err.getvalue())
+    made = {p for p in where.rglob("*")} - before
+    outside = [p for p in made if out not in p.parents and p != out and folder not in p.parents]
+    assert not outside, outside
 
 
 def _archive(where: Path, measured: Path, kind: str) -> Path:

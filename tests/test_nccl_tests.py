@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reproflow.families.param_comms import FAMILY, table
 from reproflow.families.param_comms.nccl_tests import (
@@ -171,10 +173,44 @@ def test_json_of_another_run_shape_is_refused_saying_what(form, words):
         parse_json(form(ALL_REDUCE_JSON))
 
 
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda t: t.replace("#wrong", " error"), "an older or other tool's table"),
+    (lambda t: t.replace("#wrong", "#wrong", 1).replace("busbw  #wrong \n", "busbw  errors \n"), "older or other"),
+    (lambda t: t.replace("Out of bounds values : 0 OK", "Out of bounds values : 12 FAILED"), "check failed"),
+])
+def test_a_table_read_by_its_header_and_a_failed_check_refused(change, words):
+    """The check columns are read only where the header names them #wrong, and nccl-tests' own verdict on
+    its check is honoured."""
+    text = change(ALL_REDUCE)
+    assert text != ALL_REDUCE
+    with pytest.raises(ToolOutputError, match=words):
+        parse_text(text)
+
+
 def test_sweep_length_follows_the_tools_loop():
     assert sweep_length(8, 1 << 30, 2, 0) == 28
     assert sweep_length(1024, 4096, 1, 1024) == 4
     assert sweep_length(5, 4, 2, 0) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(minimum=st.integers(-4, 1 << 62), maximum=st.integers(0, 1 << 62), factor=st.integers(0, 8),
+       step=st.integers(-2, 1 << 40))
+def test_sweep_length_is_the_loops_count_or_says_the_sweep_never_ends(minimum, maximum, factor, step):
+    """Any header's sweep, up to 2^62 bytes: the count nccl-tests' loop reaches, computed at once; a sweep
+    whose size never grows is an error, never a loop without end."""
+    try:
+        n = sweep_length(minimum, maximum, factor, step)
+    except ToolOutputError as exc:
+        assert "never grows" in str(exc)
+        assert minimum <= maximum and ((factor > 1 and minimum <= 0) or (factor <= 1 and step <= 0))
+        return
+    if minimum > maximum:
+        assert n == 0
+        return
+    grow = (lambda size: size * factor) if factor > 1 else (lambda size: size + step)
+    sizes = [minimum + (n - 1) * step] if factor <= 1 else [minimum * factor ** (n - 1)]
+    assert sizes[0] <= maximum < grow(sizes[0])
 
 
 def test_options_map_to_nccl_tests_flags():

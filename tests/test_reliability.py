@@ -220,6 +220,10 @@ def test_the_environment_is_recorded_with_secrets_redacted_and_archived_redacted
     ("Authorization: Bearer abc.def", f"Authorization: Bearer {REDACTED}"),
     ("NONE,A=1,HF_TOKEN=x", f"NONE,A=1,HF_TOKEN={REDACTED}"),
     ("/usr/bin:/bin", "/usr/bin:/bin"),
+    ("db:\n  password: hunter2\n  host: db1", f"db:\n  password: {REDACTED}\n  host: db1"),
+    ("api_key : 'a b' then", f"api_key: {REDACTED} then"),
+    ("mysql -u me -p hunter2 db", f"mysql -u me -p {REDACTED} db"),
+    ("start time: 12:00, url https://h:443/x", "start time: 12:00, url https://h:443/x"),
     ("srun --mpi=pmi2 -N 2 --export=NONE,MONKEY=1", "srun --mpi=pmi2 -N 2 --export=NONE,MONKEY=1"),
 ])
 def test_secrets_inside_recorded_values_are_redacted(value, shown):

@@ -41,3 +41,57 @@ def test_a_team_reads_and_writes_a_results_folder_written_under_umask_002(tmp_pa
     private = [f"{p.relative_to(tmp_path)} {stat.filemode(p.stat().st_mode)}" for p in paths
                if not p.is_symlink() and p.stat().st_mode & 0o060 != 0o060]
     assert not private, private
+
+
+SUITE = """
+[launch]
+backend = "gloo"
+device = "cpu"
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = { procs_per_node = 1 }
+params = { begin_size = "1K", end_size = "4K", warmup_iters = 1, iters = %d }
+matrix = { collective = ["all_reduce"] }
+"""
+
+
+def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """While a run holds a suite's results, another run of that suite into that folder stops before it
+    runs anything, naming the first; the first one's rows are left as they were."""
+    from reproflow.store.files import held
+    from reproflow.store.results import writer_lock
+
+    suite = tmp_path / "one.toml"
+    suite.write_text(SUITE % 2)
+    results = tmp_path / "results"
+    with held(writer_lock(results, "one"), "run 20261207-000000-abcdef (pid 1 on node7, since now)"):
+        second = subprocess.run([sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results",
+                                 str(results)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2, second.stderr
+    assert "is being written by run 20261207-000000-abcdef (pid 1 on node7, since now)" in second.stderr
+    assert not list(results.glob("one/*/*.csv"))
+
+
+@pytest.mark.distributed
+def test_two_runs_at_once_into_one_folder_keep_one_runs_rows(tmp_path: Path) -> None:
+    """Two runs of one suite started together into one folder: one measures, the other is refused or
+    finds the points measured; every row names the run that measured it and that run completed."""
+    suite = tmp_path / "one.toml"
+    suite.write_text(SUITE % 200)
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results", str(results)]
+    runs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [r.communicate(timeout=300) for r in runs]
+    codes = sorted(r.returncode for r in runs)
+    refused = [err for (_, err), r in zip(outs, runs, strict=True) if r.returncode == 2]
+    assert codes in ([0, 0], [0, 2]), outs
+    assert all("is being written by run " in err for err in refused), refused
+    import csv
+    import json
+
+    ids = {row["run_id"] for f in results.glob("one/c/*.csv") for row in csv.DictReader(f.open())}
+    states = {json.loads(p.read_text())["run_id"]: json.loads(p.read_text())["state"]
+              for p in (results / "runs").glob("*.json")}
+    assert len(ids) == 1 and states[ids.pop()] == "completed", (ids, states)

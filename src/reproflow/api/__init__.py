@@ -8,7 +8,9 @@ field and the fix in its message, on bad input.
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +24,9 @@ from reproflow.spec.family import get_family
 from reproflow.spec.paths import project_root
 from reproflow.spec.suite import NAME_RE, Experiment, Suite, named_suite, override_strings
 from reproflow.store import events
+from reproflow.store.files import held
+from reproflow.store.results import writer_lock
+from reproflow.store.runs import RUN_ID_ENV, now
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,21 +59,35 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
         _show_run(loaded, list(experiments), executor, explain)
         return 0
     worst = 0
-    for exp in loaded.select(list(experiments)):
-        if exp.launch.nodes > 1 and not procs:
-            print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its "
-                  f"{executor.world_size(exp)} ranks on this machine (use `reproflow submit` or sbatch for real nodes)")
-        code = executor.run(loaded, exp)
-        if code < 0:  # a rank killed by a signal: report it as a shell does (128 + signal)
-            print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
-            code = 128 - code
-        elif code:
-            why = {3: " (some points failed; see *.failed.json)",
-                   EXIT_STARTUP: f" (its ranks did not start within launch.startup_s = {exp.launch.startup_s:g} s)"}
-            print(f"reproflow: experiment {exp.name} ended with exit code {code}{why.get(code, '')}", file=sys.stderr)
-        worst = worst or code
+    # One writer of a suite's results at a time: two runs into one folder would replace each other's rows.
+    with held(writer_lock(Path(results), loaded.name), _owner(), under=Path(results)):
+        for exp in loaded.select(list(experiments)):
+            code = _run_experiment(executor, loaded, exp, procs)
+            worst = worst or code
     print(f"reproflow: results of suite {loaded.name} are in {Path(results) / loaded.name}")
     return worst
+
+
+def _run_experiment(executor: LocalExecutor, suite: Suite, exp: Experiment, procs: int | None) -> int:
+    """One experiment on this machine; its exit code, as a shell reports it."""
+    if exp.launch.nodes > 1 and not procs:
+        print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its "
+              f"{executor.world_size(exp)} ranks on this machine (use `reproflow submit` or sbatch for real nodes)")
+    code = executor.run(suite, exp)
+    if code < 0:  # a rank killed by a signal: report it as a shell does (128 + signal)
+        print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
+        code = 128 - code
+    elif code:
+        why = {3: " (some points failed; see *.failed.json)",
+               EXIT_STARTUP: f" (its ranks did not start within launch.startup_s = {exp.launch.startup_s:g} s)"}
+        print(f"reproflow: experiment {exp.name} ended with exit code {code}{why.get(code, '')}", file=sys.stderr)
+    return code
+
+
+def _owner() -> str:
+    """Who holds a suite's results while a run writes them, as a second run is told."""
+    return (f"run {os.environ.get(RUN_ID_ENV) or '(no run id)'} (pid {os.getpid()} on {socket.gethostname()}, "
+            f"since {now()})")
 
 
 def _show_run(suite: Suite, experiments: list[str], executor: LocalExecutor, explain: bool) -> None:
@@ -174,8 +193,7 @@ def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
                              "options given (models, sizes, meshes such as --mesh 2x2); give values of letters, "
                              "digits, 'x', ',' and '.' only.")
     suite = where.results / f"{name}.toml"
-    suite.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(suite, text)
+    atomic_write(suite, text, under=where.results)
     if not where.submit:
         code = run_suite(suite, results=where.results, force=where.force, dry_run=where.dry_run)
         if code:

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from reproflow import __version__, api
 from reproflow.api import options
-from reproflow.spec.errors import ParamError, ReproflowError, shown, text_problem
+from reproflow.spec.errors import ParamError, ReproflowError, printable, shown, text_problem
 from reproflow.spec.family import PACKAGE, families, family_names
 from reproflow.spec.params import canonical, number, whole
 from reproflow.spec.paths import project_root
@@ -78,6 +79,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     for suite in suites:
         text = render_sbatch(suite, root)
         path = sbatch_path(root, suite)
+        own = suite.path.resolve() == (root / "workflows" / f"{suite.name}.toml").resolve()
+        if not own and not args.check and path.exists():
+            raise ReproflowError(f"{suite.path} is not the project's workflows/{suite.name}.toml, and "
+                                 f"{path} is that suite's committed script: not overwritten. Rename the suite "
+                                 "(its [suite] name or file), or submit it with `reproflow submit`.")
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(path)
@@ -718,8 +724,39 @@ def _argv_problem(argv: list[str]) -> str:
     return ""
 
 
+class _Printable(io.TextIOBase):
+    """A text stream that writes to `stream` what a terminal shows as it is (spec.errors.printable)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point."""
+    """Console entry point: everything it prints goes through `printable`."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(sys.stdout), _Printable(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     problem = _argv_problem(argv)
     if problem:

@@ -49,8 +49,22 @@ def default_image(suite: Suite, root: Path) -> str:
     return f"$APPS_PATH/reproflow-{suite.container}.sqsh"
 
 
+# Slurm's default max_script_size (slurm.conf SchedulerParameters): sbatch refuses a longer script.
+MAX_SCRIPT_BYTES = 4 * 2**20
+
+
 def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSettings()) -> str:
-    """The sbatch script that runs every experiment of `suite`, one torchrun launch each."""
+    """The sbatch script that runs every experiment of `suite`, one torchrun launch each; a SuiteError
+    where it would be longer than sbatch takes (MAX_SCRIPT_BYTES)."""
+    text = _render(suite, root, settings)
+    if len(text.encode()) > MAX_SCRIPT_BYTES:
+        raise SuiteError(suite.path, "suite", f"its sbatch script would be {len(text.encode()):,} bytes, more than "
+                         f"the {MAX_SCRIPT_BYTES:,} sbatch takes by default (Slurm's max_script_size).",
+                         "a shorter description, fewer experiments")
+    return text
+
+
+def _render(suite: Suite, root: Path, settings: SbatchSettings) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(root / "templates"),
         undefined=jinja2.StrictUndefined,

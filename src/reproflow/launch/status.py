@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reproflow.launch.shell import run, run_lines
 from reproflow.spec.suite import JOB_ID_RE
-from reproflow.store.files import json_object
+from reproflow.store.files import json_object, read_regular
 from reproflow.store.results import failure_files, result_files
 
 
@@ -96,7 +96,7 @@ def submitted_jobs(results: Path) -> list[dict[str, str]]:
     jobs = []
     for path in sorted(results.glob("*/jobs.jsonl")):
         try:
-            lines = path.read_bytes().splitlines()
+            lines = read_regular(path).splitlines()
         except OSError:
             continue
         # A line that is not a job record (damaged, or written by hand) is passed over, not trusted.

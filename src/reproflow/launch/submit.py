@@ -342,4 +342,4 @@ def record_job(results: Path, suite: str, experiment: str, job_id: str, via: str
     """Append a submitted job to `<results>/<suite>/jobs.jsonl` (read by `reproflow status`)."""
     append_line(results / suite / "jobs.jsonl", json.dumps({
         "job_id": job_id, "suite": suite, "experiment": experiment, "via": via, **extra,
-        "submitted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}))
+        "submitted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}), under=results)

@@ -245,7 +245,7 @@ def run_experiment(ctx: RunContext, suite_name: str, exp: Experiment, results: P
             raise
         if ctx.rank == 0:
             head = {"suite": suite_name, "experiment": exp.name, "family": fam.name, "point": point.label}
-            atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)))
+            atomic_write(path, rows_to_csv(make_rows(head, point.params, measured, prov)), under=results)
             failure_path(path).unlink(missing_ok=True)
             print(fam.table(point.params, [m for r, m in measured if r == repeats - 1]), flush=True)
         _point(ctx, events.MEASURED, i, exp, f"{tag}: {len(measured)} rows in {time.perf_counter() - start:.1f} s "

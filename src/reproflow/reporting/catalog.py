@@ -168,8 +168,8 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
                 if not entry.name.startswith(".") and entry.name not in _SKIPPED and not (
                         directory == str(folder) and entry.name == QUARANTINE):
                     subdirs.append(entry.path)
-            elif _indexed_name(entry.name, manifests):
-                stat = entry.stat()
+            elif _indexed_name(entry.name, manifests) and entry.is_file(follow_symlinks=False):
+                stat = entry.stat(follow_symlinks=False)
                 files[entry.path] = (stat.st_mtime_ns, stat.st_size)
     return files, subdirs
 

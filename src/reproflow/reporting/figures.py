@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reproflow.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, Claim
+from reproflow.store.files import file_stem
 
 COLOURS = {HOLDS: "#2ca02c", FAILS: "#d62728", INCONCLUSIVE: "#ff7f0e"}
 OTHER = "#7f7f7f"  # not measured, not compared, not applicable
@@ -106,7 +107,7 @@ def save_figure(fig: object, out_dir: Path, name: str, formats: Sequence[str] = 
     """`<name>.png` and `<name>.pdf` (or `formats`) in `out_dir`; closes the figure. A pyplot figure is
     cropped to its tight bounding box; one of new_figure is saved as laid out."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.{suffix}" for suffix in formats]
+    paths = [out_dir / f"{file_stem(name)}.{suffix}" for suffix in formats]
     pyplot = fig.canvas.manager is not None  # type: ignore[attr-defined]
     for path in paths:
         fig.savefig(path, dpi=130, bbox_inches="tight" if pyplot else None)  # type: ignore[attr-defined]

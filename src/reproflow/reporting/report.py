@@ -8,6 +8,7 @@ both found by name, as the family registry finds the families.
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from reproflow.reporting.page import Section, hardware_table, to_markdown, write
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import AGGREGATE, PACKAGE, families
 from reproflow.spec.params import canonical
+from reproflow.store.files import file_stem, read_regular
 from reproflow.store.results import (
     GATE_FAIL,
     PROVENANCE_COLUMNS,
@@ -53,9 +55,11 @@ def read_results(results: Path) -> Loaded:
     health gate are set aside; a file of an unknown schema version is an error."""
     frames, quarantined = [], []
     for path in result_files(results):
-        with path.open("rb") as fh:  # bytes: a file that is not UTF-8 is quarantined below, with the reason
-            head = fh.readline()
-        if not head.startswith(b"schema_version,"):
+        try:  # bytes: a file that is not UTF-8 is quarantined below, with the reason
+            data = read_regular(path)
+        except OSError:  # gone, or no longer a regular file, since it was listed
+            continue
+        if not data.startswith(b"schema_version,"):
             raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
                                  f"CSVs (profiles, logs, tables) out of the results folder {results}.")
         problem = point_file_problem(path)
@@ -67,7 +71,7 @@ def read_results(results: Path) -> Loaded:
                   "Run its suite again to measure the point.", file=sys.stderr)
             quarantined.append((moved, problem))
             continue
-        frames.append(pd.read_csv(path, dtype={"rank": str, "job_id": str}))
+        frames.append(pd.read_csv(io.BytesIO(data), dtype={"rank": str, "job_id": str}))
     if not frames:
         return Loaded(pd.DataFrame(), quarantined=quarantined)
     frame = with_defaults(pd.concat(frames, ignore_index=True))
@@ -148,7 +152,7 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str, title: str, note:
     """`<name>.csv` and `<name>.md` (title line, table, and an optional note) in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = integral(frame)
-    csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    csv_path, md_path = out_dir / f"{file_stem(name)}.csv", out_dir / f"{file_stem(name)}.md"
     frame.to_csv(csv_path, index=False)
     md_path.write_text(f"# {title}\n\n" + to_markdown(frame) + (f"\n{note}\n" if note else ""))
     return [csv_path, md_path]

@@ -18,18 +18,25 @@ from pathlib import Path
 
 import reproflow
 from reproflow.spec.errors import ReproflowError
+from reproflow.store.files import read_regular, regular_files
 from reproflow.store.provenance import git_commit, redact_record
+from reproflow.store.results import not_a_results_folder
+
+# The kinds of file reproflow writes into the folders an archive packs (rows, records, logs, suites, scripts,
+# report pages and figures); nothing else there is packed (a key, a system file under a folder given).
+PACKED = (".csv", ".json", ".jsonl", ".toml", ".log", ".out", ".err", ".txt", ".md", ".html", ".png", ".pdf",
+          ".svg", ".sbatch")
 
 
 def _members(folders: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
-    """(file on disk, name in the archive) for every file under the folders that exist."""
+    """(file on disk, name in the archive) for every regular file of a kind reproflow writes under the folders
+    that exist: links (to files or folders, in or out of them), FIFOs and devices are neither followed nor
+    packed."""
     found = []
     for folder, name in folders:
-        if folder.is_file():
-            found.append((folder, name))
-        elif folder.is_dir():
-            found += [(p, f"{name}/{p.relative_to(folder).as_posix()}") for p in sorted(folder.rglob("*"))
-                      if p.is_file() and "__pycache__" not in p.parts]
+        if folder.is_dir():
+            found += [(p, f"{name}/{p.relative_to(folder).as_posix()}")
+                      for p in regular_files(folder, lambda n: n.endswith(PACKED))]
     return found
 
 
@@ -38,11 +45,11 @@ def _is_environment_record(name: str) -> bool:
     return len(parts) == 4 and parts[0] == "results" and parts[2] == "env" and parts[3].endswith(".json")
 
 
-def _redacted(path: Path) -> bytes | None:
+def _redacted(data: bytes) -> bytes | None:
     """An environment record redacted again by today's rules (it may come from an older version); None for
     one that cannot be read, which is left out."""
     try:
-        return redact_record(path.read_bytes().decode()).encode()
+        return redact_record(data.decode()).encode()
     except (UnicodeDecodeError, ValueError):
         return None
 
@@ -51,13 +58,16 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
     """Write `out` (.tar.gz) atomically; returns its path, the number of files in it and the environment
     records left out because they could not be read (and so not checked for secrets)."""
     prefix = out.name.removesuffix(".tar.gz").removesuffix(".tgz")
+    problem = not_a_results_folder(results)
+    if problem:
+        raise ReproflowError(f"--results: {problem}. Give the folder a run wrote its results into.")
     members = _members([(root / "workflows", "workflows"), (root / "sbatch", "sbatch"),
                               (results, "results"), (logs, "logs"), (reports, "reports")])
     if not any(name.startswith(("results/", "reports/")) for _, name in members):
         raise ReproflowError(f"nothing measured to archive: {results} and {reports} are empty or missing. Run "
                              "`reproflow reproduce` (or a suite and `reproflow report`) first.")
     files: dict[str, dict[str, object]] = {}
-    left_out: list[str] = []
+    left_out: dict[str, str] = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
 
@@ -68,25 +78,24 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
 
     with tarfile.open(partial, "w:gz") as tar:
         for path, name in members:
-            if not _is_environment_record(name):  # streamed: logs and profiles can be large
-                with path.open("rb") as fh:
-                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
-                files[name] = {"bytes": path.stat().st_size, "sha256": digest}
-                tar.add(path, arcname=f"{prefix}/{name}", recursive=False)
+            try:  # what is packed is what was read and hashed, and only a regular file is read
+                data: bytes | None = read_regular(path)
+                mtime = path.lstat().st_mtime
+            except OSError as exc:
+                left_out[name] = f"not packed: {exc.strerror}"
                 continue
-            data = _redacted(path)
-            if data is None:
-                left_out.append(name)
+            if _is_environment_record(name) and (data := _redacted(data)) is None:
+                left_out[name] = ("an environment record that is not valid JSON, so it cannot be checked for "
+                                  "secrets")
                 continue
             files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-            add_bytes(tar, name, data, path.stat().st_mtime)
+            add_bytes(tar, name, data, mtime)
         manifest = {"reproflow_version": reproflow.__version__, "git_commit": git_commit(str(root)),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files,
-                    "left_out": {name: "an environment record that is not valid JSON, so it cannot be checked "
-                                       "for secrets" for name in left_out}}
+                    "left_out": left_out}
         add_bytes(tar, "MANIFEST.json", json.dumps(manifest, indent=1, sort_keys=True).encode(), time.time())
     partial.replace(out)
-    return out, len(files) + 1, left_out
+    return out, len(files) + 1, list(left_out)
 
 
 # What an archive to compare may unpack to: a year of nightly runs is ~100,000 point files of a few KiB;

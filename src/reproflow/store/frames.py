@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reproflow.store.results import HEAD_COLUMNS, READABLE_SCHEMAS, read_point_file
+from reproflow.store.files import read_regular
+from reproflow.store.results import HEAD_COLUMNS, READABLE_SCHEMAS, TRUSTED, read_point_file
 
 # Point files are parsed this many at a time: one pandas parse of many files' lines is what makes
 # them cheap to read, and the rows of a thousand small files take some 30 MiB (4,096: 100 MiB).
@@ -52,8 +52,8 @@ def read_point_frames(files: Sequence[tuple[Path, str]], per_point: Collection[s
     frames = []
     for folder, name in files:
         try:
-            data = _read(name)
-        except OSError:  # gone since it was listed
+            data = read_regular(Path(name))
+        except OSError:  # gone since it was listed, or no longer a regular file
             continue
         head, _, body = data.partition(b"\n")
         if body.endswith(b"\n") and b"\r" not in data:
@@ -65,18 +65,6 @@ def read_point_frames(files: Sequence[tuple[Path, str]], per_point: Collection[s
         frames += [together] if together is not None else [
             alone for folder, name, _ in same if (alone := _parse_alone(folder, name)) is not None]
     return [frame for frame in frames if len(frame.rows)]
-
-
-def _read(name: str) -> bytes:
-    """A file's bytes by the system calls alone (Python's buffered file objects cost twice as much)."""
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        parts = []
-        while chunk := os.read(fd, 1 << 16):
-            parts.append(chunk)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
 
 
 def _parse_together(head: bytes, files: Sequence[tuple[Path, str, bytes]],
@@ -112,6 +100,9 @@ def _parse_together(head: bytes, files: Sequence[tuple[Path, str, bytes]],
         frame = _numbered(frame)
         firsts = np.unique(frame["@pid"].to_numpy(), return_index=True)[1]
     whole = frame["@end"].eq(_END) & frame["schema_version"].isin([str(v) for v in READABLE_SCHEMAS])
+    for column, (pattern, _) in TRUSTED.items():  # names and counts as the store's reader takes them
+        if column in frame.columns:
+            whole &= frame[column].str.fullmatch(pattern.pattern).fillna(False).astype(bool)
     if "point_rows" in header:
         point = frame["@pid"].to_numpy()
         written = np.array([str(n) for n in np.bincount(point)], dtype=object)[point]

@@ -167,6 +167,12 @@ _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/
 _QUOTED_OR_WORD = r"(?:\"[^\"]*\"?|'[^']*'?|[^,;&\s\"']*)"
 _ASSIGNMENT = re.compile(rf"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=(?P<value>{_QUOTED_OR_WORD})")
 _OPTION = re.compile(rf"(?P<name>--?[A-Za-z][A-Za-z0-9_-]*)\s+(?!-)(?P<value>{_QUOTED_OR_WORD})")
+# `name: value` of free text (YAML, a log line; a URL's colon has no blank after it); an HTTP credential's
+# scheme word is left to _SCHEME_CREDENTIAL.
+_COLON = re.compile(rf"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)[ \t]*:[ \t]+(?!(?:Bearer|Basic|Token)\b)"
+                    rf"(?P<value>{_QUOTED_OR_WORD})", re.IGNORECASE)
+# The password option of the common clients (mysql, sshpass, ...): `-p value`.
+_SHORT_PASSWORD = re.compile(rf"(?<![\w-])-p[ \t]+(?!-)(?P<value>{_QUOTED_OR_WORD})")
 # An HTTP credential inside a value: `Authorization: Bearer x`, `Basic x`, `token x`.
 _SCHEME_CREDENTIAL = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 
@@ -178,14 +184,14 @@ def _redact_userinfo(m: re.Match[str]) -> str:
 
 
 def redact_value(value: str) -> str:
-    """`value` with URL user information, secret-named assignments and options and HTTP credentials
-    replaced."""
+    """`value` with URL user information, secret-named assignments, options and `name: value` pairs, a
+    client's `-p` password and HTTP credentials replaced."""
     value = _URL_USERINFO.sub(_redact_userinfo, value)
     value = _SCHEME_CREDENTIAL.sub(lambda m: f"{m[1]} {REDACTED}", value)
-    for pattern, sep in ((_ASSIGNMENT, "="), (_OPTION, " ")):
+    for pattern, sep in ((_ASSIGNMENT, "="), (_OPTION, " "), (_COLON, ": ")):
         value = pattern.sub(lambda m, sep=sep: f"{m['name']}{sep}{REDACTED}" if is_secret_name(m["name"]) else m[0],
                             value)
-    return value
+    return _SHORT_PASSWORD.sub(f"-p {REDACTED}", value)
 
 
 def is_recorded(name: str) -> bool:
@@ -249,5 +255,5 @@ def write_environment(results: Path, suite: str, job_id: str, host: str, ranks: 
     path = results / suite / "env" / f"{job_id}-{host}.json"
     record = {"job_id": job_id, "host": host, "ranks": list(ranks), "hardware": hardware(),
               "environment": redact_environment(os.environ)}
-    atomic_write(path, json.dumps(record, indent=1) + "\n")
+    atomic_write(path, json.dumps(record, indent=1) + "\n", under=results)
     return path

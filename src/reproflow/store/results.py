@@ -15,14 +15,16 @@ import datetime as _dt
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reproflow.spec.errors import shown
 from reproflow.spec.family import AGGREGATE, Measurement
 from reproflow.spec.params import canonical
-from reproflow.spec.suite import RESULTS_FOLDERS
-from reproflow.store.files import atomic_write
+from reproflow.spec.suite import NAME_RE, RESULTS_FOLDERS
+from reproflow.store.files import atomic_write, make_folder, read_regular, regular_files
 from reproflow.store.provenance import Provenance
 
 # 2 added attempt, retry_of, health_gate, health_detail and point_rows; 3 added network; 4 added
@@ -62,11 +64,22 @@ PROVENANCE_COLUMNS = (
     "timestamp",
 )
 RESERVED = frozenset(HEAD_COLUMNS + MEASURE_COLUMNS + PROVENANCE_COLUMNS)
+# Columns the readers use as names (of folders, files, figures) or as counts, and what a value there must
+# be: a row holding anything else (`world_size = two`, a suite named `../..`) makes its file not whole,
+# as a torn row does, with its line named.
+TRUSTED = {"suite": (NAME_RE, "a suite name"), "experiment": (NAME_RE, "an experiment name"),
+           "family": (NAME_RE, "a family name"), "world_size": (re.compile(r"[1-9][0-9]{0,6}"), "a rank count"),
+           "repeat": (re.compile(r"[0-9]{1,7}"), "a repeat's number")}
 
 
 def point_path(results: Path, suite: str, experiment: str, key: str) -> Path:
     """Where a point's rows live."""
     return results / suite / experiment / f"{key}.csv"
+
+
+def writer_lock(results: Path, suite: str) -> Path:
+    """The lock a run holds while it writes a suite's results (a dot file: no reader lists it)."""
+    return results / suite / ".writer.lock"
 
 
 def failure_path(csv_path: Path) -> Path:
@@ -127,7 +140,8 @@ def write_failure(csv_path: Path, point_label: str, error: str, job_id: str, run
     """Record why a point failed, next to where its rows would be."""
     record = {"point": point_label, "error": error, "job_id": job_id, "run_id": run_id,
               "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
-    atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n")
+    # <results>/<suite>/<experiment>/<point>: written through no link below the results folder
+    atomic_write(failure_path(csv_path), json.dumps(record, indent=1) + "\n", under=csv_path.parents[2])
 
 
 def _outside_quarantine(results: Path, paths: Iterable[Path]) -> list[Path]:
@@ -135,17 +149,29 @@ def _outside_quarantine(results: Path, paths: Iterable[Path]) -> list[Path]:
 
 
 def result_files(results: Path) -> list[Path]:
-    """Every point CSV under a results folder (not the quarantined ones)."""
+    """Every point CSV under a results folder (not the quarantined ones): regular files, no link followed."""
     if not results.is_dir():
         return []
-    return _outside_quarantine(results, results.rglob("*.csv"))
+    return _outside_quarantine(results, regular_files(results, lambda name: name.endswith(".csv")))
 
 
 def failure_files(results: Path) -> list[Path]:
-    """Every failure record under a results folder."""
+    """Every failure record under a results folder: regular files, no link followed."""
     if not results.is_dir():
         return []
-    return _outside_quarantine(results, results.rglob("*.failed.json"))
+    return _outside_quarantine(results, regular_files(results, lambda name: name.endswith(".failed.json")))
+
+
+def not_a_results_folder(results: Path) -> str:
+    """Why `results` is not a folder reproflow wrote results into ('' when it is, or is empty or missing):
+    one holds run manifests (runs/), whole point files or failure records."""
+    if not results.is_dir() or not any(results.iterdir()):
+        return ""
+    if (results / RESULTS_FOLDERS[1]).is_dir() or failure_files(results) or any(
+            not point_file_problem(p) for p in result_files(results)):
+        return ""
+    return (f"{results} is not a results folder: it holds no run manifests (runs/), no point files "
+            "(<suite>/<experiment>/*.csv with reproflow's header) and no failure records")
 
 
 def point_file_problem(path: Path) -> str:
@@ -156,11 +182,11 @@ def point_file_problem(path: Path) -> str:
 def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
     """A point CSV's rows (column -> text) and '', or no rows and why the file is not whole."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         return [], f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
     except OSError as exc:
-        return [], f"unreadable: {exc}"
+        return [], f"unreadable: {exc.strerror}"
     if not text.endswith("\n"):
         return [], "the last line is cut short (no final newline)"
     try:
@@ -192,21 +218,24 @@ def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
         try:
             float(f["value"])
         except (KeyError, ValueError):
-            return [], f"line {i}: value {f.get('value')!r} is not a number"
+            return [], f"line {i}: value {shown(str(f.get('value')))} is not a number"
+        for column, (pattern, what) in TRUSTED.items():
+            if column in f and not pattern.fullmatch(f[column]):
+                return [], f"line {i}: {column} {shown(f[column])} is not {what}"
     return fields, ""
 
 
 def quarantine(results: Path, path: Path, problem: str) -> Path:
     """Move a torn point file to `<results>/quarantine/` (same relative path) with a note of why."""
     target = results / QUARANTINE / path.relative_to(results)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent, results)
     try:
         os.replace(path, target)
     except FileNotFoundError:  # another job found the same torn file and moved it first
         return target
-    atomic_write(target.with_suffix(".why.json"), json.dumps({
-        "file": str(path), "problem": problem,
-        "quarantined": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}, indent=1) + "\n")
+    why = {"file": str(path), "problem": problem,
+           "quarantined": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    atomic_write(target.with_suffix(".why.json"), json.dumps(why, indent=1) + "\n", under=results)
     return target
 
 

@@ -112,7 +112,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         "start": now(), "end": "", "state": RUNNING, "exit_code": None}
     path = manifest_path(results, run_id)
     existed, started = results.exists(), time.time()
-    atomic_write(path, json.dumps(record, indent=1) + "\n")
+    atomic_write(path, json.dumps(record, indent=1) + "\n", under=results)
     register_folder(results)
     os.environ[RUN_ID_ENV] = run_id
     try:
@@ -139,7 +139,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         del os.environ[RUN_ID_ENV]
         if record["state"]:
             record["end"] = now()
-            atomic_write(path, json.dumps(record, indent=1) + "\n")
+            atomic_write(path, json.dumps(record, indent=1) + "\n", under=results)
             print(f"reproflow: run {run_id} ({record['state']}): {path}", file=sys.stderr)
 
 

@@ -72,12 +72,22 @@ class NcclRun:
 
 
 def sweep_length(minimum: int, maximum: int, factor: int, step: int) -> int:
-    """How many sizes nccl-tests' loop visits (size *= factor when factor > 1, else size += step)."""
-    n, size = 0, minimum
-    while size <= maximum:
-        n += 1
-        size = size * factor if factor > 1 else size + max(step, 1)
-    return n
+    """How many sizes nccl-tests' loop visits (size *= factor when factor > 1, else size += step), computed
+    in at most 64 steps; ToolOutputError for a sweep that never ends (its size never grows)."""
+    if minimum > maximum:
+        return 0
+    if factor > 1:
+        if minimum <= 0:
+            raise ToolOutputError(f"a sweep from {minimum} bytes by a factor of {factor} never grows: not a run "
+                                  "that ended")
+        n, size = 0, minimum
+        while size <= maximum:  # size at least doubles: at most 64 turns for 64-bit sizes
+            n, size = n + 1, size * factor
+        return n
+    if step <= 0:
+        raise ToolOutputError(f"a sweep from {minimum} to {maximum} bytes by steps of {step} never grows: not a "
+                              "run that ended")
+    return (maximum - minimum) // step + 1
 
 
 def _check_complete(rows: list[NcclRow], expected: int, what: str) -> None:
@@ -96,6 +106,10 @@ _HEADER = re.compile(r"#\s*nThread \d+ nGpus \d+ minBytes (\d+) maxBytes (\d+) s
 _VERSION = re.compile(r"#\s*nccl-tests version (\S+)(?: nccl-headers=\d+ nccl-library=(\d+))?")
 # nccl-tests lowers the sweep's top when the GPU cannot hold it (common.cu), after the header announced it.
 _REDUCED = re.compile(r"#\s*Reducing maxBytes to (\d+) due to memory limitation")
+# The table's column header, by name: the check columns must be nccl-tests' counts of wrong elements.
+_COLUMNS = re.compile(r"^#\s*size\s+count\s+type\s+redop\s+root\s+time\s+algbw\s+busbw\s+(\S+)\s+time\s+algbw"
+                      r"\s+busbw\s+(\S+)\s*$", re.M)
+_OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\S+)\s+(\S+)", re.M)
 _LABEL = re.compile(r"^\s*\d+:\s+[#\d]", re.M)  # srun --label's "0: " before each line
 
 
@@ -139,6 +153,16 @@ def parse_text(text: str) -> NcclRun:
     if lowered is not None:
         maximum, minimum = lowered, min(minimum, lowered)
     factor, stepbytes = (step, 0) if header.group(4) == "factor" else (1, step)
+    columns = _COLUMNS.search(text)
+    if columns is None or columns.group(1) != "#wrong" or columns.group(2) != "#wrong":
+        found = " ".join(columns.group(0).lstrip("#").split()) if columns else "no column header line"
+        raise ToolOutputError(f"its table's columns are not nccl-tests' 'size count type redop root time algbw "
+                              f"busbw #wrong' out of place and in place ({found}): an older or other tool's "
+                              "table, whose check column would be read as a count of wrong elements")
+    failed = _OUT_OF_BOUNDS.search(text)
+    if failed and failed.group(2) != "OK":
+        raise ToolOutputError(f"nccl-tests' check failed: '# Out of bounds values : {failed.group(1)} "
+                              f"{failed.group(2)}'")
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
