@@ -629,7 +629,8 @@ SECRET = b"secret-7f3a9c: a file outside the results folder"
 PLANTED = {"fifo": ("t/c/fifo.csv", "fifo"), "zero": ("t/c/zero.csv", "/dev/zero"),
            "secret-file": ("t/c/shadow.csv", "secret"), "secret-record": ("t/env/x.json", "secret"),
            "linked-folder": ("t/linked", "outside"), "runs-link": ("runs", "outside"),
-           "quarantine-link": ("quarantine", "outside"), "not-results": ("", "outside")}
+           "quarantine-link": ("quarantine", "outside"), "not-results": ("", "outside"),
+           "names-not-text": ("t/odd", "odd names")}
 READERS = {"runs": lambda r, o: ["runs", "--results", str(r)], "status": lambda r, o: ["status", "--results", str(r)],
            "report": lambda r, o: ["report", "--results", str(r), "--out", str(o / "out")],
            "compare": lambda r, o: ["compare", str(r), str(r), "--out", str(o / "cmp")],
@@ -668,6 +669,12 @@ def test_a_results_folder_with_links_fifos_and_devices_is_read_safely(kind, comm
         path.symlink_to(outside / "shadow")
     elif what == "outside":
         path.symlink_to(outside, target_is_directory=True)
+    elif what == "odd names":  # a folder and point files whose names are not one line of UTF-8 text
+        point = next(folder.glob("t/c/*.csv"))
+        for raw in (b"t/c/\xff\xfe.csv", b"t/c/a\nb.csv", b"t/\xff/x.csv", b"t/c\n/x.csv"):
+            target = os.path.join(os.fsencode(folder), raw)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(point, target)
     else:
         path.symlink_to(what)
     proc = reproflow(*READERS[command](folder, tmp_path), timeout=120)

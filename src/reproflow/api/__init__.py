@@ -25,7 +25,7 @@ from reproflow.spec.paths import project_root
 from reproflow.spec.suite import NAME_RE, Experiment, Suite, named_suite, override_strings
 from reproflow.store import events
 from reproflow.store.files import held
-from reproflow.store.results import writer_lock
+from reproflow.store.results import writable_results, writer_lock
 from reproflow.store.runs import RUN_ID_ENV, now
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
     if dry_run or explain:
         _show_run(loaded, list(experiments), executor, explain)
         return 0
+    writable_results(Path(results))
     worst = 0
     # One writer of a suite's results at a time: two runs into one folder would replace each other's rows.
     with held(writer_lock(Path(results), loaded.name), _owner(), under=Path(results)):

@@ -41,7 +41,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from reproflow.spec.errors import ReproflowError
+from reproflow.spec.errors import ReproflowError, text_problem
 from reproflow.spec.family import AGGREGATE, families
 from reproflow.store.files import read_json_object
 from reproflow.store.frames import CHUNK, PointFrame, read_point_frames
@@ -164,6 +164,8 @@ def _list(folder: Path, directory: str) -> tuple[dict[str, tuple[int, int]], lis
     manifests = directory == str(folder / RUNS)
     with os.scandir(directory) as entries:
         for entry in entries:
+            if text_problem(entry.name):  # not a name reproflow writes (bytes that are not UTF-8, a line break)
+                continue
             if entry.is_dir(follow_symlinks=False):
                 if not entry.name.startswith(".") and entry.name not in _SKIPPED and not (
                         directory == str(folder) and entry.name == QUARANTINE):

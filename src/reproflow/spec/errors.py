@@ -53,12 +53,13 @@ class PointFailed(Exception):
 CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
 # What a terminal would act on in text printed to it (clear the screen, set the title, move the cursor,
 # overwrite a line): every control character but the line break and the tab.
-TERMINAL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+TERMINAL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def printable(text: str) -> str:
-    """`text` with what a terminal would act on written as escapes (ESC as \\x1b): row values, names and
-    records come from files anyone may have written."""
+    """`text` with what a terminal would act on written as escapes (ESC as \\x1b), and bytes of a name
+    that are not UTF-8 as theirs (\\udcff): row values, names and records come from files anyone may have
+    written."""
     return TERMINAL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reproflow.spec.errors import CONTROL, ReproflowError
+from reproflow.spec.errors import CONTROL, ReproflowError, text_problem
 
 
 def umask() -> int:
@@ -166,13 +166,15 @@ def read_regular(path: Path, limit: int = MAX_READ) -> bytes:
 
 def regular_files(folder: Path, keep: Callable[[str], bool] = lambda name: True) -> list[Path]:
     """Every regular file below `folder` whose name `keep` takes, sorted: links (to files or folders) are
-    neither followed nor listed, nor are FIFOs, devices, sockets, or names starting with a dot."""
+    neither followed nor listed, nor are FIFOs, devices, sockets, names starting with a dot, or names that
+    are not one line of text (reproflow writes none)."""
     found = []
     for top, dirs, names in os.walk(folder, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d)))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not text_problem(d)
+                         and not os.path.islink(os.path.join(top, d)))
         for name in names:
             path = os.path.join(top, name)
-            if name.startswith(".") or not keep(name):
+            if name.startswith(".") or not keep(name) or text_problem(name):  # reproflow's names are text
                 continue
             with contextlib.suppress(OSError):  # gone since listed: not found
                 if stat.S_ISREG(os.lstat(path).st_mode):

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reproflow.spec.errors import shown
+from reproflow.spec.errors import ReproflowError, shown
 from reproflow.spec.family import AGGREGATE, Measurement
 from reproflow.spec.params import canonical
 from reproflow.spec.suite import NAME_RE, RESULTS_FOLDERS
@@ -164,14 +164,22 @@ def failure_files(results: Path) -> list[Path]:
 
 def not_a_results_folder(results: Path) -> str:
     """Why `results` is not a folder reproflow wrote results into ('' when it is, or is empty or missing):
-    one holds run manifests (runs/), whole point files or failure records."""
+    one holds run manifests (runs/), suites it generated (*.toml), whole point files or failure records."""
     if not results.is_dir() or not any(results.iterdir()):
         return ""
-    if (results / RESULTS_FOLDERS[1]).is_dir() or failure_files(results) or any(
+    if (results / RESULTS_FOLDERS[1]).is_dir() or any(results.glob("*.toml")) or failure_files(results) or any(
             not point_file_problem(p) for p in result_files(results)):
         return ""
-    return (f"{results} is not a results folder: it holds no run manifests (runs/), no point files "
-            "(<suite>/<experiment>/*.csv with reproflow's header) and no failure records")
+    return (f"{results} is not a results folder: it holds no run manifests (runs/), no generated suites, no "
+            "point files (<suite>/<experiment>/*.csv with reproflow's header) and no failure records")
+
+
+def writable_results(results: Path) -> None:
+    """Refuse to write into `results` where it is a folder of something else (a home, /etc): a results
+    folder is new, empty, or one reproflow wrote."""
+    problem = not_a_results_folder(results)
+    if problem:
+        raise ReproflowError(f"--results: {problem}. Give a new folder, or one a run wrote its results into.")
 
 
 def point_file_problem(path: Path) -> str:

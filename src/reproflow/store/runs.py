@@ -24,11 +24,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reproflow.spec.errors import ParamError, ReproflowError
+from reproflow.spec.errors import ParamError, ReproflowError, shown, text_problem
 from reproflow.spec.paths import project_root
 from reproflow.spec.suite import RESULTS_FOLDERS
 from reproflow.store.files import append_line, atomic_write
 from reproflow.store.provenance import git_commit, hardware, image_sha256
+from reproflow.store.results import writable_results
 
 RUN_ID_ENV = "REPROFLOW_RUN_ID"
 # What a run id, or the start of one, is made of (new_run_id's and job_run_id's characters).
@@ -82,8 +83,14 @@ def known_folders() -> list[Path]:
 
 
 def register_folder(results: Path) -> None:
-    """Add a results folder to the catalog's list (once)."""
+    """Add a results folder to the catalog's list (once). A path that is not one line of text (a line
+    break, bytes that are not UTF-8) cannot be listed there, and is said so."""
     folder = results.resolve()
+    problem = text_problem(str(folder))
+    if problem:
+        print(f"reproflow: the results folder {shown(str(folder))} {problem}: not added to the catalog "
+              "(`runs` and `compare` find it with --results)", file=sys.stderr)
+        return
     if folder not in known_folders():
         append_line(catalog_home() / "folders.txt", str(folder))
 
@@ -110,6 +117,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         "git_commit": git_commit(str(project_root())),
         "image": image, "image_sha256": image_sha256(image) if image else "",
         "start": now(), "end": "", "state": RUNNING, "exit_code": None}
+    writable_results(results)
     path = manifest_path(results, run_id)
     existed, started = results.exists(), time.time()
     atomic_write(path, json.dumps(record, indent=1) + "\n", under=results)
