@@ -65,6 +65,7 @@ def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tm
     suite = tmp_path / "one.toml"
     suite.write_text(SUITE % 2)
     results = tmp_path / "results"
+    (results / "runs").mkdir(parents=True)  # the first run's manifest folder
     with held(writer_lock(results, "one"), "run 20261207-000000-abcdef (pid 1 on node7, since now)"):
         second = subprocess.run([sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results",
                                  str(results)], cwd=ROOT, capture_output=True, text=True, timeout=300)

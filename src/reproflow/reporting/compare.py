@@ -29,7 +29,7 @@ from reproflow.reporting.figures import new_figure, save_figure
 from reproflow.reporting.intervals import LEVEL, log_ratio_intervals
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import CSS, html_files, html_table, to_markdown
-from reproflow.spec.errors import ReproflowError
+from reproflow.spec.errors import ReproflowError, printable
 from reproflow.store.archive import unpack_results
 from reproflow.store.files import atomic_write
 from reproflow.store.results import RESERVED
@@ -79,11 +79,14 @@ class Run:
         if self.by_point:
             return frame.assign(measured_at=frame["suite"] + "/" + frame["experiment"] + "/" + frame["point"])
         clash = frame.index[frame.index.duplicated()]
-        if len(clash):
+        if len(clash) and self.match:
             family, fields, metric = clash[0]
             raise ReproflowError(f"{self.label}: several points have {fields} ({family}, {metric}): --match "
                                  f"{','.join(self.match)} does not tell them apart. Add the parameter they "
                                  "differ in (implementation, dtype, a size) to --match.")
+        if len(clash):  # rows whose point label does not say what their parameters do
+            raise ReproflowError(f"{self.label}: several point files hold the point {printable(str(clash[0]))}: "
+                                 "their rows were changed by hand or by another tool. Measure the points again.")
         return frame
 
     @cached_property

@@ -11,10 +11,12 @@ import importlib.util
 import io
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import pandas as pd
 
@@ -25,7 +27,7 @@ from reproflow.reporting.figures import forest_plot
 from reproflow.reporting.intervals import LEVEL, at_level
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
-from reproflow.spec.errors import ReproflowError
+from reproflow.spec.errors import ReproflowError, printable
 from reproflow.spec.family import AGGREGATE, PACKAGE, families
 from reproflow.spec.params import canonical
 from reproflow.store.files import file_stem, read_regular
@@ -249,8 +251,25 @@ def check_claims(results: Path, out_dir: Path) -> tuple[list[Claim], list[Path]]
         raise ReproflowError(f"no results under {results}: nothing to check the claims on.")
     looks = read_looks(results)
     claims = [c for name in families()
-              for c in _claims(family_part(name, "claims"), _family_rows(frame, name), out_dir, looks.get(name, 1))]
+              for c in _contained(name, results, partial(_claims, family_part(name, "claims"),
+                                                         _family_rows(frame, name), out_dir, looks.get(name, 1)), [])]
     return claims, _write_claims(claims, out_dir)
+
+
+T = TypeVar("T")
+
+
+def _contained(family: str, results: Path, make: Callable[[], T], instead: T) -> T:
+    """A family's tables or claims from its rows, or `instead` with one line saying why: rows a whole file
+    held but its family cannot read (a metric renamed, a parameter it never wrote) leave the family's
+    section out, not the report."""
+    try:
+        return make()
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        print(f"reproflow: {family}: its rows under {results} do not make its tables and claims "
+              f"({type(exc).__name__}: {printable(str(exc))[:200]}); left out of the report. Check those rows, or "
+              "measure its points again.", file=sys.stderr)
+        return instead
 
 
 def _family_rows(frame: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -306,13 +325,14 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
             table = wide(aggregates(newest(rows)), ["suite", "experiment", "point"], sorted(rows["metric"].unique()))
             files = write_table(table, out_dir, f"{name}_summary", f"{name}: all metrics")
         elif len(rows):
-            files = module.build(rows, out_dir)
+            files = _contained(name, results, partial(module.build, rows, out_dir), [])
         # What a family's own tools wrote into <out>/<family>/ (Aceso's result scripts) belongs to it too,
         # but for the tables its report folds into one of its own (FOLDED: their name prefixes).
         folded = tuple(getattr(module, "FOLDED", ()))
         files += sorted(p for p in (out_dir / name).glob("*")
                         if p.suffix == ".png" or (p.suffix == ".csv" and not p.name.startswith(folded)))
-        claims = _claims(family_part(name, "claims"), rows, out_dir, looks.get(name, 1))
+        claims = _contained(name, results, partial(_claims, family_part(name, "claims"), rows, out_dir,
+                                                   looks.get(name, 1)), [])
         written += files
         sections.append(Section(name, fam.summary, [p for p in files if p.suffix in (".csv", ".png")], claims))
     for published in references:

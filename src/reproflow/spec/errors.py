@@ -50,7 +50,7 @@ class PointFailed(Exception):
 
 # Line breaks and other control characters would end a job script's line (a #SBATCH comment, a command)
 # and start another, or rewrite a terminal's screen.
-CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # What a terminal would act on in text printed to it (clear the screen, set the title, move the cursor,
 # overwrite a line): every control character but the line break and the tab.
 TERMINAL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")

@@ -67,9 +67,15 @@ RESERVED = frozenset(HEAD_COLUMNS + MEASURE_COLUMNS + PROVENANCE_COLUMNS)
 # Columns the readers use as names (of folders, files, figures) or as counts, and what a value there must
 # be: a row holding anything else (`world_size = two`, a suite named `../..`) makes its file not whole,
 # as a torn row does, with its line named.
-TRUSTED = {"suite": (NAME_RE, "a suite name"), "experiment": (NAME_RE, "an experiment name"),
-           "family": (NAME_RE, "a family name"), "world_size": (re.compile(r"[1-9][0-9]{0,6}"), "a rank count"),
-           "repeat": (re.compile(r"[0-9]{1,7}"), "a repeat's number")}
+# A name is also none of the words pandas reads as a missing value (`nan`, `None`, `NULL`, ...).
+_NOT_MISSING = r"(?!(?:nan|none|null|na|n/a)$)"
+_NAME = re.compile(_NOT_MISSING + NAME_RE.pattern, re.IGNORECASE)
+TRUSTED = {"suite": (_NAME, "a suite name"), "experiment": (_NAME, "an experiment name"),
+           "family": (_NAME, "a family name"),
+           "point": (re.compile(_NOT_MISSING + r"[^\x00-\x1f]{1,4096}", re.IGNORECASE), "a point's label"),
+           "world_size": (re.compile(r"[1-9][0-9]{0,6}"), "a rank count"),
+           "repeat": (re.compile(r"[0-9]{1,7}"), "a repeat's number"),
+           "rank": (re.compile(AGGREGATE + r"|[0-9]{1,7}"), "a rank or 'all'")}
 
 
 def point_path(results: Path, suite: str, experiment: str, key: str) -> Path:
