@@ -278,9 +278,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
     print(f"reproflow: {path} ({files} files, {path.stat().st_size / 2**20:.1f} MiB): workflows/, sbatch/, "
           f"results/, logs/, reports/ and MANIFEST.json (sizes and SHA-256 of every file; environment records "
           f"redacted again)")
-    for name in left_out:
-        print(f"reproflow: left out {name}: not a readable environment record, so it cannot be checked for "
-              "secrets (MANIFEST.json names it)", file=sys.stderr)
+    for name, why in left_out.items():
+        print(f"reproflow: left out {name}: {why} (MANIFEST.json names it)", file=sys.stderr)
     return 0
 
 

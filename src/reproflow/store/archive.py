@@ -54,9 +54,10 @@ def _redacted(data: bytes) -> bytes | None:
         return None
 
 
-def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int, list[str]]:
-    """Write `out` (.tar.gz) atomically; returns its path, the number of files in it and the environment
-    records left out because they could not be read (and so not checked for secrets)."""
+def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int, dict[str, str]]:
+    """Write `out` (.tar.gz) atomically; returns its path, the number of files in it and the files left
+    out with why (an environment record that could not be read, so not checked for secrets; a file that
+    stopped being a regular one)."""
     prefix = out.name.removesuffix(".tar.gz").removesuffix(".tgz")
     problem = not_a_results_folder(results)
     if problem:
@@ -85,8 +86,7 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
                 left_out[name] = f"not packed: {exc.strerror}"
                 continue
             if _is_environment_record(name) and (data := _redacted(data)) is None:
-                left_out[name] = ("an environment record that is not valid JSON, so it cannot be checked for "
-                                  "secrets")
+                left_out[name] = "not a readable environment record, so it cannot be checked for secrets"
                 continue
             files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
             add_bytes(tar, name, data, mtime)
@@ -95,7 +95,7 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
                     "left_out": left_out}
         add_bytes(tar, "MANIFEST.json", json.dumps(manifest, indent=1, sort_keys=True).encode(), time.time())
     partial.replace(out)
-    return out, len(files) + 1, list(left_out)
+    return out, len(files) + 1, left_out
 
 
 # What an archive to compare may unpack to: a year of nightly runs is ~100,000 point files of a few KiB;
