@@ -58,11 +58,12 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
     if dry_run or explain:
         _show_run(loaded, list(experiments), executor, explain)
         return 0
+    selected = loaded.select(list(experiments))  # a name that is not there: refused before anything is written
     writable_results(Path(results))
     worst = 0
     # One writer of a suite's results at a time: two runs into one folder would replace each other's rows.
     with held(writer_lock(Path(results), loaded.name), _owner(), under=Path(results)):
-        for exp in loaded.select(list(experiments)):
+        for exp in selected:
             code = _run_experiment(executor, loaded, exp, procs)
             worst = worst or code
     print(f"reproflow: results of suite {loaded.name} are in {Path(results) / loaded.name}")

@@ -152,9 +152,11 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
 
 
 def _written_since(results: Path, started: float) -> bool:
-    """Whether anything beside the runs' manifests was written under the results folder since `started`."""
+    """Whether anything beside the runs' manifests and reproflow's hidden files (a writer's lock) was written
+    under the results folder since `started`."""
     return any(p.stat().st_mtime >= started for p in results.rglob("*")
-               if p.is_file() and p.relative_to(results).parts[0] != RUNS) if results.is_dir() else False
+               if p.is_file() and not p.name.startswith(".") and p.relative_to(results).parts[0] != RUNS) \
+        if results.is_dir() else False
 
 
 def _remove(manifest: Path, created: Path | None) -> None:
