@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +69,27 @@ def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None,
 # The fault-injection tally: every injected fault and every generated bad input is recorded here by
 # the test that made it, whatever its outcome, and summed up at the end of the run.
 FAULTS: list[dict] = []
-BAD_INPUTS: dict[str, int] = {"inputs": 0, "tracebacks": 0, "injections": 0, "failed": 0}
+# What a bad input may do that it must not: end in a traceback, run injected text, hang, write outside the
+# folders given, or leak a file from outside them; each counted on its own line of the summary.
+OUTCOMES = ("tracebacks", "injections", "hangs", "writes outside", "leaks")
+BAD_INPUTS: dict[str, int] = {"inputs": 0, "failed": 0} | dict.fromkeys(OUTCOMES, 0)
+
+
+def archive_of(results: Path, out: Path, extra: tarfile.TarInfo | None = None, data: bytes = b"") -> Path:
+    """`out`, an archive `reproflow archive` writes of `results`, with `extra` added after its own members
+    (with `data` as its bytes), or, when `extra` names a member it already has, that member's bytes replaced."""
+    from reproflow.store.archive import write_archive
+
+    write_archive(out, out.parent / "no-project", results, out.parent / "no-reports", out.parent / "no-logs")
+    if extra is None:
+        return out
+    with tarfile.open(out) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]
+    changed = [(extra, data) if m.name == extra.name else (m, d) for m, d in members]
+    with tarfile.open(out, "w:gz") as tar:
+        for member, body in changed + ([(extra, data)] if changed == members else []):
+            tar.addfile(member, io.BytesIO(body) if member.isfile() else None)
+    return out
 
 
 def record_fault(name: str, survived: bool, rows_lost: int, hung: bool, seconds: float) -> None:
@@ -135,8 +157,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if BAD_INPUTS["inputs"]:
         kinds = ", ".join(f"{k.removeprefix('kind:')} {n}" for k, n in sorted(BAD_INPUTS.items())
                           if k.startswith("kind:"))
-        tr.write_line(f"bad inputs: {BAD_INPUTS['inputs']} generated ({kinds}), {BAD_INPUTS['tracebacks']} "
-                      f"tracebacks, {BAD_INPUTS['injections']} injections")
+        outcomes = ", ".join(f"{BAD_INPUTS[o]} {o}" for o in OUTCOMES)
+        tr.write_line(f"bad inputs: {BAD_INPUTS['inputs']} generated ({kinds}), {outcomes}")
     injected = len(FAULTS) + BAD_INPUTS["inputs"]
     survived = sum(f["survived"] for f in FAULTS) + BAD_INPUTS["inputs"] - BAD_INPUTS["failed"]
     tr.write_line(f"{injected} faults injected, {survived} survived, {sum(f['rows_lost'] for f in FAULTS)} rows lost, "

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import chromium_tab, reproflow
+from conftest import archive_of, chromium_tab, reproflow
 
 from reproflow.reporting import catalog
 from reproflow.reporting.compare import (
@@ -147,9 +147,7 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
     write_run(tmp_path / "a", 1, busbw=10.0, latency=100.0, commit="aaa", device="cpu A")
     write_run(tmp_path / "b", 2, busbw=7.0, latency=100.0, commit="aaa", device="cpu A")
     # The baseline as an archive, the later run as a folder.
-    archive = tmp_path / "a.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(tmp_path / "a", arcname="reproflow-archive/results")
+    archive = archive_of(tmp_path / "a", tmp_path / "a.tar.gz")
     out = tmp_path / "out"
     run = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out))
     assert run.returncode == 0, run.stderr
@@ -426,42 +424,54 @@ def test_a_run_compared_by_id_brings_only_its_own_folder_up_to_date(tmp_path: Pa
 
 
 @pytest.mark.parametrize("filters", [True, False], ids=["tarfile-filters", "python-before-3.11.4"])
-def test_an_archive_is_unpacked_only_when_it_holds_files_and_folders_inside_it(
+def test_an_archive_is_unpacked_only_as_its_manifest_lists_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool) -> None:
-    """With tarfile's extraction filters and without them (Debian 12's Python 3.11.2): a `reproflow
-    archive`-like file is compared; one with a member leading out, or a link, is refused naming it."""
-    import io
-
+    """With tarfile's extraction filters and without them (Debian 12's Python 3.11.2): an archive
+    `reproflow archive` wrote is compared; one with a member its MANIFEST.json does not list (leading out,
+    a link), a member changed after, or no MANIFEST.json first is refused naming it; the manifest's count
+    and size are judged before a second member is read."""
     from reproflow.spec.errors import ReproflowError
+    from reproflow.store import archive
 
     if not filters:
         monkeypatch.delattr(tarfile, "data_filter", raising=False)
     write_run(tmp_path / "a", 1, busbw=10.0, latency=5.0, commit="c", device="a CPU")
-    good = tmp_path / "good.tar.gz"
-    with tarfile.open(good, "w:gz") as tar:
-        tar.add(tmp_path / "a", arcname="reproflow-archive/results")
+    good = archive_of(tmp_path / "a", tmp_path / "good.tar.gz")
     index = catalog.connect(tmp_path / "index.sqlite")
     (tmp_path / "scratch").mkdir()
     assert len(open_run(str(good), index, tmp_path / "scratch").samples) > 0
-    for name, kind in [("../../outside.csv", tarfile.REGTYPE), ("reproflow-archive/results/x", tarfile.SYMTYPE)]:
-        bad = tmp_path / "bad.tar"
-        with tarfile.open(bad, "w") as tar:
-            member = tarfile.TarInfo(name)
-            member.type, member.linkname = kind, "/etc/passwd" if kind == tarfile.SYMTYPE else ""
-            tar.addfile(member, io.BytesIO(b""))
-        with pytest.raises(ReproflowError, match=f"holds '{re.escape(name)}', which is not a file or a folder"):
+    with tarfile.open(good) as tar:
+        point = next(m for m in tar if m.name.endswith(".csv"))
+    changed = tarfile.TarInfo(point.name.replace("good/", "bad/", 1))
+    changed.size = point.size
+    for member, words in [(tarfile.TarInfo("../../outside.csv"), "which is not a file its MANIFEST.json lists"),
+                          (tarfile.TarInfo("bad/results/x"), "which is not a file its MANIFEST.json lists"),
+                          (tarfile.TarInfo("bad/results/new.csv"), "which is not a file its MANIFEST.json lists"),
+                          (changed, "its SHA-256 differs")]:
+        if member.name == "bad/results/x":
+            member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        bad = archive_of(tmp_path / "a", tmp_path / "bad" / "bad.tar.gz", member, b"9" * member.size)
+        with pytest.raises(ReproflowError, match=re.escape(words)):
             open_run(str(bad), index, tmp_path / "scratch")
     assert not (tmp_path / "outside.csv").exists()
-    # Too many members, or too many bytes in all: refused before anything is unpacked.
-    from reproflow.store import archive
-
-    (tmp_path / "junk").write_bytes(b"garbage, not gzip")
-    for limit, value in (("MAX_MEMBERS", 2), ("MAX_BYTES", 10)):
+    # Not led by its MANIFEST.json (a folder packed by hand, an archive of an older reproflow): refused.
+    plain = tmp_path / "plain.tar.gz"
+    with tarfile.open(plain, "w:gz") as tar:
+        tar.add(tmp_path / "a", arcname="reproflow-archive/results")
+    with pytest.raises(ReproflowError, match=re.escape("not <name>/MANIFEST.json, so it is not an archive")):
+        open_run(str(plain), index, tmp_path / "scratch")
+    # Too many members, or too many bytes in all, by its MANIFEST.json: refused at its first member.
+    headers: list[int] = []
+    header = tarfile.TarInfo.fromtarfile.__func__
+    monkeypatch.setattr(tarfile.TarInfo, "fromtarfile", classmethod(lambda c, t: headers.append(1) or header(c, t)))
+    for limit, value in (("MAX_MEMBERS", 1), ("MAX_BYTES", 10)):  # it holds one file, of some KiB
+        headers.clear()
         with monkeypatch.context() as patch:
             patch.setattr(archive, limit, value)
-            with pytest.raises(ReproflowError, match=r"more than .* members or .* GiB"):
+            with pytest.raises(ReproflowError, match=r"lists more than .* files or .* GiB"):
                 archive.unpack_results(good, tmp_path / f"limit-{limit}")
-        assert not list((tmp_path / f"limit-{limit}").rglob("*.csv"))
+        assert len(headers) == 1 and not list((tmp_path / f"limit-{limit}").rglob("*.csv"))
+    (tmp_path / "junk").write_bytes(b"garbage, not gzip")
     with pytest.raises(ReproflowError, match=r"not a readable \.tar\.gz archive"):
         archive.unpack_results(tmp_path / "junk", tmp_path / "j")
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import BAD_INPUTS, ROOT, reproflow
+from conftest import BAD_INPUTS, OUTCOMES, ROOT, archive_of, reproflow
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,13 +57,14 @@ value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dict
 COUNTED = pytest.mark.xdist_group("bad-inputs")
 
 
-def _count(kind: str, outcome: str = "") -> None:
-    """One generated input of `kind` (for the summary line); `outcome` tracebacks or injections if it failed."""
+def _count(kind: str, *outcomes: str) -> None:
+    """One generated input of `kind` (for the summary line), with what it did that it must not (OUTCOMES;
+    an empty string for none)."""
     BAD_INPUTS["inputs"] += 1
     BAD_INPUTS[f"kind:{kind}"] = BAD_INPUTS.get(f"kind:{kind}", 0) + 1
-    if outcome:
+    for outcome in filter(None, outcomes):
         BAD_INPUTS[outcome] += 1
-        BAD_INPUTS["failed"] += 1
+    BAD_INPUTS["failed"] += any(outcomes)
 
 
 @contextlib.contextmanager
@@ -540,15 +541,6 @@ def _tiny(tmp_path: Path) -> Path:
     return path
 
 
-@COUNTED
-def test_at_least_a_thousand_bad_inputs_without_a_traceback_or_an_injection():
-    """Runs after the property tests of this module (pytest keeps file order)."""
-    if BAD_INPUTS["inputs"] == 0:
-        pytest.skip("the property tests above did not run (selected alone)")
-    assert BAD_INPUTS["inputs"] >= 1000, BAD_INPUTS
-    assert BAD_INPUTS["tracebacks"] == BAD_INPUTS["injections"] == 0, BAD_INPUTS
-
-
 def test_ranks_beyond_the_gpus_share_them_only_without_nccl():
     from reproflow.rank.context import gpu_of
 
@@ -580,8 +572,9 @@ def damaged_folder(draw) -> list[tuple[str, bytes, str]]:
     a line changed, or a file added where reproflow looks (point CSV, failure record, job record, manifest)."""
     changes = []
     for _ in range(draw(st.integers(1, 3))):
-        target = draw(st.sampled_from(["t/c/*.csv", "t/env/*.json", "runs/*.json", "t/c/new.csv",
-                                       "t/c/x.failed.json", "t/jobs.jsonl", "runs/new.json", "t/events.jsonl"]))
+        target = draw(st.sampled_from(["tiny/c/*.csv", "tiny/env/*.json", "runs/*.json", "tiny/c/new.csv",
+                                       "tiny/c/x.failed.json", "tiny/jobs.jsonl", "runs/new.json",
+                                       "tiny/events.jsonl"]))
         how = draw(st.sampled_from(["replace", "cut", "append", "line"]))
         changes.append((target, draw(junk), how))
     return changes
@@ -626,11 +619,11 @@ def test_generated_results_folders_give_a_report_or_one_clear_error(changes, com
 
 SECRET = b"secret-7f3a9c: a file outside the results folder"
 # What a shared results folder may hold besides what reproflow wrote: (where, what it is).
-PLANTED = {"fifo": ("t/c/fifo.csv", "fifo"), "zero": ("t/c/zero.csv", "/dev/zero"),
-           "secret-file": ("t/c/shadow.csv", "secret"), "secret-record": ("t/env/x.json", "secret"),
-           "linked-folder": ("t/linked", "outside"), "runs-link": ("runs", "outside"),
-           "quarantine-link": ("quarantine", "outside"), "not-results": ("", "outside"),
-           "names-not-text": ("t/odd", "odd names")}
+PLANTED = {"fifo": ("tiny/c/fifo.csv", "fifo"), "zero": ("tiny/c/zero.csv", "/dev/zero"),
+           "huge": ("tiny/c/huge.csv", "huge"), "secret-file": ("tiny/c/shadow.csv", "secret"),
+           "secret-record": ("tiny/env/x.json", "secret"), "linked-folder": ("tiny/linked", "outside"),
+           "runs-link": ("runs", "outside"), "quarantine-link": ("quarantine", "outside"),
+           "not-results": ("", "outside"), "names-not-text": ("tiny/odd", "odd names")}
 READERS = {"runs": lambda r, o: ["runs", "--results", str(r)], "status": lambda r, o: ["status", "--results", str(r)],
            "report": lambda r, o: ["report", "--results", str(r), "--out", str(o / "out")],
            "compare": lambda r, o: ["compare", str(r), str(r), "--out", str(o / "cmp")],
@@ -639,62 +632,101 @@ READERS = {"runs": lambda r, o: ["runs", "--results", str(r)], "status": lambda 
            "rerun": lambda r, o: ["run", str(_tiny(o)), "--results", str(r), "--force"]}
 
 
-@COUNTED
-@pytest.mark.parametrize("command", list(READERS))
-@pytest.mark.parametrize("kind", list(PLANTED))
-def test_a_results_folder_with_links_fifos_and_devices_is_read_safely(kind, command, measured, tmp_path):
-    """A FIFO or a link to /dev/zero named like a point file, links to a secret file or folder, runs/ or
-    quarantine/ planted as links, a results folder that leads elsewhere: every command ends (no hang, no
-    traceback), reads and packs nothing outside the folder, and writes nothing through a link."""
-    import hashlib
+def _plant(folder: Path, outside: Path, kind: str) -> None:
+    """Put one PLANTED thing into a copy of a results folder; `outside` holds the secret it may lead to."""
     import shutil
-    import stat
 
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "shadow").write_bytes(SECRET)
-    (outside / "t" / "c").mkdir(parents=True)
-    (outside / "t" / "c" / "s.csv").write_bytes(SECRET)
-    before = sorted(outside.rglob("*"))
-    folder = tmp_path / "results"
-    shutil.copytree(measured, folder)
     where, what = PLANTED[kind]
     path = folder / where
-    if path.exists():
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     if what == "fifo":
         os.mkfifo(path)
+    elif what == "huge":  # past the size a reader takes (sparse: no disk used)
+        with open(path, "wb") as file:
+            file.truncate(256 * 2**20 + 1)
     elif what == "secret":
         path.symlink_to(outside / "shadow")
     elif what == "outside":
         path.symlink_to(outside, target_is_directory=True)
     elif what == "odd names":  # a folder and point files whose names are not one line of UTF-8 text
-        point = next(folder.glob("tiny/c/*.csv"))
-        for raw in (b"t/c/\xff\xfe.csv", b"t/c/a\nb.csv", b"t/\xff/x.csv", b"t/c\n/x.csv"):
+        point = next(folder.glob("tiny/c/collective=*.csv"))  # a point file the run wrote, not one planted
+        for raw in (b"tiny/c/\xff\xfe.csv", b"tiny/c/a\nb.csv", b"tiny/\xff/x.csv", b"tiny/c\n/x.csv"):
             target = os.path.join(os.fsencode(folder), raw)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(point, target)
     else:
         path.symlink_to(what)
-    proc = reproflow(*READERS[command](folder, tmp_path), timeout=120)
-    _count("planted files", "tracebacks" if "Traceback" in proc.stderr else "")
-    assert proc.returncode in (0, 1, 2, 3) and "Traceback" not in proc.stderr, (kind, command, proc.stderr[-2000:])
-    assert sorted(outside.rglob("*")) == before, f"{command} wrote through a link"
-    assert SECRET.decode() not in proc.stdout + proc.stderr
-    written = [p for p in tmp_path.rglob("*") if not p.is_symlink() and p.is_file() and outside not in p.parents
-               and stat.S_ISREG(p.lstat().st_mode)]
-    digest = hashlib.sha256(SECRET).hexdigest()
+
+
+def _read_safely(kinds: list[str], changes: list, command: str, measured: Path, where: Path) -> None:
+    """Run `command` on a copy of `measured` with `changes` (damaged_folder) made and `kinds` planted; count it,
+    with each thing it must not do: a traceback, a hang, a write through a link out of the folder, the
+    secret outside it printed or written anywhere (an archive's members included)."""
+    import hashlib
+    import shutil
+    import stat
+    import tarfile
+
+    outside = where / "outside"
+    (outside / "t" / "c").mkdir(parents=True)
+    (outside / "shadow").write_bytes(SECRET)
+    (outside / "t" / "c" / "s.csv").write_bytes(SECRET)
+    before = sorted((p, p.read_bytes()) for p in outside.rglob("*") if p.is_file())
+    folder = where / "results"
+    shutil.copytree(measured, folder)
+    _damage(folder, changes)  # before the planting: the damage is written through no link and no FIFO
+    for kind in kinds:
+        _plant(folder, outside, kind)
+    try:
+        proc = reproflow(*READERS[command](folder, where), timeout=120)
+    except subprocess.TimeoutExpired:
+        _count("planted files", "hangs")
+        raise AssertionError(f"{command} hung on {kinds}") from None
+    written = [p for p in where.rglob("*") if outside not in p.parents and p.is_file() and not p.is_symlink()
+               and stat.S_ISREG(p.lstat().st_mode) and p.stat().st_size <= 2**28]  # not the huge one
+    digest = hashlib.sha256(SECRET).hexdigest().encode()
+    leaked = SECRET.decode() in proc.stdout + proc.stderr
     for p in written:
         data = p.read_bytes()
         if p.suffix == ".gz":
-            import tarfile
-
             with tarfile.open(p) as tar:
                 data = b"".join(tar.extractfile(m).read() for m in tar if m.isfile())
-        assert SECRET not in data and digest.encode() not in data, f"{command} leaked the secret into {p}"
-    if kind == "not-results" and command == "archive":
+        leaked = leaked or SECRET in data or digest in data
+    through = sorted((p, p.read_bytes()) for p in outside.rglob("*") if p.is_file()) != before
+    traceback = "Traceback" in proc.stderr or proc.returncode not in (0, 1, 2, 3)
+    _count("planted files", "tracebacks" * traceback, "writes outside" * through, "leaks" * leaked)
+    assert not traceback, (kinds, command, proc.returncode, proc.stderr[-2000:])
+    assert not through, f"{command} wrote through a link out of the folder ({kinds})"
+    assert not leaked, f"{command} printed or wrote the secret from outside the folder ({kinds})"
+    if kinds == ["not-results"] and command == "archive":
         assert proc.returncode == 2 and "is not a results folder" in proc.stderr, proc.stderr
+
+
+@COUNTED
+@pytest.mark.parametrize("command", list(READERS))
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_a_results_folder_with_links_fifos_and_devices_is_read_safely(kind, command, measured, tmp_path):
+    """Each planted thing alone, for every command that reads a results folder: a FIFO, a link to /dev/zero
+    or a file past the size cap named like a point file, links to a secret file or folder, runs/ or
+    quarantine/ planted as links, a results folder that leads elsewhere, names that are not text: every
+    command ends (no hang, no traceback), reads and packs nothing outside the folder, and writes nothing
+    through a link."""
+    _read_safely([kind], [], command, measured, tmp_path)
+
+
+@COUNTED
+@settings(SETTINGS, max_examples=24)
+@given(kinds=st.lists(st.sampled_from([k for k in PLANTED if k != "not-results"]), min_size=1, max_size=4,
+                      unique=True),
+       changes=st.one_of(st.just([]), damaged_folder()), command=st.sampled_from(list(READERS)))
+def test_generated_hostile_results_folders_are_read_safely(kinds, changes, command, measured, tmp_path):
+    """Generated: several planted things at once, in a folder whose rows, records or manifests may also be
+    torn or hostile; the same checks."""
+    _read_safely(kinds, changes, command, measured, Path(tempfile.mkdtemp(dir=tmp_path)))
 
 
 @COUNTED
@@ -765,29 +797,44 @@ def test_row_values_never_name_a_file_outside_the_output_or_end_in_a_traceback(c
 
 
 def _archive(where: Path, measured: Path, kind: str) -> Path:
-    """An archive to compare: a good one changed in one way a hostile or broken file could be."""
+    """An archive to compare: one `reproflow archive` wrote, changed in one way a hostile or broken file could be."""
     import tarfile
 
-    path = where / f"{kind}.tar.gz"
-    if kind in ("junk", "cut"):
-        good = _archive(where, measured, "good")
-        path.write_bytes(b"\x1f\x8b junk" if kind == "junk" else good.read_bytes()[: good.stat().st_size // 2])
+    path = where / kind / "share.tar.gz"
+    path.parent.mkdir()
+    if kind in ("junk", "cut", "not-led", "lists-a-million"):
+        good = archive_of(measured, where / "good" / "share.tar.gz") if kind != "not-led" else None
+        if kind == "not-led":  # a results folder packed by hand: no MANIFEST.json first
+            with tarfile.open(path, "w:gz") as tar:
+                tar.add(measured, arcname="share/results")
+        elif kind == "lists-a-million":  # a manifest that promises a bomb
+            listed = {f"r/{n}": {"bytes": 1, "sha256": "0" * 64} for n in range(1_000_000)}
+            data = json.dumps({"files": listed}).encode()
+            member = tarfile.TarInfo("share/MANIFEST.json")
+            member.size = len(data)
+            with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+                tar.addfile(member, io.BytesIO(data))
+        else:
+            path.write_bytes(b"\x1f\x8b junk" if kind == "junk" else good.read_bytes()[: good.stat().st_size // 2])
         return path
-    with tarfile.open(path, "w:gz") as tar:
-        tar.add(measured, arcname="share/results")
-        if kind == "good":
-            return path
-        member = tarfile.TarInfo({"absolute": "/tmp/reproflow-planted.csv", "leading-out": "../../planted.csv",
-                                  "link": "share/results/t/c/link.csv", "device": "share/results/t/dev",
-                                  "fifo": "share/results/t/fifo", "hardlink": "share/results/t/hard.csv"}[kind])
-        member.type = {"link": tarfile.SYMTYPE, "device": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE,
-                       "hardlink": tarfile.LNKTYPE}.get(kind, tarfile.REGTYPE)
-        member.linkname = "/etc/passwd" if kind in ("link", "hardlink") else ""
-        tar.addfile(member, io.BytesIO(b"") if member.type == tarfile.REGTYPE else None)
-    return path
+    if kind == "changed":
+        with tarfile.open(archive_of(measured, where / "good" / "share.tar.gz")) as tar:
+            point = next(m for m in tar if m.name.endswith(".csv"))
+        member, data = tarfile.TarInfo(point.name), b"9" * point.size
+        member.size = point.size
+        return archive_of(measured, path, member, data)
+    member = tarfile.TarInfo({"absolute": "/tmp/reproflow-planted.csv", "leading-out": "../../planted.csv",
+                              "link": "share/results/t/c/link.csv", "device": "share/results/t/dev",
+                              "fifo": "share/results/t/fifo", "hardlink": "share/results/t/hard.csv",
+                              "added": "share/results/tiny/c/added.csv"}[kind])
+    member.type = {"link": tarfile.SYMTYPE, "device": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE,
+                   "hardlink": tarfile.LNKTYPE}.get(kind, tarfile.REGTYPE)
+    member.linkname = "/etc/passwd" if kind in ("link", "hardlink") else ""
+    return archive_of(measured, path, member)
 
 
-ARCHIVES = ["absolute", "leading-out", "link", "device", "fifo", "hardlink", "junk", "cut"]
+ARCHIVES = ["absolute", "leading-out", "link", "device", "fifo", "hardlink", "added", "changed", "junk", "cut",
+            "not-led", "lists-a-million"]
 
 
 @COUNTED
@@ -797,8 +844,9 @@ def test_hostile_archives_are_refused_naming_the_member(kind, measured, tmp_path
     with no_traceback("archives"), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli.main(["compare", str(measured), str(_archive(tmp_path, measured, kind)), "--out",
                          str(tmp_path / "cmp")])
-    assert code == 2 and ("not a file or a folder inside it" in err.getvalue()
-                          or "not a readable .tar.gz archive" in err.getvalue()), err.getvalue()
+    assert code == 2 and any(words in err.getvalue() for words in (
+        "not a file its MANIFEST.json lists", "not a readable .tar.gz archive", "its SHA-256 differs",
+        "so it is not an archive `reproflow archive` wrote", "lists more than 999,999 files")), err.getvalue()
     assert not Path("/tmp/reproflow-planted.csv").exists() and not (tmp_path.parent / "planted.csv").exists()
 
 
@@ -857,3 +905,13 @@ def test_container_branches_pass_hostile_images_and_mounts_as_data(runtime, name
     else:
         bundle = image_text.removesuffix(".sqsh") + ".oci/job-7"
         assert f"--container={bundle}" in recorded, recorded[:20]
+
+
+@COUNTED
+def test_at_least_a_thousand_bad_inputs_and_none_did_what_it_must_not():
+    """Runs after the tests of this module that count (pytest keeps file order): no traceback, injection,
+    hang, write outside or leak."""
+    if BAD_INPUTS["inputs"] == 0:
+        pytest.skip("the property tests above did not run (selected alone)")
+    assert BAD_INPUTS["inputs"] >= 1000, BAD_INPUTS
+    assert all(BAD_INPUTS[outcome] == 0 for outcome in OUTCOMES), BAD_INPUTS

@@ -3,7 +3,7 @@
 It holds the suite files and the reproduction plan (workflows/), the rendered sbatch scripts
 (sbatch/), the results (result rows, failure records, environment records, submitit logs), the logs
 folder (step logs, Aceso's and CFP's profiles and configs) and the report (page, tables, figures),
-plus a MANIFEST.json with each member's size and SHA-256, the commit and the command that made it.
+led by a MANIFEST.json with each member's size and SHA-256, the commit and reproflow's version.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
+import tempfile
 import time
+import zlib
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import reproflow
 from reproflow.spec.errors import ReproflowError
@@ -54,6 +57,15 @@ def _redacted(data: bytes) -> bytes | None:
         return None
 
 
+MANIFEST = "MANIFEST.json"
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
 def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Path) -> tuple[Path, int, dict[str, str]]:
     """Write `out` (.tar.gz) atomically; returns its path, the number of files in it and the files left
     out with why (an environment record that could not be read, so not checked for secrets; a file that
@@ -71,65 +83,111 @@ def write_archive(out: Path, root: Path, results: Path, reports: Path, logs: Pat
     left_out: dict[str, str] = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-
-    def add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
-        info = tarfile.TarInfo(f"{prefix}/{name}")
-        info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
-        tar.addfile(info, io.BytesIO(data))
-
-    with tarfile.open(partial, "w:gz") as tar:
-        for path, name in members:
-            try:  # what is packed is what was read and hashed, and only a regular file is read
-                data: bytes | None = read_regular(path)
-                mtime = path.lstat().st_mtime
-            except OSError as exc:
-                left_out[name] = f"not packed: {exc.strerror}"
-                continue
-            if _is_environment_record(name) and (data := _redacted(data)) is None:
-                left_out[name] = "not a readable environment record, so it cannot be checked for secrets"
-                continue
-            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-            add_bytes(tar, name, data, mtime)
+    with tempfile.TemporaryFile(dir=out.parent) as body:
+        # The files go to an uncompressed body first, so that MANIFEST.json, which lists what was packed,
+        # can lead the archive: a reader learns the member count and size from its first member.
+        with tarfile.open(fileobj=body, mode="w") as tar:
+            for path, name in members:
+                try:  # what is packed is what was read and hashed, and only a regular file is read
+                    data: bytes | None = read_regular(path)
+                    mtime = path.lstat().st_mtime
+                except OSError as exc:
+                    left_out[name] = f"not packed: {exc.strerror}"
+                    continue
+                if _is_environment_record(name) and (data := _redacted(data)) is None:
+                    left_out[name] = "not a readable environment record, so it cannot be checked for secrets"
+                    continue
+                files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                _add(tar, f"{prefix}/{name}", data, mtime)
         manifest = {"reproflow_version": reproflow.__version__, "git_commit": git_commit(str(root)),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files,
                     "left_out": left_out}
-        add_bytes(tar, "MANIFEST.json", json.dumps(manifest, indent=1, sort_keys=True).encode(), time.time())
+        body.seek(0)
+        with tarfile.open(partial, "w:gz") as tar, tarfile.open(fileobj=body, mode="r") as packed:
+            _add(tar, f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode(), time.time())
+            for member in packed:
+                tar.addfile(member, packed.extractfile(member))
     partial.replace(out)
     return out, len(files) + 1, left_out
 
 
 # What an archive to compare may unpack to: a year of nightly runs is ~100,000 point files of a few KiB;
 # more is a mistake or a bomb (a million members, or a member claiming terabytes).
-MAX_MEMBERS, MAX_BYTES = 1_000_000, 64 * 2**30
+MAX_MEMBERS, MAX_BYTES, MAX_MANIFEST = 1_000_000, 64 * 2**30, 256 * 2**20
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _not_ours(archive: Path, why: str) -> ReproflowError:
+    return ReproflowError(f"{archive}: {why}, so it is not an archive `reproflow archive` wrote (archives written "
+                          "before MANIFEST.json led them are refused too). Unpack it yourself (`tar xzf`) and give "
+                          "its results folder, or give the results folder itself.")
+
+
+def _listed(archive: Path, data: bytes) -> dict[str, tuple[int, str]]:
+    """MANIFEST.json's files as {name: (bytes, sha256)}, refused unless each is a count and a digest, and
+    refused past MAX_MEMBERS files or MAX_BYTES in all before a member is unpacked."""
+    try:
+        files = json.loads(data)["files"]
+        count = len(files)
+        listed = {} if count >= MAX_MEMBERS else {name: (entry["bytes"], entry["sha256"])
+                                                  for name, entry in files.items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise _not_ours(archive, f"its {MANIFEST} does not list files with their bytes and sha256") from None
+    for name, (size, digest) in listed.items():
+        if type(size) is not int or size < 0 or not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+            raise _not_ours(archive, f"its {MANIFEST} lists {name!r} without a count of bytes and a sha256")
+    if count >= MAX_MEMBERS or sum(size for size, _ in listed.values()) > MAX_BYTES:
+        raise ReproflowError(f"{archive}: its {MANIFEST} lists more than {MAX_MEMBERS - 1:,} files or "
+                             f"{MAX_BYTES / 2**30:g} GiB; it is not one `reproflow archive` wrote for comparing. "
+                             "Unpack it yourself and give its results folder.")
+    return listed
 
 
 def unpack_results(archive: Path, into: Path) -> Path:
     """Unpack an archive written by `write_archive` under `into`; returns its results folder.
 
-    Only files and folders inside `into` are unpacked; an archive holding anything else (a link, a device,
-    a path leading out), more than MAX_MEMBERS members or MAX_BYTES in all is refused before anything is
-    written. Checked here because Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters;
-    where tarfile has them, its "data" filter applies as well.
+    The archive's first member must be its MANIFEST.json: the member count and size it lists are checked
+    against MAX_MEMBERS and MAX_BYTES before any other member is read, and only the files it lists, with
+    the sizes it lists, inside `into`, are unpacked; anything else (a link, a device, a path leading out,
+    a file added after) is refused before anything is written, and a file whose SHA-256 is not the one
+    listed after. Checked here because Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction
+    filters; where tarfile has them, its "data" filter applies as well.
     """
     root = into.resolve()
-    members, total = [], 0
     try:
         with tarfile.open(archive) as tar:
-            for member in tar:  # one by one: the limits stop a bomb before its index is read whole
-                total += member.size
-                if len(members) == MAX_MEMBERS or total > MAX_BYTES:
-                    raise ReproflowError(f"{archive}: the archive holds more than {MAX_MEMBERS:,} members or "
-                                         f"{MAX_BYTES / 2**30:g} GiB; it is not one `reproflow archive` wrote. "
-                                         "Unpack it yourself and give its results folder.")
-                if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
-                    raise ReproflowError(f"{archive}: the archive holds {member.name!r}, which is not a file or a "
-                                         "folder inside it (a link, a device, or a path leading out). Give an "
-                                         "archive written by `reproflow archive`, or the results folder itself.")
+            first = tar.next()
+            top = PurePosixPath(first.name).parts if first is not None else ()
+            if first is None or not first.isfile() or len(top) != 2 or top[1] != MANIFEST:
+                raise _not_ours(archive, f"its first member is {first.name if first else None!r}, not "
+                                         f"<name>/{MANIFEST}")
+            if first.size > MAX_MANIFEST:
+                raise _not_ours(archive, f"its {MANIFEST} is {first.size:,} bytes")
+            listed = _listed(archive, tar.extractfile(first).read())
+            members, unpacked = [], set()
+            for member in tar:
+                if member is first:
+                    continue
+                name = member.name.removeprefix(f"{top[0]}/")
+                if (not member.isfile() or name == member.name or name not in listed or name in unpacked
+                        or member.size != listed[name][0]
+                        or not (root / member.name).resolve().is_relative_to(root)):
+                    raise ReproflowError(f"{archive}: the archive holds {member.name!r}, which is not a file its "
+                                         f"{MANIFEST} lists (a link, a device, a path leading out, a file added "
+                                         "or changed after). Give an archive written by `reproflow archive`, or "
+                                         "the results folder itself.")
                 members.append(member)
+                unpacked.add(name)
             tar.extractall(into, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise ReproflowError(f"{archive}: not a readable .tar.gz archive ({exc}). Give an archive written by "
                              "`reproflow archive`, or the results folder itself.") from None
+    for name in sorted(unpacked):
+        with open(into / top[0] / name, "rb") as file:  # unpacked just now, as a regular file inside `into`
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+        if digest != listed[name][1]:
+            raise ReproflowError(f"{archive}: {top[0]}/{name} is not the file its {MANIFEST} lists (its SHA-256 "
+                                 "differs): the archive was changed after it was written. Give the original.")
     found = sorted(into.glob("*/results"))
     if not found:
         raise ReproflowError(f"{archive}: this archive holds no results/ folder. Give an archive written by "
