@@ -74,6 +74,24 @@ def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tm
     assert not list(results.glob("one/*/*.csv"))
 
 
+def test_a_submit_into_a_folder_being_written_is_refused_before_it_submits(tmp_path: Path) -> None:
+    """`submit` holds the suite's results while it submits (and waits, with --wait): one while a run
+    writes them stops before sbatch, naming the run."""
+    from reproflow.store.files import held
+    from reproflow.store.results import writer_lock
+
+    suite = tmp_path / "one.toml"
+    suite.write_text(SUITE % 2)
+    results = tmp_path / "results"
+    with held(writer_lock(results, "one"), "run 20261207-000000-abcdef (pid 1 on node7, since now)"):
+        submit = subprocess.run([sys.executable, "-m", "reproflow.app.cli", "submit", str(suite), "--results",
+                                 str(results), "--wait"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                env=dict(os.environ, PATH="/nonexistent"))  # no sbatch: it must not get that far
+    assert submit.returncode == 2, submit.stderr
+    assert "is being written by run 20261207-000000-abcdef (pid 1 on node7, since now)" in submit.stderr
+    assert not list(results.glob("one/submitit/*"))
+
+
 @pytest.mark.distributed
 def test_two_runs_at_once_into_one_folder_keep_one_runs_rows(tmp_path: Path) -> None:
     """Two runs of one suite started together into one folder: one measures, the other is refused or
@@ -96,3 +114,32 @@ def test_two_runs_at_once_into_one_folder_keep_one_runs_rows(tmp_path: Path) -> 
     states = {json.loads(p.read_text())["run_id"]: json.loads(p.read_text())["state"]
               for p in (results / "runs").glob("*.json")}
     assert len(ids) == 1 and states[ids.pop()] == "completed", (ids, states)
+
+
+def test_a_results_folder_is_judged_by_its_layout_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """New, empty, or holding only a starting run's lock: writable. A home-like tree is judged without
+    walking it: a whole point file deeper than <suite>/<experiment>/ does not make it a results folder,
+    and no file deeper than that is opened."""
+    from reproflow.store import results as store
+    from reproflow.store.results import not_a_results_folder, writer_lock
+
+    assert not_a_results_folder(tmp_path / "new") == ""
+    lock = writer_lock(tmp_path / "starting", "one")
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    assert not_a_results_folder(tmp_path / "starting") == ""
+    suite, measured = tmp_path / "one.toml", tmp_path / "measured"
+    suite.write_text(SUITE % 2)
+    subprocess.run([sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results", str(measured)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    point = next(measured.glob("one/c/*.csv"))
+    deep = tmp_path / "home" / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    (deep / point.name).write_bytes(point.read_bytes())
+    (tmp_path / "home" / "a" / "b" / "notes.csv").write_text("not a point file\n")
+    opened: list[Path] = []
+    monkeypatch.setattr(store, "point_file_problem", lambda path, real=store.point_file_problem:
+                        opened.append(path) or real(path))
+    assert "is not a results folder" in not_a_results_folder(tmp_path / "home")
+    assert opened == [tmp_path / "home" / "a" / "b" / "notes.csv"]
+    assert not_a_results_folder(measured) == ""

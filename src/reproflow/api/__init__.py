@@ -8,12 +8,13 @@ field and the fix in its message, on bad input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,10 +60,8 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
         _show_run(loaded, list(experiments), executor, explain)
         return 0
     selected = loaded.select(list(experiments))  # a name that is not there: refused before anything is written
-    writable_results(Path(results))
     worst = 0
-    # One writer of a suite's results at a time: two runs into one folder would replace each other's rows.
-    with held(writer_lock(Path(results), loaded.name), _owner(), under=Path(results)):
+    with writing(results, loaded.name):
         for exp in selected:
             code = _run_experiment(executor, loaded, exp, procs)
             worst = worst or code
@@ -84,6 +83,17 @@ def _run_experiment(executor: LocalExecutor, suite: Suite, exp: Experiment, proc
                EXIT_STARTUP: f" (its ranks did not start within launch.startup_s = {exp.launch.startup_s:g} s)"}
         print(f"reproflow: experiment {exp.name} ended with exit code {code}{why.get(code, '')}", file=sys.stderr)
     return code
+
+
+@contextlib.contextmanager
+def writing(results: str | Path, suite: str) -> Iterator[None]:
+    """Hold `suite`'s results under `results` for this process while the block runs (a run, a submit and
+    its wait): one writer at a time, since two would replace each other's rows. Another process's run or
+    submit of that suite into that folder meanwhile is refused, naming this one; so is a folder that is
+    not a results folder."""
+    writable_results(Path(results))
+    with held(writer_lock(Path(results), suite), _owner(), under=Path(results)):
+        yield
 
 
 def _owner() -> str:
@@ -137,15 +147,30 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
     only after these jobs succeed; `array`: one array task per point; `dry_run`: print, submit nothing;
     `exclude`: nodes the jobs must not run on (`reproflow nodes` names suspects)."""
     loaded = named_suite(str(suite), [*override_strings(overrides or {}), *sets])
-    executor = submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs=procs,
+    selected = loaded.select(list(experiments))
+
+    def executor() -> SubmititExecutor:
+        return submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs=procs,
                                  partition=partition, image=image, mounts=mounts, runtime=runtime, force=force,
                                  after=after, array=array, max_parallel=max_parallel, exclude=exclude)
-    ids: list[str] = []
-    for exp in loaded.select(list(experiments)):
-        if dry_run:
+
+    if dry_run:
+        shown = executor()
+        for exp in selected:
             print(f"# {loaded.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
-            print(executor.dry_run(loaded, exp))
-        elif wait or retries:
+            print(shown.dry_run(loaded, exp))
+        return []
+    with writing(results, loaded.name):  # while submitting, and while waiting for the jobs when told to
+        return _submit(executor(), loaded, selected, wait or bool(retries), retries, array)
+
+
+def _submit(executor: SubmititExecutor, loaded: Suite, selected: list[Experiment], wait: bool, retries: int,
+            array: bool) -> list[str]:
+    """Submit each experiment; with `wait`, wait for its jobs and resubmit those that failed for the
+    infrastructure (at most `retries` times). The job ids."""
+    ids: list[str] = []
+    for exp in selected:
+        if wait:
             ids += [j for attempt in executor.supervise(loaded, exp, retries) for j in attempt.job_ids]
         else:
             submitted = executor.submit(loaded, exp)

@@ -109,17 +109,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from reproflow.launch import retry
 
     suite = named_suite(args.suite, args.set)
-    executor = api.submitit_executor(args.results, **_submit_options(args))
+    selected = suite.select(args.experiment)
     verdicts = []
-    for exp in suite.select(args.experiment):
-        attempts = executor.supervise(suite, exp, args.retries)
-        if not attempts:
-            continue
-        verdicts += attempts[-1].verdicts
-        retried = len(attempts) - 1
-        outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
-        tagged = f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)" if retried else ""
-        print(f"reproflow: {suite.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
+    with api.writing(args.results, suite.name):
+        executor = api.submitit_executor(args.results, **_submit_options(args))
+        for exp in selected:
+            attempts = executor.supervise(suite, exp, args.retries)
+            if not attempts:
+                continue
+            verdicts += attempts[-1].verdicts
+            retried = len(attempts) - 1
+            outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
+            tagged = (f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)"
+                      if retried else "")
+            print(f"reproflow: {suite.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
     return 0 if all(v.category == retry.OK for v in verdicts) else 1
 
 

@@ -35,7 +35,7 @@ from reproflow.store.results import (
     GATE_FAIL,
     PROVENANCE_COLUMNS,
     RESERVED,
-    point_file_problem,
+    point_rows,
     quarantine,
     result_files,
 )
@@ -64,7 +64,7 @@ def read_results(results: Path) -> Loaded:
         if not data.startswith(b"schema_version,"):
             raise ReproflowError(f"{path} is not a reproflow result file (no schema_version column). Keep other "
                                  f"CSVs (profiles, logs, tables) out of the results folder {results}.")
-        problem = point_file_problem(path)
+        problem = point_rows(data)[1]
         if problem.startswith("result schema"):
             raise ReproflowError(f"{path} has {problem}. Re-run its suite with --force or use a matching reproflow.")
         if problem:

@@ -168,14 +168,33 @@ def failure_files(results: Path) -> list[Path]:
     return _outside_quarantine(results, regular_files(results, lambda name: name.endswith(".failed.json")))
 
 
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """A folder's entries but dot files (a writer's lock) and links, sorted; none where it cannot be listed."""
+    try:
+        with os.scandir(folder) as found:
+            return sorted((e for e in found if not e.name.startswith(".") and not e.is_symlink()),
+                          key=lambda e: e.name)
+    except OSError:
+        return []
+
+
 def not_a_results_folder(results: Path) -> str:
     """Why `results` is not a folder reproflow wrote results into ('' when it is, or is empty or missing):
-    one holds run manifests (runs/), suites it generated (*.toml), whole point files or failure records."""
-    if not results.is_dir() or not any(results.iterdir()):
+    one holds run manifests (runs/), suites it generated (*.toml), whole point files or failure records.
+    Only the layout's depth is looked at (<suite>/<experiment>/<file>), so a home or /etc given by mistake
+    is judged without walking it. Dot files and links are passed over: a folder holding nothing else, or
+    suite folders holding nothing else (a writer's lock: a run starting), is empty."""
+    if not results.is_dir() or (results / RESULTS_FOLDERS[1]).is_dir() or any(results.glob("*.toml")):
         return ""
-    if (results / RESULTS_FOLDERS[1]).is_dir() or any(results.glob("*.toml")) or failure_files(results) or any(
-            not point_file_problem(p) for p in result_files(results)):
+    suites = _entries(results)
+    if all(s.is_dir() and not _entries(Path(s.path)) for s in suites):
         return ""
+    for suite in (s for s in suites if s.is_dir()):
+        for experiment in (e for e in _entries(Path(suite.path)) if e.is_dir()):
+            for file in (f for f in _entries(Path(experiment.path)) if f.is_file()):
+                if file.name.endswith(".failed.json") or (file.name.endswith(".csv")
+                                                          and not point_file_problem(Path(file.path))):
+                    return ""
     return (f"{results} is not a results folder: it holds no run manifests (runs/), no generated suites, no "
             "point files (<suite>/<experiment>/*.csv with reproflow's header) and no failure records")
 
@@ -196,11 +215,18 @@ def point_file_problem(path: Path) -> str:
 def read_point_file(path: Path) -> tuple[list[dict[str, str]], str]:
     """A point CSV's rows (column -> text) and '', or no rows and why the file is not whole."""
     try:
-        text = read_regular(path).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [], f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
+        return point_rows(read_regular(path))
     except OSError as exc:
         return [], f"unreadable: {exc.strerror}"
+
+
+def point_rows(data: bytes) -> tuple[list[dict[str, str]], str]:
+    """A point file's bytes as rows (column -> text) and '', or no rows and why they are not a whole file:
+    a reader that judges the bytes it has read keeps what it judged."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
     if not text.endswith("\n"):
         return [], "the last line is cut short (no final newline)"
     try:
