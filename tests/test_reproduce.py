@@ -9,6 +9,7 @@ import re
 import tarfile
 from pathlib import Path
 
+import jsonschema
 import pandas as pd
 import pytest
 from conftest import ROOT, chromium_tab, one_case_claim, reproflow
@@ -28,6 +29,7 @@ from reproflow.reporting.claims import (
     Claim,
 )
 from reproflow.reporting.report import family_part
+from reproflow.reporting.summary import SCHEMA
 from reproflow.spec.errors import ReproflowError
 from reproflow.spec.family import families
 
@@ -303,6 +305,12 @@ def test_one_command_reproduces_every_family_and_the_page_renders(tmp_path: Path
     assert timed == (NOT_APPLICABLE if len(os.sched_getaffinity(0)) < 5 else NOT_MEASURED)
     assert status["CFP's plan is at least as fast as the Alpa-style plan"] == NOT_MEASURED  # analysis only
     assert re.search(r"claims \(.*\): \d+ holds, \d+ does not hold, \d+ inconclusive, \d+ not measured", proc.stdout)
+    # The run as data: its steps with their points, every claim with the verdict claims.csv has.
+    summary = json.loads((reports / "summary.json").read_text())
+    jsonschema.validate(summary, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
+    assert [s["name"] for s in summary["steps"]] == ["comms", "resharding", "spatial", "cfp", "aceso"]
+    assert sum(s["measured"] for s in summary["steps"]) == 9 and summary["run"]["command"][1] == "reproduce"
+    assert {c["claim"]: c["status"] for c in summary["claims"]} == status
 
     page = (reports / "report.html").read_text()
     figures = page.count('src="data:image/png;base64,')

@@ -11,12 +11,12 @@ import importlib.util
 import io
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -27,6 +27,7 @@ from reproflow.reporting.figures import forest_plot
 from reproflow.reporting.intervals import LEVEL, at_level
 from reproflow.reporting.limits import LIMITS, Published, limits
 from reproflow.reporting.page import Section, hardware_table, to_markdown, write_page
+from reproflow.reporting.summary import summary, write_summary
 from reproflow.spec.errors import ReproflowError, printable
 from reproflow.spec.family import AGGREGATE, PACKAGE, families
 from reproflow.spec.params import canonical
@@ -292,10 +293,11 @@ def _write_claims(claims: Sequence[Claim], out_dir: Path) -> list[Path]:
 
 
 def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
-                  references: Sequence[Published] = ()) -> list[Path]:
+                  references: Sequence[Published] = (), steps: Sequence[Mapping[str, Any]] = ()) -> list[Path]:
     """Tables and figures for every family that has results (or only the families in `only`), then,
-    for all families, the claims checked and the report page (report.html, report.md), with a section
-    against each published figure of `references`; returns the files written."""
+    for all families, the claims checked, the report page (report.html, report.md), with a section
+    against each published figure of `references`, and summary.json (with the `steps` of the
+    `reproduce` that built it); returns the files written."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     unknown = sorted(set(only) - set(families()))
     if unknown:
@@ -358,4 +360,9 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
     written += forest
     written += write_page(out_dir, sections, hardware_table(results), provenance, left_out,
                           [p for p in forest if p.suffix == ".png"])
+    kept = [{"file": str(p), "reason": why} for p, why in loaded.quarantined] + [
+        {"point": f"{r.suite}/{r.experiment}/{r.point}", "job_id": str(r.job_id), "reason": "health gate failed"}
+        for r in loaded.gate_failed.itertuples()]
+    written.append(write_summary(out_dir, summary(results, claims, provenance, steps=steps, limits=str(LIMITS),
+                                                  references=[p.name for p in references], left_out=kept)))
     return written

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reproflow.app.reproduce.plan import Folders, Plan, Step, Target
-from reproflow.app.reproduce.steps import run_step, tail
+from reproflow.app.reproduce.steps import StepResult, run_step, tail
 
 if TYPE_CHECKING:
     from reproflow.reporting.claims import Claim
@@ -66,9 +67,11 @@ def plan_resamples(plan: Plan, targets: Sequence[Target], claims: Sequence[Claim
     return chosen, notes
 
 
-def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Callable[[str], None]) -> bool:
+def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Callable[[str], None],
+             steps: Sequence[Mapping[str, object]] = ()) -> bool:
     """Measure more samples for the inconclusive claims the plan can decide within its budget, then
-    check the claims and build the report again; False when a step failed."""
+    check the claims and build the report again (its summary listing `steps` and these, as
+    more-<step>); False when a step failed."""
     from reproflow.reporting.report import build_reports, check_claims
 
     chosen, notes = plan_resamples(plan, targets, check_claims(folders.results, folders.reports)[0])
@@ -81,7 +84,11 @@ def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Calla
         out(f"-- more samples for {r.claim}: {r.step.name} with {r.samples} (was {r.step.samples}; about "
             f"{r.minutes:.1f} min of the plan's {plan.more_minutes:g}): reproflow {shlex.join(argv)}")
         # Twice the estimate at most: an estimate gone wrong costs the budget once more, not the run.
-        code, _, counts = run_step(argv, log, None, limit_s=2 * 60 * r.minutes)
+        start = time.monotonic()
+        code, job_ids, counts = run_step(argv, log, None, limit_s=2 * 60 * r.minutes)
+        done = StepResult(r.step, code, time.monotonic() - start, counts["measured"], counts["skipped"],
+                          counts["failed"], job_ids, log, counts["not_applicable"])
+        steps = [*steps, done.record(f"more-{r.step.name}")]
         if code == 124:
             out(f"   more samples of {r.step.name} stopped at twice its estimate ({2 * r.minutes:.1f} min); the "
                 f"points it finished are kept")
@@ -89,7 +96,7 @@ def resample(plan: Plan, targets: Sequence[Target], folders: Folders, out: Calla
             ok = False
             out(f"   more samples of {r.step.name} FAILED (exit {code}); last lines of {log}:\n{tail(log)}")
     if chosen:
-        build_reports(folders.results, folders.reports)
+        build_reports(folders.results, folders.reports, steps=steps)
         out(f"claims after more samples ({folders.reports / 'claims.md'}): "
             f"{claim_line(folders.reports / 'claims.csv')}")
     return ok

@@ -94,8 +94,9 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     if executor == LOCAL and plan.more_minutes:
         looks.update({t.family: 2 for t in targets if any(plan.steps[s].more for s in t.steps)})
     write_looks(folders.results, looks)
+    steps = [r.record() for r in done]
     try:
-        build_reports(folders.results, folders.reports)
+        build_reports(folders.results, folders.reports, steps=steps)
     except ReproflowError as exc:
         out(f"reproflow reproduce: no report: {exc}")
         return 1
@@ -103,7 +104,7 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     out(f"claims ({folders.reports / 'claims.md'}): {claim_line(folders.reports / 'claims.csv')}")
     ok = all(r.code == 0 and not r.failed for r in done)
     if executor == LOCAL and plan.more_minutes:
-        ok = resample(plan, targets, folders, out) and ok
+        ok = resample(plan, targets, folders, out, steps) and ok
     return 0 if ok else 1
 
 

@@ -46,6 +46,12 @@ class StepResult:
     log: Path | None = None
     not_applicable: int = 0  # points this hardware cannot measure as their source does (said in the log)
 
+    def record(self, name: str = "") -> dict[str, object]:
+        """The step as the report's summary.json lists it (`name` instead of the step's, for a rerun)."""
+        return {"name": name or self.step.name, "seconds": round(self.seconds, 1), "measured": self.measured,
+                "skipped": self.skipped, "failed": self.failed, "not_applicable": self.not_applicable,
+                "exit_code": self.code, "job_ids": list(self.job_ids)}
+
 
 def _child_env(feed: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{events.ENV: str(feed.resolve())})

@@ -1,0 +1,79 @@
+"""reports/summary.json: written by every report, valid against its committed schema, and read by the
+script docs/results.md shows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from conftest import ROOT, reproflow
+
+from reproflow.reporting.summary import SCHEMA, SUMMARY_VERSION
+
+# The schema of each summary version, by its SHA-256: a schema changed without a new version fails here.
+SCHEMAS = {1: "63799b46e568650799bd694821e260bfddea402f6aa38eacc44cf07fb3b7a718"}
+SUITE = """
+[launch]
+backend = "gloo"
+device = "cpu"
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = { procs_per_node = 1 }
+params = { begin_size = "1K", end_size = "4K", warmup_iters = 1, iters = 5 }
+matrix = { collective = ["all_reduce", "broadcast"] }
+"""
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of a small comms suite and its report."""
+    where = tmp_path_factory.mktemp("summary")
+    (where / "comms.toml").write_text(SUITE)
+    for argv in (["run", str(where / "comms.toml"), "--results", str(where / "results")],
+                 ["report", "--results", str(where / "results"), "--out", str(where / "reports")]):
+        proc = reproflow(*argv)
+        assert proc.returncode == 0, proc.stderr
+    return where
+
+
+def test_a_schema_changes_only_with_a_new_version() -> None:
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["summary_version"] == {"const": SUMMARY_VERSION}
+    assert hashlib.sha256(SCHEMA.read_bytes()).hexdigest() == SCHEMAS[SUMMARY_VERSION], (
+        "summary.schema.json changed: bump SUMMARY_VERSION (reporting/summary.py) and record the new schema here")
+
+
+def test_the_report_writes_a_summary_its_schema_accepts(reported: Path) -> None:
+    summary = json.loads((reported / "reports" / "summary.json").read_text())
+    jsonschema.validate(summary, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
+    claims = (reported / "reports" / "claims.csv").read_text().splitlines()
+    assert len(summary["claims"]) == len(claims) - 1 > 0
+    assert sum(summary["counts"].values()) == len(summary["claims"])
+    assert summary["run"]["run_id"] and summary["run"]["state"] == "completed" and summary["steps"] == []
+    assert [m["jobs"] for m in summary["machines"]] == [1] and summary["machines"][0]["backend"] == "gloo"
+
+
+def test_a_summary_with_a_field_the_schema_lacks_is_refused(reported: Path) -> None:
+    """The schema is closed: a field the code adds without a new schema fails validation."""
+    summary = json.loads((reported / "reports" / "summary.json").read_text())
+    schema = json.loads(SCHEMA.read_text())
+    for change in ({"extra": 1}, {"summary_version": 2}, {"claims": [{**summary["claims"][0], "status": "maybe"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**summary, **change}, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_the_docs_script_prints_each_claims_verdict(reported: Path) -> None:
+    page = (ROOT / "docs" / "results.md").read_text()
+    script = re.search(r"## The run summary\n.*?```python\n(.*?)```", page, re.S).group(1)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=reported, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((reported / "reports" / "summary.json").read_text())
+    assert proc.stdout.splitlines() == [f"{c['status']:20} {c['family']:13} {c['claim']}" for c in summary["claims"]]
