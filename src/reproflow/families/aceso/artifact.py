@@ -128,7 +128,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
     if req.global_batch_size is not None:
         targets = [replace(t, global_bs=_global_batch(t, req.global_batch_size)) for t in targets]
     # tiny: the two configs in four rounds, ABBA, so the ratio's interval spans the machine's drift
-    # between trainings (docs/aceso.md); each training 6 iterations, the first untimed (baseline.SCREEN
+    # between trainings (docs/aceso-results.md); each training 6 iterations, the first untimed (baseline.SCREEN
     # says why one is enough on CPUs; the reference sizes, on GPUs, leave 2 out)
     rounds = req.train_rounds if req.train_rounds is not None else (4 if tiny else 1)
     if rounds < 1:

@@ -83,7 +83,7 @@ class SearchRequest:
 
 
 # A submitted search's time limit where the budget is a count: GPT-13B on the artifact's 32 GPUs, the
-# largest search here, takes minutes on a core per depth (docs/aceso.md).
+# largest search here, takes minutes on a core per depth (docs/aceso-search.md).
 SEARCH_JOB_MINUTES = 60
 # What keys a search (with the database's hash): the same database searched with these again is reused.
 SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "micro_batch_size", "num_nodes",

@@ -19,7 +19,7 @@ KINDS = ("runtime", "reference")
 # The search's budget: explored cases per pipeline depth (the count the reference prints), not seconds,
 # so that one database and one set of options give one config on any machine. Each count is at least
 # what the reference's clock allowed on 2 idle cores (its 200 s a depth; 5 s for the tiny models), so
-# the configs are as good as the clock's there (docs/aceso.md, "The search's budget").
+# the configs are as good as the clock's there (docs/aceso-search.md, "The search's budget").
 CASES = 20000
 TINY_CASES = 2000
 # The tiny models' op profile runs in rounds over the micro-batches, each op's time the median over them:
