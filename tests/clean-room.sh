@@ -15,7 +15,7 @@
 #   demo       make demo ONLY=<a short set of targets>: four families, a few minutes
 #   demo-full  make demo (about 25 minutes on 2 cores)
 #   cluster    make demo, then make cluster-reproduce (the same plan on the test cluster through Pyxis)
-#   gpu-image  make gpu-image-here (the gpu flavour on a stand-in CUDA base; see docs/cluster.md)
+#   gpu-image  make gpu-image-here (the gpu flavour on a stand-in CUDA base; see docs/containers.md)
 # Prints each command's result and wall time; the logs, summary.md and the test cluster's logs go to
 # CLEAN_ROOM_OUT (default <repo>/.clean-room). A failed command's root filesystem is kept there for a
 # look; CLEAN_ROOM_KEEP=1 keeps every one. CLEAN_ROOM_MIRROR sets

@@ -100,7 +100,7 @@ def runtime_problems(runtime: str) -> list[tuple[str, str]]:
         if not conf.is_file():
             problems.append((f"Slurm's OCI support is not set up: no {conf}",
                              "write oci.conf beside slurm.conf with RunTimeRun (and RunTimeQuery, RunTimeKill, "
-                             "RunTimeDelete) for runc or crun, as tests/slurm/start.sh does; see docs/cluster.md"))
+                             "RunTimeDelete) for runc or crun, as tests/slurm/start.sh does; see docs/containers.md"))
         else:
             run = re.search(r'^\s*RunTimeRun\s*=\s*"?(\S+)', conf.read_text(), re.M | re.I)
             if not run:
