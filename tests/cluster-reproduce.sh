@@ -19,7 +19,7 @@ say() { printf 'cluster-reproduce: %s\n' "$*"; }
 cd "$repo"
 make test-setup
 # One job at a time: the five nodes share this machine's cores, so jobs run side by side would time each
-# other (the first full run's CFP and Aceso verdicts moved so, docs/cluster.md); a cluster's nodes do not.
+# other (their timings would differ by what ran beside them); a cluster's nodes do not.
 export LOCAL_SLURM_NODES=5 LOCAL_SLURM_CPUS=8 LOCAL_SLURM_JOBS=${LOCAL_SLURM_JOBS:-1}
 bash tests/slurm/start.sh
 trap 'bash tests/slurm/stop.sh' EXIT
