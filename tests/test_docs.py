@@ -248,6 +248,46 @@ def test_readme_is_short():
     assert size <= README_LIMIT, f"README.md is {size} bytes; at most {README_LIMIT}: move detail into docs/"
 
 
+PAGE_LIMIT = 20 * 1024
+PARAGRAPH_WORDS = 150
+ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s")
+
+
+def prose_paragraphs(path: Path) -> list[tuple[int, str]]:
+    """The page's prose paragraphs (first line number, text): lines between blank lines, headings, tables
+    and fences, each list item one of its own."""
+    found: list[tuple[int, list[str]]] = []
+    inside, last = False, -1
+    for number, line in split_page(path)[0]:
+        text = line.strip()
+        if not text or text.startswith(("#", "|")):
+            inside = False
+        else:
+            if not inside or number != last + 1 or ITEM.match(line):
+                found.append((number, []))
+            found[-1][1].append(text)
+            inside = True
+        last = number
+    return [(number, " ".join(lines)) for number, lines in found if lines]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_pages_are_short_and_their_paragraphs_too(page):
+    size = page.stat().st_size
+    assert page == README or size <= PAGE_LIMIT, (
+        f"{page_id(page)} is {size} bytes; at most {PAGE_LIMIT}: split it by what it is about")
+    long = [f"{page_id(page)}:{number}: {len(text.split())} words" for number, text in prose_paragraphs(page)
+            if len(text.split()) > PARAGRAPH_WORDS]
+    assert not long, f"paragraphs over {PARAGRAPH_WORDS} words (split them): " + "; ".join(long)
+
+
+def test_a_paragraph_is_what_a_reader_sees_as_one(tmp_path):
+    """The paragraph rule's own reading: a list item, a heading, a table or a fence ends a paragraph."""
+    sample = tmp_path / "paragraphs.md"
+    sample.write_text("# T\n\none two\nthree\n\n- four\n  five\n- six\n\n```\nseven\n```\neight\n| a |\n")
+    assert prose_paragraphs(sample) == [(3, "one two three"), (6, "- four five"), (8, "- six"), (13, "eight")]
+
+
 def test_docs_index_lists_every_page():
     listed = {target.partition("#")[0] for _, target in links(DOCS / "index.md")}
     missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "index.md" and p.name not in listed]
