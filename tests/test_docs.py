@@ -43,10 +43,16 @@ def page_id(path: Path) -> str:
 
 def split_page(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str, list[tuple[int, str]]]]]:
     """The page's prose lines and its fenced blocks (first line number, language, lines), each line numbered."""
+    return split_page_text(path.read_text(encoding="utf-8"), page_id(path) if path.is_relative_to(ROOT) else path.name)
+
+
+def split_page_text(text: str, name: str = "page") -> tuple[list[tuple[int, str]],
+                                                             list[tuple[int, str, list[tuple[int, str]]]]]:
+    """split_page of a page's text."""
     prose: list[tuple[int, str]] = []
     blocks: list[tuple[int, str, list[tuple[int, str]]]] = []
     fence = None
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         match = FENCE.match(line)
         if fence is None and match:
             fence = match.group(1)
@@ -57,7 +63,7 @@ def split_page(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str, 
             blocks[-1][2].append((number, line))
         else:
             prose.append((number, line))
-    assert fence is None, f"{page_id(path)}: a fenced block is never closed"
+    assert fence is None, f"{name}: a fenced block is never closed"
     return prose, blocks
 
 
@@ -351,3 +357,64 @@ def test_every_commands_help_prints_as_written() -> None:
         assert "%%" not in (sub.description or ""), sub.prog
         text = sub.format_help()
         assert "%%" not in text, sub.prog
+
+
+def _docs_tool():
+    """tools/docs.py, the generator `make docs` runs, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tool", ROOT / "tools" / "docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_generated_blocks_are_what_the_recorded_runs_give(page):
+    tool = _docs_tool()
+    text = page.read_text()
+    assert tool.generate(text, tool.recorded()) == text, f"{page_id(page)}: a generated block differs: run make docs"
+
+
+def test_a_hand_edit_of_a_generated_figure_fails():
+    """A digit changed inside a generated block is what `make docs --check` (and the test above) refuses."""
+    tool = _docs_tool()
+    text = README.read_text()
+    block = tool.BLOCK.search(text)
+    assert block is not None, "README.md has no generated block"
+    digit = re.search(r"\d", block.group(3))
+    assert digit is not None, block.group(3)
+    at = block.start(3) + digit.start()
+    edited = text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1:]
+    assert tool.generate(edited, tool.recorded()) == text != edited
+
+
+def test_recorded_runs_are_summaries_of_make_demo_runs():
+    import json
+
+    import jsonschema
+
+    from reproflow.reporting.summary import SCHEMA
+
+    tool = _docs_tool()
+    runs = tool.recorded()
+    assert runs, "docs/recorded/ holds no run"
+    schema = json.loads(SCHEMA.read_text())
+    for run in runs:
+        jsonschema.validate(run["summary"], schema, cls=jsonschema.Draft202012Validator)
+        assert not run["summary"]["results"].startswith("/"), "a recorded run keeps no path of its machine"
+
+
+# A run quoted by hand: named by its commit ("three runs of 1a2b3c4", "a run of commit 1a2b3c4").
+TYPED = re.compile(r"\bruns?\s+of\s+(?:commit\s+)?[0-9a-f]{7,40}\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_run_is_quoted_outside_a_generated_block(page):
+    """Figures from runs come from the recorded runs (make docs): a page's prose that names a run by its
+    commit outside a generated block fails. (It catches runs named so, not every figure typed by hand.)"""
+    tool = _docs_tool()
+    outside = tool.outside_blocks(page.read_text())
+    prose = "\n".join(line for _, line in split_page_text(outside)[0])
+    found = [m.group(0) for m in TYPED.finditer(prose)]
+    assert not found, f"{page_id(page)} quotes runs by hand: {found}; record the run and generate the figure"

@@ -5,16 +5,13 @@ The result files stay the only truth: the index holds, per point file, who measu
 provenance) and, per metric, the count, the mean and variance of the logarithms and the median of
 its repeated samples, which is all the comparisons' statistics need. A file newer or larger than
 when it was indexed is read again, a file gone is forgotten; deleting the index loses nothing.
-SQLite rather than DuckDB, decided by measurement (benchmarks/catalog_bench.py, docs/results.md): what
-a cold index costs is reading and parsing a CSV per point, and DuckDB's read_csv over the same
-2,192 point files took 331 µs a file with one schema and 2.6 ms with union_by_name (which families'
-differing columns need), where pandas' C reader, given a thousand files' lines at once and only the
-columns that differ from row to row (a point's provenance is read from its first line), parses them
-in 25-40 µs a file; what a warm index costs is looking up runs, points and series, which
-SQLite's indexes answer in milliseconds at a million points. Hence no second engine and no columnar
-copy beside the files: a results folder none of whose folders changed is skipped on its folders'
-times, runs are listed from a summary per run and folder, and new files are parsed many at a time
-(store.frames), by a process per core. A point's metrics name it by its row id, so its names and
+SQLite rather than DuckDB over the CSVs (docs/runs.md): a cold index costs reading and parsing a CSV
+per point, which pandas' C reader does fastest given many files' lines at once and only the columns
+that differ from row to row (a point's provenance is read from its first line), and a warm one costs
+looking up runs, points and series, which SQLite's indexes answer in milliseconds at a million points.
+Hence no second engine and no columnar copy beside the files: a results folder none of whose folders
+changed is skipped on its folders' times, runs are listed from a summary per run and folder, and new
+files are parsed many at a time (store.frames), by a process per core. A point's metrics name it by its row id, so its names and
 provenance are written once. Only the process that reads it writes it, in the catalog's folder
 (store.runs.catalog_home): never a rank, never inside a results folder, where several writers on
 Lustre or NFS break SQLite's locks.
