@@ -161,9 +161,9 @@ claims-doc: venv
 	  $(BIN)/reproflow claims --simulate $(CLAIMS_SIMULATED); } > docs/claims.md
 
 # The figures the README and docs quote from runs, rewritten from the runs recorded in docs/recorded/
-# (tools/docs.py; `$(BIN)/python tools/docs.py record REPORTS --note ...` records one).
-docs: venv
-	$(BIN)/python tools/docs.py
+# (tools/docs.py, the standard library only; `python3 tools/docs.py record REPORTS --note ...` records one).
+docs:
+	python3 tools/docs.py
 
 sbatch: venv
 	$(BIN)/reproflow render
