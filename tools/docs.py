@@ -14,9 +14,11 @@ differs). `record REPORTS` adds a run: its summary.json with the paths of the ma
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -167,7 +169,45 @@ def _case(case: dict | None) -> str:
     return f"{case['ratio']:.3g}{span} {case['status']}"
 
 
+GPU = ROOT / "benchmarks" / "results" / "gpu"
+# The shapes `make bench-gpu` times beside param's dataset A: the square and the published best's.
+LARGE = ((8192, 8192, 8192), (6144, 17920, 2816))
+
+
+def gpu_gemm(_: list[dict]) -> str:
+    """bf16 GEMM on the recorded GPU run (benchmarks/results/gpu/gemm.csv): reproflow's kernel against a
+    bare torch.mm loop, and as fractions of the dense peak and of the fastest published matmul."""
+    with (GPU / "gemm.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    shape = lambda r: (int(r["m"]), int(r["n"]), int(r["k"]))  # noqa: E731
+    large = [r for r in rows if shape(r) in LARGE]
+    dataset = [r for r in rows if shape(r) not in LARGE]
+    best = max(dataset, key=lambda r: float(r["reproflow_tflops"]))
+    worst = min(dataset, key=lambda r: float(r["ratio"]))
+    ratios = sorted(float(r["ratio"]) for r in dataset)
+    median = statistics.median(ratios)
+    meeting = sum(x >= 0.95 for x in ratios)
+    first = rows[0]
+    lines = [f"{first['gpu']}, driver {first['driver']}, torch {first['torch_version']}, dense {first['dtype']} "
+             f"peak {float(first['dense_peak_tflops']):g} TFLOP/s, fastest published "
+             f"{float(first['published_best_tflops']):g}:", "",
+             "| shape | reproflow TFLOP/s | bare `torch.mm` | ratio | of the dense peak | of the published best |",
+             "|---|---|---|---|---|---|"]
+    named = [*((" × ".join(map(str, shape(r))), r) for r in large),
+             (f"dataset A, best ({' × '.join(map(str, shape(best)))})", best)]
+    for label, r in named:
+        figures = [f"{float(r[c]):{f}}" for c, f in (("reproflow_tflops", ".1f"), ("bare_tflops", ".1f"),
+                                                     ("ratio", ".2f"), ("of_dense_peak", ".3f"),
+                                                     ("of_published_best", ".3f"))]
+        lines.append(f"| {label} | " + " | ".join(figures) + " |")
+    lowest = f"lowest {' × '.join(map(str, shape(worst)))}: {float(worst['ratio']):.2f}"
+    lines.append(f"| dataset A, median ratio over its {len(dataset)} shapes | | | {median:.3f} ({meeting} of "
+                 f"{len(dataset)} ≥ 0.95; {lowest}) | | |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
+    "gpu-gemm": gpu_gemm,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")}}
 
