@@ -126,7 +126,8 @@ def verdicts_short(runs: list[dict]) -> str:
 def demo_time(runs: list[dict]) -> str:
     """How long each recorded `make demo` of the newest commit took, from its run's start to its end."""
     runs = last_commit_runs(runs)
-    times = ", ".join(f"{_clock(_seconds(r))}" + (f" ({r['note']})" if r.get("note") else "") for r in runs)
+    times = ", ".join((_clock(_seconds(r)) if r["summary"]["run"]["end"] else "no end recorded")
+                      + (f" ({r['note']})" if r.get("note") else "") for r in runs)
     points = sorted({sum(s["measured"] for s in r["summary"]["steps"]) for r in runs if r["summary"]["steps"]})
     counted = f"; {'-'.join(map(str, (points[0], points[-1]) if len(points) > 1 else points))} points" \
         if points else ""
