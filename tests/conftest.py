@@ -75,6 +75,20 @@ OUTCOMES = ("tracebacks", "injections", "hangs", "writes outside", "leaks")
 BAD_INPUTS: dict[str, int] = {"inputs": 0, "failed": 0} | dict.fromkeys(OUTCOMES, 0)
 
 
+# A suite of one 1-rank all_reduce point over 1-4 KiB (`% iters`): the smallest real run.
+ONE_COLLECTIVE = """
+[launch]
+backend = "gloo"
+device = "cpu"
+[[experiment]]
+name = "c"
+family = "param_comms"
+launch = { procs_per_node = 1 }
+params = { begin_size = "1K", end_size = "4K", warmup_iters = 1, iters = %d }
+matrix = { collective = ["all_reduce"] }
+"""
+
+
 def archive_of(results: Path, out: Path, extra: tarfile.TarInfo | None = None, data: bytes = b"") -> Path:
     """`out`, an archive `reproflow archive` writes of `results`, with `extra` added after its own members
     (with `data` as its bytes), or, when `extra` names a member it already has, that member's bytes replaced."""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ONE_COLLECTIVE, ROOT
 
 from reproflow.store.files import append_line, atomic_write, umask
 
@@ -43,17 +43,6 @@ def test_a_team_reads_and_writes_a_results_folder_written_under_umask_002(tmp_pa
     assert not private, private
 
 
-SUITE = """
-[launch]
-backend = "gloo"
-device = "cpu"
-[[experiment]]
-name = "c"
-family = "param_comms"
-launch = { procs_per_node = 1 }
-params = { begin_size = "1K", end_size = "4K", warmup_iters = 1, iters = %d }
-matrix = { collective = ["all_reduce"] }
-"""
 
 
 def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -63,7 +52,7 @@ def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tm
     from reproflow.store.results import writer_lock
 
     suite = tmp_path / "one.toml"
-    suite.write_text(SUITE % 2)
+    suite.write_text(ONE_COLLECTIVE % 2)
     results = tmp_path / "results"
     (results / "runs").mkdir(parents=True)  # the first run's manifest folder
     with held(writer_lock(results, "one"), "run 20261207-000000-abcdef (pid 1 on node7, since now)"):
@@ -81,7 +70,7 @@ def test_a_submit_into_a_folder_being_written_is_refused_before_it_submits(tmp_p
     from reproflow.store.results import writer_lock
 
     suite = tmp_path / "one.toml"
-    suite.write_text(SUITE % 2)
+    suite.write_text(ONE_COLLECTIVE % 2)
     results = tmp_path / "results"
     with held(writer_lock(results, "one"), "run 20261207-000000-abcdef (pid 1 on node7, since now)"):
         submit = subprocess.run([sys.executable, "-m", "reproflow.app.cli", "submit", str(suite), "--results",
@@ -97,7 +86,7 @@ def test_two_runs_at_once_into_one_folder_keep_one_runs_rows(tmp_path: Path) -> 
     """Two runs of one suite started together into one folder: one measures, the other is refused or
     finds the points measured; every row names the run that measured it and that run completed."""
     suite = tmp_path / "one.toml"
-    suite.write_text(SUITE % 200)
+    suite.write_text(ONE_COLLECTIVE % 200)
     results = tmp_path / "results"
     command = [sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results", str(results)]
     runs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -129,7 +118,7 @@ def test_a_results_folder_is_judged_by_its_layout_alone(tmp_path: Path, monkeypa
     lock.touch()
     assert not_a_results_folder(tmp_path / "starting") == ""
     suite, measured = tmp_path / "one.toml", tmp_path / "measured"
-    suite.write_text(SUITE % 2)
+    suite.write_text(ONE_COLLECTIVE % 2)
     subprocess.run([sys.executable, "-m", "reproflow.app.cli", "run", str(suite), "--results", str(measured)],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
     point = next(measured.glob("one/c/*.csv"))

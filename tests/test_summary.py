@@ -12,30 +12,19 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import ROOT, reproflow
+from conftest import ONE_COLLECTIVE, ROOT, reproflow
 
 from reproflow.reporting.summary import SCHEMA, SUMMARY_VERSION
 
 # The schema of each summary version, by its SHA-256: a schema changed without a new version fails here.
 SCHEMAS = {1: "63799b46e568650799bd694821e260bfddea402f6aa38eacc44cf07fb3b7a718"}
-SUITE = """
-[launch]
-backend = "gloo"
-device = "cpu"
-[[experiment]]
-name = "c"
-family = "param_comms"
-launch = { procs_per_node = 1 }
-params = { begin_size = "1K", end_size = "4K", warmup_iters = 1, iters = 5 }
-matrix = { collective = ["all_reduce", "broadcast"] }
-"""
 
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of a small comms suite and its report."""
     where = tmp_path_factory.mktemp("summary")
-    (where / "comms.toml").write_text(SUITE)
+    (where / "comms.toml").write_text(ONE_COLLECTIVE % 5)
     for argv in (["run", str(where / "comms.toml"), "--results", str(where / "results")],
                  ["report", "--results", str(where / "results"), "--out", str(where / "reports")]):
         proc = reproflow(*argv)

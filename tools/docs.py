@@ -88,14 +88,18 @@ def verdicts(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _figure(value: float, interval: list | None) -> str:
+    """'value [low, high]', the interval left out where there is none."""
+    span = f" [{interval[0]:.3g}, {interval[1]:.3g}]" if interval and None not in interval else ""
+    return f"{value:.3g}{span}"
+
+
 def _cell(claim: dict | None) -> str:
     if claim is None:
         return "not in this run"
     if claim["measured"] is None:
         return claim["status"]
-    span = (f" [{claim['interval'][0]:.3g}, {claim['interval'][1]:.3g}]"
-            if claim["interval"] and None not in claim["interval"] else "")
-    return f"{claim['status']}, {claim['measured']:.3g}{span}"
+    return f"{claim['status']}, {_figure(claim['measured'], claim['interval'])}"
 
 
 def _kind(claim: dict) -> str:
@@ -165,9 +169,7 @@ def _case(case: dict | None) -> str:
         return "not in this run"
     if case["ratio"] is None:
         return case["status"]
-    span = (f" [{case['interval'][0]:.3g}, {case['interval'][1]:.3g}]"
-            if case["interval"] and None not in case["interval"] else "")
-    return f"{case['ratio']:.3g}{span} {case['status']}"
+    return f"{_figure(case['ratio'], case['interval'])} {case['status']}"
 
 
 GPU = ROOT / "benchmarks" / "results" / "gpu"
