@@ -159,3 +159,15 @@ def test_pelt_segments_as_ruptures_does():
         penalty = 6 * np.log(n) * rng.uniform(0.2, 1.5)
         fit = ruptures.KernelCPD(kernel="linear", min_size=3, jump=1).fit(z.reshape(-1, 1))
         assert pelt(z, penalty, 3) == fit.predict(pen=penalty)[:-1], (trial, n)
+
+
+def test_a_series_too_short_for_a_change_says_so(tmp_path):
+    """Two runs cannot hold two segments of MIN_RUNS: `history` says the series is too short, not only
+    that it found no change."""
+    folders = write_year(tmp_path / "two", (), seed=4, nights=2)
+    given = [a for f in folders for a in ("--results", str(f))]
+    proc = reproflow("history", *given, "--suite", "comms", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert "0 change point(s)" in proc.stdout and "1 of 1 series have fewer than 6 runs, too few to find a change in" \
+        in proc.stdout, proc.stdout
+

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import record_fault, reproflow, rows_lost
+from conftest import ONE_COLLECTIVE, record_fault, reproflow, rows_lost
 
 from reproflow.launch.retry import (
     CANCELLED,
@@ -152,6 +152,10 @@ def test_a_failed_health_gate_is_recorded_and_its_points_left_out(write_suite, t
     good = reproflow("run", str(suite), "--results", str(tmp_path / "good"))
     assert "health gate pass: all_reduce of 4 MiB over 2 ranks" in good.stdout
     assert set(load_results(tmp_path / "good")["health_gate"]) == {"pass"}
+    # One rank moves nothing over a bus: the gate says so instead of a busBW of 0.
+    alone = reproflow("run", str(write_suite(ONE_COLLECTIVE % 2, "alone")), "--results", str(tmp_path / "alone"))
+    assert "over 1 ranks on" in alone.stdout and "one rank: no bus traffic" in alone.stdout, alone.stdout
+    assert "busBW 0 GB/s" not in alone.stdout
 
 
 def test_two_jobs_quarantining_the_same_torn_file_both_go_on(tmp_path):

@@ -48,6 +48,9 @@ def test_the_report_writes_a_summary_its_schema_accepts(reported: Path) -> None:
     assert sum(summary["counts"].values()) == len(summary["claims"])
     assert summary["run"]["run_id"] and summary["run"]["state"] == "completed" and summary["steps"] == []
     assert [m["jobs"] for m in summary["machines"]] == [1] and summary["machines"][0]["backend"] == "gloo"
+    page = (reported / "reports" / "report.md").read_text()  # the machine as its model and cores
+    assert re.search(r"Measured on [^;]*?, \d+ cores, ", page), page[:600]
+    assert not re.search(r"Measured on \d+ x ", page), page[:600]
 
 
 def test_a_summary_with_a_field_the_schema_lacks_is_refused(reported: Path) -> None:

@@ -50,7 +50,9 @@ def health_gate(ctx: RunContext, corrupt: bool = False, numel: int = 1 << 20, it
     mib = numel * 4 / 2**20
     if problems:
         return Gate(GATE_FAIL, f"all_reduce of {mib:g} MiB over {world} ranks: {problems}")
-    # nccl-tests' bus bandwidth of an all-reduce: 2 (n - 1) / n of the algorithm bandwidth.
-    busbw = 2 * (world - 1) / world * numel * 4 / slowest / 1e9 if world > 1 else 0.0
+    # nccl-tests' bus bandwidth of an all-reduce: 2 (n - 1) / n of the algorithm bandwidth; one rank moves
+    # nothing over a bus, so it has none to show.
+    bus = (f"busBW {2 * (world - 1) / world * numel * 4 / slowest / 1e9:.3g} GB/s" if world > 1
+           else "one rank: no bus traffic")
     return Gate(GATE_PASS, f"all_reduce of {mib:g} MiB over {world} ranks on {','.join(sorted(set(ctx.hosts())))}: "
-                      f"{slowest * 1e3:.2f} ms, busBW {busbw:.3g} GB/s")
+                      f"{slowest * 1e3:.2f} ms, {bus}")

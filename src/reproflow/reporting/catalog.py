@@ -11,8 +11,8 @@ that differ from row to row (a point's provenance is read from its first line), 
 looking up runs, points and series, which SQLite's indexes answer in milliseconds at a million points.
 Hence no second engine and no columnar copy beside the files: a results folder none of whose folders
 changed is skipped on its folders' times, runs are listed from a summary per run and folder, and new
-files are parsed many at a time (store.frames), by a process per core. A point's metrics name it by its row id, so its names and
-provenance are written once. Only the process that reads it writes it, in the catalog's folder
+files are parsed many at a time (store.frames), by a process per core. A point's metrics name it by its
+row id, so its names and provenance are written once. Only the process that reads it writes it, in the catalog's folder
 (store.runs.catalog_home): never a rank, never inside a results folder, where several writers on
 Lustre or NFS break SQLite's locks.
 """

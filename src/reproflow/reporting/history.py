@@ -240,9 +240,14 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
                f"{rows['start'].max()[:10]}); {len(points)} change point(s) by PELT on each series' logarithms "
                f"(penalty {PENALTY:g} x noise variance x log runs, segments of {MIN_RUNS} runs or more); ratios "
                f"after / before with {LEVEL:.0%} intervals over the runs.")
-    md = f"# reproflow history\n\n{summary}\n\n" + (to_markdown(points) if len(points) else "No change point.") + "\n"
+    short = int((rows.groupby(catalog.KEY)["run"].nunique() < 2 * MIN_RUNS).sum())
+    if short:  # PELT cannot place a change in a series shorter than two segments: say so, not "no change"
+        summary += (f" {short} of {series_count} series have fewer than {2 * MIN_RUNS} runs, too few to find a "
+                    "change in.")
+    none = "No change point." if not short else "No change point (see above: some series are too short to have one)."
+    md = f"# reproflow history\n\n{summary}\n\n" + (to_markdown(points) if len(points) else none) + "\n"
     body = (f"<h1>reproflow history</h1><p>{html.escape(summary)}</p>"
-            + (html_table(points) if len(points) else "<p>No change point.</p>") + html_files(figures))
+            + (html_table(points) if len(points) else f"<p>{html.escape(none)}</p>") + html_files(figures))
     files += [out_dir / "history.md", out_dir / "history.html"]
     atomic_write(files[2], md + "".join(f"\n![{f.stem}]({f.name})\n" for f in figures))
     atomic_write(files[3], f"<!doctype html><html><head><meta charset='utf-8'><title>reproflow history</title>"

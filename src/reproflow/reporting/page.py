@@ -204,7 +204,7 @@ def write_page(out_dir: Path, sections: list[Section], hardware: pd.DataFrame, j
     tally = counts(claims)
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     commits = ", ".join(sorted({str(c) for c in jobs.get("git_commit", pd.Series(dtype=str)).dropna()})) or "unknown"
-    machines = sorted({f"{r.cpus} x {r.cpu}, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
+    machines = sorted({f"{r.cpu}, {r.cpus} cores, {r.memory_gib} GiB, GPUs: {r.gpus}" for r in hardware.itertuples()})
     summary = (f"{len(claims)} claims: {tally[HOLDS]} hold, {tally[FAILS]} do not hold, {tally[INCONCLUSIVE]} "
                f"inconclusive, {tally[NOT_MEASURED]} not measured, {tally[NOT_COMPARED]} not compared, "
                f"{tally[NOT_APPLICABLE]} {NOT_APPLICABLE} "
