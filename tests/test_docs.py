@@ -418,3 +418,23 @@ def test_no_run_is_quoted_outside_a_generated_block(page):
     prose = "\n".join(line for _, line in split_page_text(outside)[0])
     found = [m.group(0) for m in TYPED.finditer(prose)]
     assert not found, f"{page_id(page)} quotes runs by hand: {found}; record the run and generate the figure"
+
+
+def test_a_run_is_recorded_as_its_manifest_last_says(tmp_path, monkeypatch):
+    """The summary `reproduce` writes precedes its run's end; `record` takes the run's state and end from
+    the manifest, and keeps no path of the machine."""
+    import json
+
+    tool = _docs_tool()
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    (results / "runs").mkdir(parents=True)
+    reports.mkdir()
+    run = {"run_id": "20261207-000000-abcdef", "command": ["reproflow", "reproduce", "--results", str(results)],
+           "git_commit": "a" * 40, "start": "2026-12-07T00:00:00+00:00", "end": "", "state": "running"}
+    (reports / "summary.json").write_text(json.dumps({"results": str(results), "run": run, "left_out": []}))
+    ended = run | {"end": "2026-12-07T00:25:00+00:00", "state": "completed"}
+    (results / "runs" / "20261207-000000-abcdef.json").write_text(json.dumps(ended))
+    monkeypatch.setattr(tool, "RECORDED", tmp_path / "recorded")
+    kept = json.loads(tool.record(reports, "a note").read_text())
+    assert kept["summary"]["run"]["end"] == ended["end"] and kept["summary"]["run"]["state"] == "completed"
+    assert kept["note"] == "a note" and str(tmp_path) not in json.dumps(kept)

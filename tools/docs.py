@@ -83,7 +83,7 @@ def verdicts(runs: list[dict]) -> str:
         cells = []
         for run in runs:
             found = next((c for c in run["summary"]["claims"] if (c["family"], c["claim"]) == (family, claim)), None)
-            cells.append(_cell(found))
+            cells.append(_cell(found, "measured", status_first=True))
         lines.append(f"| {family} | {claim} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -94,12 +94,14 @@ def _figure(value: float, interval: list | None) -> str:
     return f"{value:.3g}{span}"
 
 
-def _cell(claim: dict | None) -> str:
-    if claim is None:
+def _cell(item: dict | None, value: str, status_first: bool) -> str:
+    """A claim's (value "measured") or a case's (value "ratio") verdict and figure, as a table cell."""
+    if item is None:
         return "not in this run"
-    if claim["measured"] is None:
-        return claim["status"]
-    return f"{claim['status']}, {_figure(claim['measured'], claim['interval'])}"
+    if item[value] is None:
+        return item["status"]
+    figure = _figure(item[value], item["interval"])
+    return f"{item['status']}, {figure}" if status_first else f"{figure} {item['status']}"
 
 
 def _kind(claim: dict) -> str:
@@ -154,7 +156,7 @@ def cases(family: str) -> Callable[[list[dict]], str]:
                 cells = []
                 for claim in found:
                     case = next((k for k in claim["cases"] if k["label"] == label), None) if claim else None
-                    cells.append(_case(case))
+                    cells.append(_cell(case, "ratio", status_first=False))
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             if not labels:
                 statuses = (c["status"] if c else "not in this run" for c in found)
@@ -162,14 +164,6 @@ def cases(family: str) -> Callable[[list[dict]], str]:
             lines.append("")
         return "\n".join(lines)
     return table
-
-
-def _case(case: dict | None) -> str:
-    if case is None:
-        return "not in this run"
-    if case["ratio"] is None:
-        return case["status"]
-    return f"{_figure(case['ratio'], case['interval'])} {case['status']}"
 
 
 GPU = ROOT / "benchmarks" / "results" / "gpu"
@@ -231,8 +225,15 @@ def outside_blocks(text: str) -> str:
 
 
 def record(reports: Path, note: str) -> Path:
-    """Keep `<reports>/summary.json` in docs/recorded/, without the paths of the machine it ran on."""
+    """Keep `<reports>/summary.json` in docs/recorded/, its run as its manifest last recorded it, without
+    the paths of the machine it ran on."""
     summary = json.loads((reports / "summary.json").read_text())
+    # A summary written by the run's own report (reproduce) precedes the run's end: take the run as its
+    # manifest now says it ended, where the results folder is still there.
+    manifest = Path(summary["results"]) / "runs" / f"{summary['run']['run_id']}.json"
+    if manifest.is_file():
+        ended = json.loads(manifest.read_text())
+        summary["run"] = {key: ended.get(key, value) for key, value in summary["run"].items()}
     summary["results"] = Path(summary["results"]).name
     summary["run"]["command"] = [Path(a).name if a.startswith("/") else a for a in summary["run"]["command"]]
     summary["left_out"] = [{k: (Path(v).name if k == "file" and v else v) for k, v in x.items()}
