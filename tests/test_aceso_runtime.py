@@ -188,6 +188,12 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # Every plan of the grid written with its prediction, and trained once in the screen; the fastest
     # measured within the memory limit is the baseline.
     manifest = json.loads(next(search.glob("search-*.json")).read_text())
+    # the profile in 5 rounds, each round's files kept for the near-tie rule; a tie it settled kept the
+    # smaller micro-batch
+    assert manifest["rounds"] == 5 and len(list((logs / "profiled-time" / "rounds").glob("*/t5_tiny_*.csv"))) >= 5
+    for tie in manifest["ties"]:
+        assert int(tie["kept"].split("micro-batch ")[1].split(":")[0]) < int(tie["fastest"].split("micro-batch ")[1]
+                                                                              .split(":")[0]), tie
     grid = {g["name"] for g in manifest["megatron_grid"]}
     assert len(grid) >= 5 and all((search / "csv" / f"info_{Path(n).stem}.csv").is_file() for n in grid)
     assert {json.loads((search / n).read_text())["global_batch_size"] for n in grid} == {16}

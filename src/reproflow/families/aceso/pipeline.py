@@ -19,7 +19,7 @@ from pathlib import Path
 from reproflow import api
 from reproflow.api import Placement
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction
-from reproflow.families.aceso.database import read_database, write_from_rows
+from reproflow.families.aceso.database import ROUNDS_DIR, read_database, read_rounds, write_from_rows
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import (
     Plan,
@@ -33,7 +33,7 @@ from reproflow.families.aceso.plans import (
     to_train,
     write_json,
 )
-from reproflow.families.aceso.search import Options
+from reproflow.families.aceso.search import TIE_RULE, Options, Point, Result, describe, settle, settle_points
 from reproflow.families.aceso.search import search as search_depths
 from reproflow.families.aceso.settings import CASES, GPT_MBS, RESNET_MBS
 from reproflow.spec.errors import ReproflowError
@@ -170,6 +170,10 @@ class Setup:
         return CostModel(db, r.num_gpus_per_node, memory_limit, kind=r.cost_model,
                          peak_mem_in_backward=r.peak_mem_in_backward)
 
+    def rounds(self, cost: CostModel) -> list[CostModel]:
+        """`cost` on each round of a profile in rounds (none where it ran in one)."""
+        return [cost.on(db) for db in read_rounds(cost.db)]
+
     def megatron_cost(self) -> tuple[CostModel, float]:
         """The model and memory limit of the Megatron-LM plan (the artifact gives some baselines their own)."""
         r = self.req
@@ -189,15 +193,19 @@ class Setup:
         """The predicted-fastest feasible uniform plan, the artifact's baseline (a grid's uneven first and
         last stages are for the screen, never this pick), and a line saying it."""
         cost, limit = self.megatron_cost()
-        best = best_feasible(megatron_plans(cost, self.ops, self.req.global_batch_size, self.gpus, self.max_tp,
-                                            self.depths), limit)
+        plans = megatron_plans(cost, self.ops, self.req.global_batch_size, self.gpus, self.max_tp, self.depths)
+        best, fastest = settled_plan(plans, limit, self.rounds(cost)), best_feasible(plans, limit)
         kind = "uniform plans"
         if best is None:
             return f"Megatron-LM {kind}: none fits {limit:.0f} MB", None
         gbs = self.req.global_batch_size
+        tie = "" if best is fastest else (
+            f" (a near tie with {fastest.describe()}, {fastest.prediction.iteration_ms / 1000:.2f} s on the "  # type: ignore[union-attr]
+            "medians, which the profile's rounds cannot tell apart: the rule keeps the smallest micro-batch, then "
+            "the fewest stages, the smallest TP size, no recomputation)")
         return (f"Megatron-LM {kind}, the predicted fastest: {best.describe()}: "
                 f"{best.prediction.iteration_ms / 1000:.2f} s, {best.prediction.throughput(gbs):.2f} samples/s, "
-                f"{best.prediction.max_memory:.0f} MB", best)
+                f"{best.prediction.max_memory:.0f} MB{tie}", best)
 
     def write_megatron(self, config: Config, ms: float) -> Path:
         path = self.req.config_save_path / f"{self.name}_{self.model.num_layers}layers_megatron_est_{int(ms)}.json"
@@ -218,10 +226,14 @@ def megatron(req: SearchRequest) -> Path | None:
 
 
 def database_sha256(path: Path) -> str:
-    """Content hash of a database folder: every CSV's name and bytes, in name order."""
+    """Content hash of a database folder: every CSV's name and bytes, in name order (a profile in rounds:
+    each round's files too, by their path under the folder)."""
     digest = hashlib.sha256()
-    for f in sorted(Path(path).glob("*.csv")):
-        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    path = Path(path)
+    rounds = [f for f in sorted((path / ROUNDS_DIR).glob("*/*.csv")) if f.parent.name.isdigit()
+              and not f.parent.is_symlink()] if (path / ROUNDS_DIR).is_dir() else []
+    for f in sorted(path.glob("*.csv")) + rounds:
+        digest.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
@@ -261,7 +273,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     start = time.monotonic()
     by_depth = search_depths(setup.cost, setup.ops, opts, setup.depths, req.processes)
     wall = time.monotonic() - start
-    found = sorted((r for r in by_depth if r.best is not None), key=lambda r: r.best.time)  # type: ignore[union-attr]
+    rounds = setup.rounds(setup.cost)
+    by_depth, found, ties = settle_depths(by_depth, rounds)
     save, csv_dir = req.config_save_path, req.config_save_path / "csv"
     names = [f"{setup.name}_{r.num_stages}stages_{suffix}.json" for r in found]
     for r, name in zip(found, names, strict=True):
@@ -284,6 +297,9 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     log.mkdir(parents=True, exist_ok=True)
     atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
     print(f"\noverall search time: {wall:.2f} s")
+    for tie in ties:
+        print(f"near tie ({tie['among']}): kept {tie['kept']} over {tie['fastest']} (the fastest on the "
+              f"medians), which the profile's {len(rounds)} rounds cannot tell apart; {TIE_RULE}")
     line, plan = setup.megatron_plan()
     print(line)
     grid = _write_grid(setup, save) if req.megatron_grid else []
@@ -306,6 +322,7 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
                                        "configs": names, "megatron": mega,
                                        "best_ms": round(best.time, 2) if best else None,
                                        "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
+                                       "rounds": len(rounds), "ties": ties,
                                        "megatron_grid": grid, "memory_limit": req.memory_limit,
                                        "megatron_memory_limit": setup.megatron_cost()[1],
                                        "same_as_megatron": same,
@@ -315,6 +332,46 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
         print(f"Aceso search: {best.time / 1000:.2f} s, {gbs / (best.time / 1000):.2f} samples/s, "
               f"{best.memory:.0f} MB: {verdict} the uniform plan")
     return SearchOutcome(manifest, best is not None)
+
+
+def settled_plan(plans: list[Plan], limit: float, rounds: list[CostModel]) -> Plan | None:
+    """The predicted-fastest plan that fits, or where the profile ran in rounds the one the near-tie rule
+    keeps (`settle`; after the micro-batch and the stages: the smaller TP size, then no recomputation)."""
+    best = best_feasible(plans, limit)
+    if best is None or len(rounds) < 2:
+        return best
+    ok = [p for p in plans if p.prediction.max_memory < limit]
+    times = [[c.predict(p.config).iteration_ms for c in rounds] for p in ok]
+    order = [(p.micro_bs, p.pp, p.tp, p.recompute) for p in ok]
+    kept, _ = settle([p.prediction.iteration_ms for p in ok], times, order)
+    return ok[kept]
+
+
+def settle_depths(by_depth: list[Result], rounds: list[CostModel]) -> tuple[list[Result], list[Result],
+                                                                         list[dict[str, object]]]:
+    """Each depth's config and the order of the depths' configs by the near-tie rule (`settle`) where the
+    profile ran in rounds, else by the predicted time alone; with the ties that changed a pick, in words."""
+    found = sorted((r for r in by_depth if r.best is not None), key=lambda r: r.best.time)  # type: ignore[union-attr]
+    if len(rounds) < 2 or not found:
+        return by_depth, found, []
+    ties: list[dict[str, object]] = []
+
+    def keep(points: list[Point], among: str) -> Point:
+        kept, tied = settle_points(points, rounds)
+        fastest = min(points, key=lambda p: p.time)
+        if kept is not fastest:
+            ties.append({"among": among, "kept": describe(kept), "fastest": describe(fastest),
+                         "tied": [describe(p) for p in tied]})
+        return kept
+
+    settled = {}
+    for r in found:
+        assert r.best is not None
+        others = [p for m, p in sorted(r.by_mbs.items()) if m != r.best.config.micro_bs]
+        settled[r.num_stages] = replace(r, best=keep([r.best, *others], f"{r.num_stages} stages"))
+    first = keep([r.best for r in settled.values() if r.best is not None], "the depths")
+    order = sorted(settled.values(), key=lambda r: (r.best is not first, r.best.time))  # type: ignore[union-attr]
+    return [settled.get(r.num_stages, r) for r in by_depth], order, ties
 
 
 def _write_grid(setup: Setup, folder: Path) -> list[dict[str, object]]:
@@ -561,5 +618,10 @@ def database(results: Path, out: Path) -> list[Path]:
                              "`reproflow run aceso-profile-tiny`.")
     written = write_from_rows(frame, out)
     for path in written:
-        print(path)
+        if path.parent == out:
+            print(path)
+    rounds = sorted({p.parent.name for p in written if p.parent != out}, key=int)
+    if rounds:
+        print(f"{out / ROUNDS_DIR}/{{{','.join(rounds)}}}/: each round's op and optimizer files, for the search's "
+              "near-tie rule")
     return written

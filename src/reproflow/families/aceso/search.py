@@ -20,6 +20,13 @@ config of each depth gets a last local polish (boundary ops moved one stage over
 and an op migration finds how many ops to move by bisection instead of trying 0, 1, 2, ... in turn.
 The ops a migration moves take the receiving stage's boundary tp/dp and keep their algo, as there.
 
+Near ties: a profile in rounds (`rounds/<k>/` beside the database) gives each config a predicted time
+per round besides the one on the medians. Each depth keeps its fastest config per micro-batch; among
+those (and then among the depths' configs), a config is told apart from the fastest only when it is
+slower in every round, and of the rest the one with the smallest micro-batch, then the fewest stages,
+is kept (`settle`): where the profile cannot tell two configs apart, a rule no timing enters picks,
+so the machine's state during the profile does not.
+
 The budget: by default a count of explored cases per depth (the count the reference prints), so one
 database, one set of options, one config on any machine, however fast or loaded; the reference's clock
 (`budget_s`, seconds per depth, as its per-process budget) is kept as an option, and with it the config
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -145,6 +153,7 @@ class Result:
     seconds: float
     trials: int
     trend: list[tuple[float, float]] = field(default_factory=list)  # (search seconds, best ms)
+    by_mbs: dict[int, Point] = field(default_factory=dict)  # the fastest fitting config per micro-batch
 
     @property
     def seconds_to_best(self) -> float:
@@ -166,11 +175,16 @@ class DepthSearch:
         self.best_time = INF
         self.start = 0.0
         self.trial_start = 0.0
+        self.by_mbs: dict[int, Point] = {}
 
     # --- evaluation -------------------------------------------------------------------------
     def evaluate(self, config: Config) -> Point:
         pred = self.cost.predict(config)
-        return Point(config, pred, self._efficient_idle(config, pred))
+        p = Point(config, pred, self._efficient_idle(config, pred))
+        kept = self.by_mbs.get(config.micro_bs)
+        if self.fits(p) and (kept is None or p.time < kept.time):
+            self.by_mbs[config.micro_bs] = p
+        return p
 
     def _efficient_idle(self, config: Config, pred: Prediction) -> list[float]:
         """Idle time a stage could absorb, weighted by its GPUs and efficiency (partner choice)."""
@@ -638,7 +652,7 @@ class DepthSearch:
             if polished is not best:
                 best = polished
                 trend.append((clock() - self.start, best.time))
-        return Result(self.n, best, self.explored, clock() - self.start, trials, trend)
+        return Result(self.n, best, self.explored, clock() - self.start, trials, trend, self.by_mbs)
 
     def polish(self, p: Point, max_ops: int = 16) -> Point:
         """Move 1..max_ops ops across each stage boundary while that shortens the iteration and fits,
@@ -762,3 +776,34 @@ def search(cost: CostModel, ops: list[str], opts: Options, depths: range, proces
         return [_search_depth(j) for j in jobs]
     with ProcessPoolExecutor(max_workers=processes or len(jobs)) as pool:
         return list(pool.map(_search_depth, jobs))
+
+
+TIE_RULE = "the rule keeps the smallest micro-batch, then the fewest stages"
+
+
+def settle(times: Sequence[float], rounds: Sequence[Sequence[float]], order: Sequence[tuple]) -> tuple[int, list[int]]:
+    """The candidate kept and those tied with the fastest, by index, from each candidate's predicted time
+    on the medians (`times`), on each round (`rounds[i]`: candidate i's, in round order) and a key no
+    timing enters (`order`).
+
+    A candidate is told apart from the fastest only when it is slower in every round: a sign test, by
+    which two candidates equally fast are told apart by chance with probability 2^(1-R) over R rounds
+    (6 % at 5). Of the rest the first by `order` is kept. With fewer than two rounds the fastest is kept."""
+    fastest = min(range(len(times)), key=lambda i: (times[i], order[i]))
+    if len(rounds[fastest]) < 2:
+        return fastest, [fastest]
+    tied = [i for i in range(len(times))
+            if i == fastest or not all(f < t for f, t in zip(rounds[fastest], rounds[i], strict=True))]
+    return min(tied, key=lambda i: order[i]), tied
+
+
+def settle_points(points: list[Point], rounds: list[CostModel]) -> tuple[Point, list[Point]]:
+    """`settle` over search configs (their max stage time on each round's model); the kept one and the tied."""
+    times = [[max(c.predict(p.config).pipeline_ms) for c in rounds] for p in points]
+    kept, tied = settle([p.time for p in points], times, [(p.config.micro_bs, len(p.config.stages)) for p in points])
+    return points[kept], [points[i] for i in tied]
+
+
+def describe(p: Point) -> str:
+    """A config in a few words: depth, micro-batch and predicted time."""
+    return f"{len(p.config.stages)} stages, micro-batch {p.config.micro_bs}: {p.time:.2f} ms"
