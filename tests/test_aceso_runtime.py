@@ -170,6 +170,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
                     str(results), *short, *extra, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
+    # a family's command that runs suites is a run of the catalog, as `reproflow run` is
+    (record,) = [json.loads(p.read_text()) for p in (results / "runs").glob("*.json")]
+    assert record["command"][:3] == ["reproflow", "aceso", "reproduce"] and record["state"] == "completed", record
     assert "-------- [t5] End-to-end Throughput (Samples/s) --------" in out
     row = next(line for line in out.splitlines() if line.startswith("tiny") and len(line.split()) == 3)
     megatron, aceso = float(row.split()[1]), float(row.split()[2])

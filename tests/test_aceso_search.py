@@ -57,13 +57,15 @@ def test_search_command_writes_the_reference_outputs(tmp_path: Path) -> None:
             "--micro-batch-size", "1", "2", "4", "8", "--num-nodes", "1", "--num-gpus-per-node", "4",
             "--memory-limit", "12000", "--profiled-time-path", str(MINISET), "--config-save-path",
             f"{out}/", "--max-num-hops", "7", "--time-budget-total", "2", "--config-suffix", "t"]
-    # The artifact's database has no optimizer tables: the default (runtime) model says which file and what to do.
-    refused = reproflow(*argv)
+    # The artifact's database has no optimizer tables: the runtime model, asked for, says which file and what
+    # to do; by default the search takes Aceso's own model and says why in its first line.
+    refused = reproflow(*argv, "--model", "runtime")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert f"{MINISET / 'opt_gpt_1_3B_tp1.csv'}: missing; the runtime model of gpt_1_3B" in refused.stderr
     assert "--model reference" in refused.stderr
-    proc = reproflow(*argv, "--model", "reference")
+    proc = reproflow(*argv)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"performance model: reference (Aceso's own), as {MINISET} has no optimizer tables")
     assert "at least as fast as the uniform plan" in proc.stdout
     # the artifact's budget, asked for: said to be the clock
     assert "budget 2 s per depth (the clock: the config depends on the machine and its load)" in proc.stdout
@@ -79,8 +81,7 @@ def test_search_command_writes_the_reference_outputs(tmp_path: Path) -> None:
     assert (out / "gpt_1_3B_summary_t.csv").read_text().startswith("search_cost\n")
     predicted = reproflow("aceso", "predict", "--model-name", "gpt", "--model-size", "1_3B", "--global-batch-size",
                           "512", "--num-nodes", "1", "--num-gpus-per-node", "4", "--memory-limit", "12000",
-                          "--profiled-time-path", str(MINISET), "--config-save-path", str(out), "--config", str(top),
-                          "--model", "reference")
+                          "--profiled-time-path", str(MINISET), "--config-save-path", str(out), "--config", str(top))
     assert predicted.returncode == 0, predicted.stderr
     max_time = max(float(row[1]) for row in info[1:])
     assert f"iteration {max_time:.2f} ms" in predicted.stdout

@@ -206,6 +206,24 @@ def test_the_claims_picture_shows_ratios_on_a_linear_axis_and_tolerances_apart()
         plt.close(fig)
 
 
+def test_the_claims_picture_shades_where_a_claim_holds_on_measured_rows_only() -> None:
+    """A row not measured holds nowhere: its bound is drawn, no band; a measured row with a bound is shaded."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from reproflow.reporting.figures import claims_figure
+
+    fig = claims_figure([one_case(1.2, (1.1, 1.3), statement="m", at_least=1.05),
+                         one_case(None, statement="n", at_least=1.05), one_case(0.9, (0.8, 1.0), statement="o")])
+    try:
+        (ax,) = fig.axes
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        rows = sorted(round(float(b.get_paths()[0].vertices[:, 1].mean())) for b in bands)
+        assert rows == [0, 2]  # the rows from the bottom: "o" and "m"; "n", not measured, has none
+    finally:
+        plt.close(fig)
+
+
 def test_a_claim_that_may_be_looked_at_twice_is_judged_at_the_stricter_level(tmp_path) -> None:
     """A reproduction that may rerun a step for more samples records two looks for its family; every
     interval of that family's claims is then at level_for(2), in the report and in claims.csv alike."""

@@ -207,6 +207,8 @@ def test_the_environment_is_recorded_with_secrets_redacted_and_archived_redacted
         texts = {m.name: tar.extractfile(m).read().decode(errors="replace")  # type: ignore[union-attr]
                  for m in tar.getmembers() if m.isfile()}
     assert "share/results/tiny/env/old-node1.json" in texts and not holding_secrets(texts)
+    # the suite, given by path, kept beside its results: the archive can rerun it
+    assert texts["share/results/tiny.toml"] == suite.read_text()
     assert "hf_sec" not in "".join(texts.values())
     manifest = json.loads(texts["share/MANIFEST.json"])
     assert list(manifest["left_out"]) == ["results/tiny/env/torn-node2.json"]

@@ -106,8 +106,21 @@ def test_bad_points_name_the_option_and_the_fix():
         FAMILY.check(_params(model="amoebanet", num_layers=3, num_filters=16, image_size=64, slice_method="vertical",
                              halo_d2=True), 5)
     FAMILY.check(_params(), 5)
-    proc = reproflow("spatial", "resnet", "--num-spatial-parts", "4,2", "--dry-run")
+
+def test_a_dry_run_leaves_the_results_folder_as_it_found_it(tmp_path):
+    """Failed or not, a dry run writes nothing: no generated suite is left, none replaced; layer
+    parallelism alone (spatial_size 0), as the family's parameters offer it, is a configuration to run."""
+    results = tmp_path / "r"
+    proc = reproflow("spatial", "resnet", "--num-spatial-parts", "4,2", "--dry-run", "--results", str(results))
     assert proc.returncode != 0 and "same count" in proc.stderr and "Traceback" not in proc.stderr
+    assert not results.exists()
+    results.mkdir()
+    kept = results / "spatial-resnet-32-b32-s2x0-p4.toml"
+    kept.write_text("# the suite a real run wrote\n")
+    proc = reproflow("spatial", "resnet", "--spatial-size", "0", "--dry-run", "--results", str(results))
+    assert proc.returncode == 0, proc.stderr
+    assert "# spatial: 2 local rank(s), 1 point(s)" in proc.stdout  # two partitions, no tiles
+    assert [p.name for p in results.iterdir()] == [kept.name] and kept.read_text() == "# the suite a real run wrote\n"
 
 
 CHECKS = """
@@ -308,7 +321,7 @@ def test_dry_run_shows_the_mpi_launch_and_every_configuration(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "mpirun -np 2 python -m mpi4py -m reproflow.worker" in proc.stdout
     assert "mpirun -np 5 python -m mpi4py -m reproflow.worker" in proc.stdout
-    assert proc.stdout.count("halo_d2=") == 6 and not list(tmp_path.rglob("*.csv"))
+    assert proc.stdout.count("halo_d2=") == 6 and not list(tmp_path.iterdir())
 
 
 def test_speed_up_claim_uses_the_timed_steps_after_the_first_and_leaves_the_checks_out(tmp_path):

@@ -62,6 +62,7 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
     selected = loaded.select(list(experiments))  # a name that is not there: refused before anything is written
     worst = 0
     with writing(results, loaded.name):
+        keep_suite(loaded, Path(results))
         for exp in selected:
             code = _run_experiment(executor, loaded, exp, procs)
             worst = worst or code
@@ -94,6 +95,22 @@ def writing(results: str | Path, suite: str) -> Iterator[None]:
     writable_results(Path(results))
     with held(writer_lock(Path(results), suite), _owner(), under=Path(results)):
         yield
+
+
+def keep_suite(suite: Suite, results: Path) -> None:
+    """A suite file from outside the checkout's workflows/ copied beside its results, as `<results>/<name>.toml`
+    (where generated suites are written), so that the results folder, and an archive of it, holds every
+    suite its rows came from."""
+    from reproflow.store.files import atomic_write, read_regular
+
+    kept = results / f"{suite.name}.toml"
+    source = suite.path.resolve()
+    if source.is_relative_to((project_root() / "workflows").resolve()) or source == kept.resolve():
+        return
+    try:
+        atomic_write(kept, read_regular(suite.path).decode(), under=results)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"reproflow: {suite.path} not kept beside the results ({exc}); an archive will lack it", file=sys.stderr)
 
 
 def _owner() -> str:
@@ -161,6 +178,7 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
             print(shown.dry_run(loaded, exp))
         return []
     with writing(results, loaded.name):  # while submitting, and while waiting for the jobs when told to
+        keep_suite(loaded, Path(results))
         return _submit(executor(), loaded, selected, wait or bool(retries), retries, array)
 
 
@@ -212,7 +230,8 @@ class Placement:
 
 def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
     """Write a generated suite under `where.results` and run it here, or submit it; returns the submitted
-    job ids (none when run here). Reruns skip the points already measured."""
+    job ids (none when run here). Reruns skip the points already measured. A dry run leaves the results
+    folder as it found it."""
     from reproflow.store.files import atomic_write
 
     if not NAME_RE.fullmatch(name):  # checked before anything is written: a name with '/' would lead out
@@ -220,7 +239,39 @@ def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
                              "options given (models, sizes, meshes such as --mesh 2x2); give values of letters, "
                              "digits, 'x', ',' and '.' only.")
     suite = where.results / f"{name}.toml"
+    if where.dry_run:
+        with _for_a_dry_run(suite, text):
+            return _run_generated(suite, where)
     atomic_write(suite, text, under=where.results)
+    return _run_generated(suite, where)
+
+
+@contextlib.contextmanager
+def _for_a_dry_run(suite: Path, text: str) -> Iterator[None]:
+    """The generated suite written for a dry run to read, and the results folder left as it was found
+    afterwards, whatever the run did: the suite removed, or the one it replaced put back."""
+    from reproflow.store.files import atomic_write, read_regular
+
+    folder = suite.parent
+    made = not folder.exists()
+    try:
+        before = read_regular(suite).decode() if suite.is_file() and not suite.is_symlink() else None
+    except (OSError, UnicodeDecodeError):
+        before = None
+    atomic_write(suite, text, under=folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            suite.unlink(missing_ok=True)
+        elif before != text:
+            atomic_write(suite, before, under=folder)
+        if made:
+            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                folder.rmdir()
+
+
+def _run_generated(suite: Path, where: Placement) -> list[str]:
     if not where.submit:
         code = run_suite(suite, results=where.results, force=where.force, dry_run=where.dry_run)
         if code:

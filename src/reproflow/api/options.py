@@ -42,6 +42,7 @@ def generated_suite_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", default="", help="with --submit: Enroot squash file for Pyxis")
     p.add_argument("--mounts", default="", help="with --submit: Pyxis --container-mounts")
     p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    p.set_defaults(measures=True)  # a run of the catalog, as `run` is (app/cli.py)
 
 
 def placement(args: argparse.Namespace) -> Placement:

@@ -683,20 +683,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _recorded(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run a command that measures (run, submit, reproduce) as a run of the catalog: an id its rows
-    carry, and a manifest written here, by the invoking process, at its start and its end."""
+    """Run a command that measures (run, submit, reproduce, a family's commands that run suites) as a run
+    of the catalog: an id its rows carry, and a manifest written here, by the invoking process, at its
+    start and its end."""
     import platform
 
     from reproflow.launch.status import cluster_name
     from reproflow.store.runs import SUBMITTED, recorded_run
 
-    executor = getattr(args, "executor", "slurm" if args.command == "submit" else "local")
+    submits = args.command == "submit" or bool(getattr(args, "submit", False))
+    executor = getattr(args, "executor", "slurm" if submits else "local")
     cluster = (cluster_name() or "slurm") if executor == "slurm" else f"local ({platform.node()})"
     suites = [args.suite] if getattr(args, "suite", None) else [t for item in getattr(args, "only", []) for t
                                                                 in item.split(",") if t]
     with recorded_run(Path(args.results), argv, suites=suites, cluster=cluster, executor=executor,
                       nodes=getattr(args, "nodes", None), image=getattr(args, "image", "")) as record:
-        if args.command == "submit" and not (args.wait or args.retries):
+        if submits and not (getattr(args, "wait", False) or getattr(args, "retries", 0)):
             record["ends_as"] = SUBMITTED
         record["exit_code"] = code = int(args.func(args))
     return code
@@ -765,7 +767,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"reproflow: error: {problem}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    measures = args.command in ("run", "submit", "reproduce") and not any(
+    measures = (args.command in ("run", "submit", "reproduce") or getattr(args, "measures", False)) and not any(
         getattr(args, flag, False) for flag in ("dry_run", "explain", "estimate"))
     before = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:

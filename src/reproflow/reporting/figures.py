@@ -64,8 +64,10 @@ def _panel(ax: Any, claims: Sequence[Claim], log: bool) -> None:
         low, high = max(min(values) - pad, 0.0), max(values) + pad
     for row, c in enumerate(claims):
         y = len(claims) - 1 - row
-        # Where the claim holds: at or above at_least and at or below at_most.
-        ax.fill_betweenx([y - 0.4, y + 0.4], c.at_least or low, c.at_most or high, color="#e8f5e8", lw=0)
+        # Where the claim holds: at or above at_least and at or below at_most; shaded on measured rows with
+        # a bound only (a row not measured holds nowhere).
+        if _positive(c.measured) and (_positive(c.at_least) or _positive(c.at_most)):
+            ax.fill_betweenx([y - 0.4, y + 0.4], c.at_least or low, c.at_most or high, color="#e8f5e8", lw=0)
         for bound in (c.at_least, c.at_most):
             if _positive(bound):
                 ax.plot([bound, bound], [y - 0.4, y + 0.4], color="#2ca02c", lw=1, ls="--")

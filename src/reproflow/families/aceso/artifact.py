@@ -151,7 +151,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         tps = tuple(x for x in (1, 2, 4, 8) if x <= gpn)
         # Slurm's nodes have their own network; here nodes are emulated hosts with a shaped link.
         network = "" if where.submit or nodes == 1 else (t.network if req.network is None else req.network)
-        print(f"==== {t.model} {t.label}: profile -> search -> train (Aceso and Megatron-LM) on {nodes} x {gpn} "
+        steps = "profile -> search" if req.until == "search" else "profile -> search -> train (Aceso and Megatron-LM)"
+        print(f"==== {t.model} {t.label}: {steps} on {nodes} x {gpn} "
               f"{'GPUs' if where.submit else 'local ranks'}{f', {network} between hosts' if network else ''} ====",
               flush=True)
         prof = ProfileRequest(prof_model_name=t.model, prof_model_size=t.size, prof_tp_size=tps,
@@ -169,8 +170,9 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         links.add((nodes, network))
         profiled = profile(prof, here)
         if where.dry_run:
-            print(f"then: reproflow aceso search ... --config-save-path {folder}; reproflow aceso train --config "
-                  f"{folder} --plan aceso megatron")
+            budget = budget_text(req.budget_cases or t.search.budget_cases, req.time_budget_total)
+            train = "" if req.until == "search" else f"; reproflow aceso train --config {folder} --plan aceso megatron"
+            print(f"then: reproflow aceso search ... --config-save-path {folder} (budget {budget}){train}")
             continue
         # Trained here, every size's baseline is the fastest plan of the grid as measured (the artifact's
         # scripts take the uniform plan its model predicts fastest: the search-only path below keeps that).

@@ -142,9 +142,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end-num-stages", type=whole(1), default=None, help="default: min(GPUs, 16)")
     p.add_argument("--profiled-time-path", type=Path, required=True, help="the profiled database folder")
     p.add_argument("--config-save-path", type=Path, required=True, help="where config JSONs go")
-    p.add_argument("--model", dest="cost_model", choices=KINDS, default="runtime",
-                   help="performance model: runtime (default: also the gradient all-reduce and optimizer step, "
-                   "which need the database's all_reduce and optimizer tables) or reference (Aceso's own)")
+    p.add_argument("--model", dest="cost_model", choices=KINDS, default=None,
+                   help="performance model: runtime (also the gradient all-reduce and optimizer step, which need "
+                   "the optimizer and all_reduce tables reproflow's profiler writes) or reference (Aceso's own); "
+                   "default: runtime where the database has those tables, else reference (the artifact's)")
 
 
 def _budget(p: argparse.ArgumentParser, cases_help: str, default: int | None) -> None:

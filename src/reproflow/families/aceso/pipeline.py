@@ -19,7 +19,7 @@ from pathlib import Path
 from reproflow import api
 from reproflow.api import Placement
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction
-from reproflow.families.aceso.database import ROUNDS_DIR, read_database, read_rounds, write_from_rows
+from reproflow.families.aceso.database import ROUNDS_DIR, optimizer_file, read_database, read_rounds, write_from_rows
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import (
     Plan,
@@ -59,7 +59,7 @@ class SearchRequest:
     end_num_stages: int | None = None
     profiled_time_path: Path
     config_save_path: Path
-    cost_model: str = "runtime"
+    cost_model: str | None = None  # None: runtime where the database has its tables, else reference (with_model)
     max_num_hops: int = 7
     budget_cases: int = CASES  # explored cases per depth: the same config on any machine
     time_budget_total: float | None = None  # the reference's seconds per depth instead: machine-dependent
@@ -152,7 +152,7 @@ class Setup:
             self.model: Model = model(req.model_name, req.model_size, req.num_layers)
         except ValueError as exc:
             raise ReproflowError(f"--model-name/--model-size/--num-layers: {exc}") from None
-        self.req = req
+        self.req = req = with_model(req)
         self.mbs = list(req.micro_batch_size or (RESNET_MBS if req.model_name == "resnet" else GPT_MBS))
         self.gpus = req.num_nodes * req.num_gpus_per_node
         self.max_tp = req.max_tp or self.model.max_tp(req.num_gpus_per_node)
@@ -213,6 +213,23 @@ class Setup:
         return path
 
 
+def with_model(req: SearchRequest) -> SearchRequest:
+    """The request with its performance model: the one asked for, else runtime where the database has the
+    optimizer tables reproflow's profiler writes, else reference (the artifact's databases), said in a line."""
+    if req.cost_model is not None:
+        return req
+    try:
+        stem = optimizer_file(model(req.model_name, req.model_size, req.num_layers), 1)
+    except ValueError:
+        return replace(req, cost_model="runtime")  # Setup names the bad option
+    if (Path(req.profiled_time_path) / stem).is_file():
+        return replace(req, cost_model="runtime")
+    print(f"performance model: reference (Aceso's own), as {req.profiled_time_path} has no optimizer tables "
+          f"({stem}), which the runtime model needs and the artifact's databases lack; profile with reproflow "
+          "for the runtime model (docs/aceso-search.md)")
+    return replace(req, cost_model="reference")
+
+
 def megatron(req: SearchRequest) -> Path | None:
     """The fastest feasible uniform (pp, tp, dp, micro-batch, recompute) plan as Aceso's JSON, or None."""
     setup = Setup(req)
@@ -250,6 +267,7 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
 
         written = write_from_rows(load_results(req.from_results), req.profiled_time_path)
         print(f"database: {len(written)} files from the profiler rows in {req.from_results}")
+    req = with_model(req)
     options = {k: getattr(req, k) for k in SEARCH_KEYS}
     if req.memory_pressure:
         limit = memory_pressure_limit(req)

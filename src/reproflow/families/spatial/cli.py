@@ -95,7 +95,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--split-size", type=whole(1), default=2, help="number of model partitions")
     p.add_argument("--num-spatial-parts", default="4", help="image tiles per spatial stage (one count, or one per "
                    "stage, all equal)")
-    p.add_argument("--spatial-size", type=whole(1), default=1, help="partitions that use spatial parallelism")
+    p.add_argument("--spatial-size", type=whole(0), default=1, help="partitions that use spatial parallelism (0: layer "
+                   "parallelism alone)")
     p.add_argument("--times", type=whole(1), default=1, help="GEMS replication factor (an epoch is 10/times batches)")
     p.add_argument("--image-size", type=whole(1), default=32,
                    help="image side for the synthetic benchmark (power of two)")
