@@ -154,6 +154,13 @@ def test_the_command_writes_both_pages_and_gates_on_a_regression(tmp_path: Path)
     assert ("15 metrics matched: 0 faster, 3 slower, 3 same within noise, 3 one sample: no interval, 3 neither a rate "
             "nor a time, 3 no ratio: a zero or no value, 0 not valid; 0 point(s) in one run only") in run.stdout
     assert "The runs' provenance (commit, image, hardware, versions, nodes) is the same." in run.stdout
+    # The terminal gets the summary and the metrics decided, slower first; the full tables go to the files,
+    # sizes in numeric order.
+    assert "  slower: c collective=all_reduce" in run.stdout and "busbw: speed 0.7" in run.stdout
+    assert "one sample: no interval" not in run.stdout.split("in one run only.")[1]
+    assert len(run.stdout.splitlines()) < 20 < len((out / "compare.md").read_text().splitlines())
+    table = (out / "compare.md").read_text()
+    assert table.index('"1024"') < table.index('"65536"') < table.index('"4194304"')
     gated = reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out), "--fail-below", "0.8")
     assert gated.returncode == 1 and "3 metric(s) slower than 0.8 of the first run's" in gated.stderr
     assert reproflow("compare", str(archive), str(tmp_path / "b"), "--out", str(out),
@@ -289,7 +296,8 @@ def test_the_report_sets_the_results_against_published_figures(tmp_path: Path) -
     compared = reproflow("compare", "--reference", "param-gemm-fp32-gpu", str(tmp_path / "r"), "--out",
                          str(tmp_path / "compare"))
     assert compared.returncode == 0, compared.stderr
-    assert "30 metrics matched" in compared.stdout and "implementation=param |" in compared.stdout
+    assert "30 metrics matched" in compared.stdout
+    assert "implementation=param |" in (tmp_path / "compare" / "compare.md").read_text()
     both = reproflow("report", "--results", str(tmp_path / "r"), "--reference", "p5-2node", "--claims-only")
     assert both.returncode == 2 and "--claims-only does not write" in both.stderr
 

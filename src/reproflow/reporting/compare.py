@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -201,7 +202,14 @@ def compare(first: Run | Reference, later: Run) -> pd.DataFrame:
         table[f"of_limit_{side}"] = both[f"median_{side}"] / _limits(family, both, side)
     named = ["measured_at"] if "measured_at" in both else []  # by point: which point each row is
     table[named] = both[named]
-    return table[[*first.key, *COLUMNS[len(KEY):], *named]]
+    # sizes and counts in numeric order (1024 before 131072), whatever their text
+    order = sorted(range(len(table)), key=lambda i: tuple(_natural(table[c].iat[i]) for c in first.key))
+    return table.iloc[order].reset_index(drop=True)[[*first.key, *COLUMNS[len(KEY):], *named]]
+
+
+def _natural(value: object) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders the numbers inside a text by value: "size 1024" before "size 131072"."""
+    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", str(value)) if t)
 
 
 def _reasons(both: pd.DataFrame, side: str) -> list[str]:
@@ -348,9 +356,10 @@ def claims_side_by_side(files: Sequence[Path], labels: Sequence[str]) -> pd.Data
 
 def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below: float | None = None,
                      claims: Sequence[Path] = ()) -> tuple[list[Path], str, int]:
-    """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, the markdown
-    (the summary and the tables) and, with `fail_below`, how many metrics are slower beyond it or not valid.
-    `claims`: each run's claims.csv, in the runs' order, for a table of their verdicts side by side."""
+    """`compare.md` and a self-contained `compare.html` in `out_dir`; returns their paths, a summary for the
+    terminal (what differs, each run's counts of verdicts and the metrics judged faster, slower or not
+    valid; the full tables are in the files) and, with `fail_below`, how many metrics are slower beyond it
+    or not valid. `claims`: each run's claims.csv, in the runs' order, for their verdicts side by side."""
     first, later = runs[0], runs[1:]
     tables = [(run, compare(first, run), only_in_one(first, run)) for run in later]
     slower = 0
@@ -363,6 +372,10 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below:
     text = ("What differs between the runs (their rows' provenance):" if len(differ)
             else "The runs' provenance (commit, image, hardware, versions, nodes) is the same.")
     md.append(f"{text}\n\n{to_markdown(differ) if len(differ) else ''}")
+    short = [f"reproflow compare: {len(later)} run(s) against {first.label}; {intro}", text]
+    if len(differ):
+        short.append(to_markdown(differ.head(SHOWN)) + (f"\n... {len(differ) - SHOWN} more in compare.md"
+                                                         if len(differ) > SHOWN else ""))
     body.append(f"<p>{html.escape(text)}</p>{html_table(differ) if len(differ) else ''}")
     if claims:
         if len(claims) != len(runs):
@@ -372,6 +385,7 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below:
         text = (f"The claims of each run (its claims.csv): {int((side['differ'] == 'yes').sum())} of {len(side)} "
                 "with verdicts that differ.")
         md += [f"## Claims\n\n{text}\n", to_markdown(side)]
+        short.append(text)
         body.append(f"<section><h2>Claims</h2><p>{html.escape(text)}</p>{html_table(side)}</section>")
     for run, table, alone in tables:
         counts = table["verdict"].value_counts()
@@ -389,6 +403,7 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below:
                         f"({LIMITS}, version {limits().version}: a GPU's dense peak for the dtype, its memory "
                         "bandwidth, its NVLink).")
         md += [f"## {run.label}\n\n{summary}\n", to_markdown(shown)]
+        short += [summary, *_decided(table)]
         body.append(f"<section><h2>{html.escape(run.label)}</h2><p>{html.escape(summary)}</p>{html_table(shown)}")
         if len(alone):
             md += ["Points in one run only:\n", to_markdown(alone)]
@@ -401,4 +416,23 @@ def write_comparison(runs: Sequence[Run | Reference], out_dir: Path, fail_below:
     atomic_write(paths[0], "\n".join(md))
     atomic_write(paths[1], f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>reproflow compare'
                            f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
-    return paths, "\n".join(md), slower
+    return paths, "\n".join(short), slower
+
+
+SHOWN = 10  # rows of a kind the terminal summary shows; the files have them all
+
+
+def _decided(table: pd.DataFrame) -> list[str]:
+    """The metrics judged slower, not valid or faster, the furthest from 1 first, SHOWN of each kind."""
+    lines = []
+    for verdict in (SLOWER, NOT_VALID, FASTER):
+        rows = table[table["verdict"] == verdict]
+        rows = rows.iloc[np.argsort(-np.abs(np.log(rows["speed"].astype(float).fillna(1.0).to_numpy())),
+                                    kind="stable")]
+        for r in rows.head(SHOWN).itertuples():
+            where = " ".join(str(getattr(r, c)) for c in ("match", "experiment", "point", "coords") if hasattr(r, c))
+            value = "" if verdict == NOT_VALID else f": speed {r.speed:.3g} [{r.speed_low:.3g}, {r.speed_high:.3g}]"
+            lines.append(f"  {verdict}: {where} {r.metric}{value}" + (f" ({r.why})" if verdict == NOT_VALID else ""))
+        if len(rows) > SHOWN:
+            lines.append(f"  ... {len(rows) - SHOWN} more {verdict} in compare.md")
+    return lines

@@ -119,7 +119,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         "start": now(), "end": "", "state": RUNNING, "exit_code": None}
     writable_results(results)
     path = manifest_path(results, run_id)
-    existed, started = results.exists(), time.time()
+    made, started = _first_missing(results), time.time()
     atomic_write(path, json.dumps(record, indent=1) + "\n", under=results)
     register_folder(results)
     os.environ[RUN_ID_ENV] = run_id
@@ -132,7 +132,7 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         if not _written_since(results, started):
             # Input refused before anything ran (a bad suite, a missing tool): no run to record.
             record["state"] = ""
-            _remove(path, results if not existed else None)
+            _remove(path, results, made)
         else:
             record.update(state=FAILED, exit_code=2, error=str(exc)[:500])
         raise
@@ -159,9 +159,23 @@ def _written_since(results: Path, started: float) -> bool:
         if results.is_dir() else False
 
 
-def _remove(manifest: Path, created: Path | None) -> None:
-    """Take back a manifest, its folder when empty, and the results folder the run made, when empty."""
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost of `folder` and its parents that does not exist yet (None: `folder` exists)."""
+    missing = None
+    for f in (folder, *folder.absolute().parents):
+        if f.exists() or f.is_symlink():
+            return missing
+        missing = f
+    return missing
+
+
+def _remove(manifest: Path, results: Path, made: Path | None) -> None:
+    """Take back a manifest, its folder when empty, and the folders the run made for its results (from
+    `made`, the outermost, down to `results`), each when empty."""
     manifest.unlink(missing_ok=True)
-    for folder in (manifest.parent, created):
-        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+    folders = [manifest.parent]
+    if made is not None:
+        folders += [f for f in (results.absolute(), *results.absolute().parents) if f.is_relative_to(made.absolute())]
+    for folder in folders:
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
             folder.rmdir()
