@@ -57,6 +57,18 @@ def test_render_check_passes_on_the_checkout():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("argv", [["render", "--check"], ["reproduce", "--estimate"], ["list", "--suites"]])
+def test_commands_that_run_nothing_load_no_model(argv: list[str]) -> None:
+    """A command that runs nothing reads the suites' shape and no family's cross-field checks, which
+    import torch and build models: it answers in a second, not the tens of seconds those take."""
+    probe = ("import sys, runpy; sys.argv = ['reproflow', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('reproflow.app.cli', run_name='__main__')\n"
+             "except SystemExit as e:\n    code = e.code\n"
+             "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("no torch"), proc.stdout[-500:] + proc.stderr[-2000:]
+
+
 def test_submit_dry_run_prints_the_submitit_script():
     proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs", "2", "--image", "/apps/x.sqsh",
                      "--dry-run")

@@ -22,7 +22,7 @@ def suite_points(argv: list[str], results: Path) -> tuple[int, int] | None:
     status` counts), or None for other commands."""
     if argv[0] != "run":
         return None
-    suite = named_suite(argv[1])
+    suite = named_suite(argv[1], checks=False)  # points as declared; the checks run with the step
     chosen = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
     measured = {(row.suite, row.experiment): row.done for row in experiment_status(results)}
     total = done = 0
@@ -66,7 +66,8 @@ def estimate(steps: list[Step], folders: Folders, executor: str = LOCAL) -> list
         argv = folders.argv(step.command, step.reference)
         known = suite_points(argv, folders.results)
         points, measured = known if known else (step.points, None)
-        nodes = max(e.launch.nodes for e in named_suite(argv[1]).experiments) if known and executor == SLURM else 1
+        on_slurm = known and executor == SLURM
+        nodes = max(e.launch.nodes for e in named_suite(argv[1], checks=False).experiments) if on_slurm else 1
         past = timings.get(step.name)
         minutes, source = (past["minutes"], "measured here") if past else (step.minutes, "plan (2 cores)")
         if measured is not None and points:
