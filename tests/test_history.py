@@ -139,8 +139,25 @@ def test_a_series_is_chosen_by_globs_as_the_shell_reads_them(tmp_path):
     catalog.refresh(index, folders)
     for chosen, runs in ((Selection(suite="co?ms", point="collective=all_*"), 4), (Selection(suite="[!c]*"), 0),
                          (Selection(coords="*1048576*"), 4), (Selection(coords="*65536*"), 0),
+                         (Selection(coords="size_bytes=1048576"), 4), (Selection(coords="size_bytes=104857"), 0),
+                         (Selection(coords="size_bytes=1048576,dtype=x"), 0),
                          (Selection(suite="comms", metric="latency"), 0)):
         assert series(index, folders, chosen)["run"].nunique() == runs, chosen
+
+
+def test_a_size_given_exactly_is_not_found_inside_a_larger_one(tmp_path):
+    """`--coords size_bytes=1048576` is the 1 MiB series alone; the glob `*1048576*` also takes 10485760."""
+    root = tmp_path / "r"
+    prov = Provenance("7", "node1,node2", 2, "gloo", "cpu", "a CPU", "2.13.0", "", "a" * 40, "", "", run_id="one")
+    measured = [(r, Measurement("busbw", 5.0 + r, "GB/s", {"size_bytes": size}))
+                for size in (1048576, 10485760) for r in range(3)]
+    folder = write_night(root, 0, {"suite": "comms", "experiment": "c", "family": "param_comms",
+                                   "point": "collective=all_reduce"}, {"collective": "all_reduce"}, measured, prov)
+    index = catalog.connect(tmp_path / "index.sqlite")
+    catalog.refresh(index, [folder])
+    assert len(series(index, [folder], Selection(coords="*1048576*"))) == 2
+    (exact,) = series(index, [folder], Selection(coords="size_bytes=1048576"))["coords"]
+    assert json.loads(exact) == {"size_bytes": "1048576"}
 
 
 def test_pelt_segments_as_ruptures_does():
@@ -171,3 +188,26 @@ def test_a_series_too_short_for_a_change_says_so(tmp_path):
     assert "0 change point(s)" in proc.stdout and "1 of 1 series have fewer than 6 runs, too few to find a change in" \
         in proc.stdout, proc.stdout
 
+
+
+def test_a_night_whose_busbw_is_zero_is_shown_not_valid_and_judges_nothing(tmp_path):
+    """A night that moved no bytes (busBW 0 in every row) is in `history`'s table and page with its reason,
+    out of the change points (a quiet year keeps none), and `runs` flags it instead of a headline of 0."""
+    folders = write_year(tmp_path / "year", (), seed=5, nights=40)
+    prov = Provenance("7", "node1,node2", 2, "gloo", "cpu", "a CPU", "2.13.0", "2.28.9", "a" * 40, "", "",
+                      run_id="night-020")
+    write_night(tmp_path / "year", 20, {"suite": "comms", "experiment": "c", "family": "param_comms",
+                                        "point": "collective=all_reduce"}, {"collective": "all_reduce"},
+                [(r, Measurement("busbw", 0.0, "GB/s", {"size_bytes": 1048576})) for r in range(8)], prov)
+    given = [a for f in folders for a in ("--results", str(f))]
+    out = tmp_path / "out"
+    proc = reproflow("history", *given, "--suite", "comms", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "0 change point(s)" in proc.stdout and "1 run(s) of a series not valid" in proc.stdout, proc.stdout
+    assert "night-020 (2026-01-21): its busbw is 0 in every row" in proc.stdout, proc.stdout
+    table = (out / "history.csv").read_text().splitlines()
+    assert len(table) == 41 and any("night-020" in row and "its busbw is 0 in every row" in row for row in table)
+    runs = reproflow("runs", "--results", str(folders[20]), "--results", str(folders[21]))
+    assert runs.returncode == 0, runs.stderr
+    night = runs.stdout.split("night-020")[1].split("night-0")[0]
+    assert "NOT VALID: 1 point(s): its busbw is 0 in every row" in night and "busbw 0 GB/s" not in night, runs.stdout

@@ -358,6 +358,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"    suites: {','.join(suites[:6])}{more}")
         if run["headline"]:
             print(f"    {run['headline']}")
+        if run["not_valid"]:
+            print(f"    NOT VALID: {run['not_valid']}")
         print(f"    {run['folder']}")
     print(f"reproflow: {len(table)} run(s) listed from {len(folders)} results folder(s); index {catalog.index_path()} "
           f"({read} file(s) read again)")
@@ -630,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "series, history.csv and change_points.csv.")
     _catalog_options(p)
     _series_options(p)
-    p.add_argument("--coords", default="*", help="coordinates matching this glob (*size_bytes*1048576*)")
+    p.add_argument("--coords", default="*", help="coordinates: NAME=VALUE pairs matched exactly "
+                   "(size_bytes=1048576), or a glob on their JSON text")
     p.add_argument("--metric", default="", help="the metric (default: each family's headline: busbw, tflops, ...)")
     p.add_argument("--nodes", type=whole(0), default=0, help="only points measured on this many nodes (0: any)")
     p.add_argument("--out", default="history", help="where the page, tables and figures go")

@@ -634,7 +634,15 @@ def runs_table(con: sqlite3.Connection, folders: Sequence[Path], *, suite: str =
     if limit:
         table = table.head(limit)
     table.insert(8, "headline", [_headline(con, run) for run in table["run"]])
+    table.insert(8, "not_valid", [_not_valid(con, run) for run in table["run"]])
     return table.reset_index(drop=True)
+
+
+def _not_valid(con: sqlite3.Connection, run_id: str) -> str:
+    """A run's points that cannot be judged (`invalid`), counted by reason: '' where every point can."""
+    return "; ".join(f"{n} point(s): {why}" for why, n in con.execute(
+        "SELECT invalid, COUNT(*) FROM points WHERE run_id = ? AND COALESCE(invalid, '') != '' GROUP BY invalid "
+        "ORDER BY COUNT(*) DESC", (run_id,)))
 
 
 def _short(commits: str) -> str:
@@ -643,11 +651,11 @@ def _short(commits: str) -> str:
 
 
 def _headline(con: sqlite3.Connection, run_id: str) -> str:
-    """Each family's headline metric in a run: the largest median over its points, with its unit."""
+    """Each family's headline metric in a run: the largest median over its valid points, with its unit."""
     parts = []
     for family, metric, unit, best in con.execute(
             "SELECT p.family, s.metric, s.unit, MAX(s.median) FROM points p JOIN samples s ON s.pid = p.id "
-            "WHERE p.run_id = ? GROUP BY p.family, s.metric", (run_id,)):
+            "WHERE p.run_id = ? AND COALESCE(p.invalid, '') = '' GROUP BY p.family, s.metric", (run_id,)):
         known = families().get(family)
         if known and known.headline == metric and best is not None:
             parts.append(f"{family} {metric} {best:.4g} {unit}")

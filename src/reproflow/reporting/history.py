@@ -76,13 +76,12 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
     metric = "s.metric = ?" if chosen.metric else (
         f"s.metric = CASE p.family {' '.join('WHEN ? THEN ?' for _ in headline)} END")
     where, args = points_where(chosen, "p")
+    at, at_args = coords_where(chosen.coords, "s")
     frame = pd.read_sql_query(
         f"SELECT p.suite, p.experiment, p.point, s.coords, s.metric, s.unit, p.run_id AS run, p.folder, s.n, "
         f"s.log_mean, s.log_var, p.family, p.timestamp, p.invalid, {', '.join('p.' + c for c in ACROSS)} "
-        f"FROM points p JOIN samples s ON s.pid = p.id WHERE {where} AND COALESCE(s.coords, '') GLOB ? "
-        f"AND s.log_mean IS NOT NULL AND {metric}", con,
-        params=[*args, _glob(chosen.coords), *([chosen.metric] if chosen.metric else [v for pair in headline
-                                                                                      for v in pair])])
+        f"FROM points p JOIN samples s ON s.pid = p.id WHERE {where} AND {at} AND {metric}", con,
+        params=[*args, *at_args, *([chosen.metric] if chosen.metric else [v for pair in headline for v in pair])])
     frame = frame[frame.pop("folder").isin([str(f.resolve()) for f in folders])]
     frame = chosen_runs(con, folders, frame, chosen)
     if chosen.nodes:
@@ -90,6 +89,9 @@ def series(con: sqlite3.Connection, folders: Sequence[Path], chosen: Selection) 
                       == chosen.nodes]
     # A run that measured a point twice (a rerun into the same folder) counts once: its larger sample.
     frame = frame.sort_values("n").drop_duplicates([*catalog.KEY, "run"], keep="last").sort_values("start")
+    # A run whose value is no number (a zero, nothing finite) is shown as not valid, never left out unsaid.
+    frame["invalid"] = frame["invalid"].fillna("").astype(str)
+    frame.loc[frame["log_mean"].isna() & (frame["invalid"] == ""), "invalid"] = "no value: zero or not finite"
     # Each run's geometric mean and its t interval: compare's interval with nothing on the other side.
     zero, one = np.zeros(len(frame)), np.ones(len(frame))
     frame["value"], frame["low"], frame["high"] = log_ratio_intervals(
@@ -121,6 +123,17 @@ def points_where(chosen: Selection, table: str) -> tuple[str, list[str]]:
     """The selection's suite, experiment and point globs as an SQL condition on `table`, and its arguments."""
     return (f"{table}.suite GLOB ? AND {table}.experiment GLOB ? AND {table}.point GLOB ?",
             [_glob(chosen.suite), _glob(chosen.experiment), _glob(chosen.point)])
+
+
+def coords_where(coords: str, table: str) -> tuple[str, list[str]]:
+    """The coordinates asked for as an SQL condition on `table`: NAME=VALUE pairs (comma-separated) each
+    matched exactly, whatever else the coordinates hold (`size_bytes=1048576`: not 10485760); otherwise a
+    glob on the coordinates' JSON text."""
+    pairs = [part.split("=", 1) for part in coords.split(",")] if "=" in coords else []
+    if pairs and all(len(p) == 2 and p[0].strip() for p in pairs):
+        return (" AND ".join(f"CAST(json_extract({table}.coords, ?) AS TEXT) = ?" for _ in pairs),
+                [v for name, value in pairs for v in (f'$."{name.strip()}"', value.strip())])
+    return f"COALESCE({table}.coords, '') GLOB ?", [_glob(coords)]
 
 
 def _glob(pattern: str) -> str:
@@ -226,10 +239,11 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
     out_dir.mkdir(parents=True, exist_ok=True)
     found, figures = [], []
     for _, one in rows.groupby(catalog.KEY, sort=False):
-        one = one.reset_index(drop=True)
-        cuts = changes(one)
+        # Runs whose points are not valid are shown, and kept out of the change points: never a level.
+        valid = one[one["invalid"] == ""].reset_index(drop=True)
+        cuts = changes(valid)
         found.append(cuts)
-        figures += _figure(one, cuts, out_dir, len(figures))
+        figures += _figure(valid, one[one["invalid"] != ""], cuts, out_dir, len(figures))
     points = pd.concat(found, ignore_index=True) if any(len(f) for f in found) else pd.DataFrame()
     shown = rows[[*catalog.KEY, "run", "start", "cluster", "n", "value", "low", "high", "unit", "invalid"]]
     files = [out_dir / "history.csv", out_dir / "change_points.csv"]
@@ -240,7 +254,13 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
                f"{rows['start'].max()[:10]}); {len(points)} change point(s) by PELT on each series' logarithms "
                f"(penalty {PENALTY:g} x noise variance x log runs, segments of {MIN_RUNS} runs or more); ratios "
                f"after / before with {LEVEL:.0%} intervals over the runs.")
-    short = int((rows.groupby(catalog.KEY)["run"].nunique() < 2 * MIN_RUNS).sum())
+    bad = rows[rows["invalid"] != ""]
+    if len(bad):
+        summary += (f" {len(bad)} run(s) of a series not valid, shown in history.csv and the figures with the "
+                    "reason and left out of the change points: "
+                    + "; ".join(f"{r.run} ({r.start[:10]}): {r.invalid}" for r in bad.head(5).itertuples())
+                    + (f"; {len(bad) - 5} more in history.csv" if len(bad) > 5 else "") + ".")
+    short = int((rows[rows["invalid"] == ""].groupby(catalog.KEY)["run"].nunique() < 2 * MIN_RUNS).sum())
     if short:  # PELT cannot place a change in a series shorter than two segments: say so, not "no change"
         summary += (f" {short} of {series_count} series have fewer than {2 * MIN_RUNS} runs, too few to find a "
                     "change in.")
@@ -255,15 +275,22 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
     return [*files, *figures], md, points
 
 
-def _figure(one: pd.DataFrame, cuts: pd.DataFrame, out_dir: Path, number: int) -> list[Path]:
-    first = one.iloc[0]
+def _figure(one: pd.DataFrame, bad: pd.DataFrame, cuts: pd.DataFrame, out_dir: Path, number: int) -> list[Path]:
+    """A series' valid runs with their levels and change points, and its runs not valid marked apart."""
+    first = (one if len(one) else bad).iloc[0]
     when = pd.to_datetime(one["start"].str[:19], errors="coerce")
     fig, ax = new_figure((8, 3.4))
     spread = [(one["value"] - one["low"]).fillna(0), (one["high"] - one["value"]).fillna(0)]
     ax.errorbar(when, one["value"], yerr=spread, fmt="o", ms=2.5, lw=0.8, capsize=0,
                 label="each run: geometric mean, 95 % interval")
+    for at in pd.to_datetime(bad["start"].str[:19], errors="coerce"):
+        ax.axvline(at, color="grey", ls=":", lw=1)
+    if len(bad):
+        ax.plot([], [], color="grey", ls=":", label=f"not valid ({len(bad)} run(s); history.csv says why)")
     bounds = [0, *(one.index[one["run"] == r][0] for r in cuts.get("first_after", [])), len(one)]
     for a, b in itertools.pairwise(bounds):
+        if b <= a:  # no valid run in the series
+            continue
         level = statistics.geometric_mean(one["value"].iloc[a:b])
         ax.hlines(level, when.iloc[a], when.iloc[b - 1], colors="tab:orange", lw=1.5)
     for _, cut in cuts.iterrows():
