@@ -211,3 +211,31 @@ def test_a_night_whose_busbw_is_zero_is_shown_not_valid_and_judges_nothing(tmp_p
     assert runs.returncode == 0, runs.stderr
     night = runs.stdout.split("night-020")[1].split("night-0")[0]
     assert "NOT VALID: 1 point(s): its busbw is 0 in every row" in night and "busbw 0 GB/s" not in night, runs.stdout
+
+
+def test_a_field_that_varies_every_night_is_no_cause_and_a_change_is_dated_by_its_first_run(tmp_path):
+    """An operator's year: the job lands on another pair of nodes every night, a 20-night slowdown no field
+    explains, and an NCCL upgrade with a 5 % drop. The node list is said to vary, never a cause; the
+    slowdown's change points say nothing recorded explains them; the upgrade names NCCL, dated by the
+    first night that ran it."""
+    rng = np.random.default_rng(11)
+    folders = []
+    for night in range(300):
+        nccl = "2.29.1" if night >= 200 else "2.28.9"
+        level = 10.0 * (0.95 if night >= 200 else 1.0) * (0.85 if 100 <= night < 120 else 1.0)
+        nodes = f"node{(3 * night) % 16 + 1},node{(3 * night + 5) % 16 + 1}"
+        prov = Provenance("7", nodes, 2, "gloo", "cpu", "a CPU", "2.13.0", nccl, "a" * 40, "", "",
+                          run_id=f"night-{night:03d}")
+        value = level * float(np.exp(rng.normal(0, 0.02)))
+        measured = [(r, Measurement("busbw", value * float(np.exp(rng.normal(0, 0.01))), "GB/s",
+                                    {"size_bytes": 1048576})) for r in range(8)]
+        folders.append(write_night(tmp_path, night, {"suite": "comms", "experiment": "c", "family": "param_comms",
+                                                     "point": "collective=all_reduce"}, {"collective": "all_reduce"},
+                                   measured, prov))
+    points = found(tmp_path, folders)
+    assert len(points) == 3, points[["at", "ratio", "what_differs"]]
+    assert all("nodelist vary from run to run: not a difference" in w and "nodelist:" not in w
+               for w in points["what_differs"])
+    down, up, upgrade = (points.iloc[i] for i in range(3))
+    assert down["what_differs"].startswith("nothing the rows record") and up["what_differs"].startswith("nothing")
+    assert "nccl_version: 2.28.9 -> 2.29.1 (first in night-200, 2026-07-20" in upgrade["what_differs"], upgrade

@@ -208,10 +208,7 @@ def changes(rows: pd.DataFrame) -> pd.DataFrame:
             *(np.array([v]) for v in (after.mean(), after.var(ddof=1), len(after),
                                       before.mean(), before.var(ddof=1), len(before)))))
         last, first = rows.iloc[cut - 1], rows.iloc[cut]
-        # Each field's most common value on either side: a cut found a run early or late still names it.
-        sides = [rows.iloc[bounds[i]:cut], rows.iloc[cut:bounds[i + 2]]]
-        common = [[_most_common(side[c]) for side in sides] for c in ACROSS]
-        differs = "; ".join(f"{c}: {a} -> {b}" for c, (a, b) in zip(ACROSS, common, strict=True) if a != b)
+        differs = what_differs(rows, bounds[i], cut, bounds[i + 2])
         worse = (sign > 0 and high < 1) or (sign < 0 and low > 1)
         better = (sign > 0 and low > 1) or (sign < 0 and high < 1)
         out.append({"suite": first["suite"], "experiment": first["experiment"], "point": first["point"],
@@ -220,8 +217,31 @@ def changes(rows: pd.DataFrame) -> pd.DataFrame:
                     "runs_after": len(after), "ratio": ratio, "low": low, "high": high,
                     "change": "worse" if worse else "better" if better else "neither (a count or a size)"
                     if sign == 0 else "within noise",
-                    "what_differs": differs or "nothing the rows record"})
+                    "what_differs": differs})
     return pd.DataFrame(out)
+
+
+def what_differs(rows: pd.DataFrame, start: int, cut: int, end: int) -> str:
+    """The recorded fields whose usual value differs between rows[start:cut] and rows[cut:end], each with
+    the first run that has the new value (a cut found a run early or late still names the field, dated
+    right). A field that changes between most neighbouring runs of the series (the node list of a shared
+    cluster's nightly job) is no difference: said once, never named as a cause."""
+    out, varying = [], []
+    for c in ACROSS:
+        values = rows[c].fillna("").astype(str)
+        if len(values) > 2 and (values.to_numpy()[1:] != values.to_numpy()[:-1]).mean() > 0.5:
+            varying.append(c)
+            continue
+        before, after = _most_common(values.iloc[start:cut]), _most_common(values.iloc[cut:end])
+        if before == after:
+            continue
+        new = rows[(values == after) & (np.arange(len(rows)) >= start)].iloc[0]
+        off = int(rows.index.get_loc(new.name)) - cut
+        when = "at the change point" if off == 0 else (f"{abs(off)} run(s) {'after' if off > 0 else 'before'} "
+                                                       "the change point")
+        out.append(f"{c}: {before} -> {after} (first in {new['run']}, {str(new['start'])[:10]}: {when})")
+    text = "; ".join(out) or "nothing the rows record"
+    return text + (f" ({', '.join(varying)} vary from run to run: not a difference)" if varying else "")
 
 
 def _most_common(values: pd.Series) -> str:
