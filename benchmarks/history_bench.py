@@ -9,6 +9,9 @@ without the clipping of lone outliers:
 - found: the share of years with one step (a 5 % or a 2 % drop at night 200) in which a change point
   lands within 3 nights of it.
 
+And the nightly gate (`history --judge`): the share of a quiet year's nights, each judged against the
+LAST nights before it, that fall outside its prediction interval.
+
 -> <out>/history.csv (noise, change, penalty, years, share, 95 % interval by Wilson's score).
 """
 
@@ -22,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from reproflow.reporting.history import OUTLIER, PENALTY, change_points
+from reproflow.reporting.nightly import ALARM, LAST, prediction_interval
 
 NIGHTS, AT, NOISE = 365, 200, 0.02
 
@@ -60,6 +64,21 @@ def main() -> int:
                              "measure": "found" if drop else "false alarm", "penalty": name, "years": args.years,
                              "share": hits / args.years, "low": low, "high": high})
                 print(rows[-1], flush=True)
+    # The nightly gate (history --judge): a quiet year's nights each against the last LAST before it.
+    for tails in (False, True):
+        rng = np.random.default_rng(11 + tails)
+        hits = total = 0
+        for _ in range(args.years // 10):
+            logs = year(rng, 0.0, tails)
+            for night in range(LAST, NIGHTS):
+                centre, half = prediction_interval(logs[night - LAST:night], 1 - ALARM)
+                hits += abs(logs[night] - centre) > half
+                total += 1
+        low, high = wilson(hits, total)
+        rows.append({"noise": "t3" if tails else "normal", "change": "none", "measure": "gate false alarm a night",
+                     "penalty": f"history --judge, alarm {ALARM:g}", "years": args.years // 10,
+                     "share": hits / total, "low": low, "high": high})
+        print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "history.csv", index=False, float_format="%.4g")

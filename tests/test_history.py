@@ -239,3 +239,37 @@ def test_a_field_that_varies_every_night_is_no_cause_and_a_change_is_dated_by_it
     down, up, upgrade = (points.iloc[i] for i in range(3))
     assert down["what_differs"].startswith("nothing the rows record") and up["what_differs"].startswith("nothing")
     assert "nccl_version: 2.28.9 -> 2.29.1 (first in night-200, 2026-07-20" in upgrade["what_differs"], upgrade
+
+
+def test_a_night_is_judged_against_its_clusters_own_history(tmp_path):
+    """The nightly gate on a generated year: a quiet year raises about the stated false alarms (0.01 a
+    night); a night 15 % slower is worse, a night with zero busBW not valid (exit 1), and runs on another
+    node count or cluster are never in the interval."""
+    from reproflow.reporting.nightly import judge
+
+    folders = write_year(tmp_path / "year", (), seed=12, nights=200)
+    index = catalog.connect(tmp_path / "index.sqlite")
+    catalog.refresh(index, folders)
+    rows = series(index, folders, Selection(suite="comms"))
+    verdicts = [judge(rows, f"night-{n:03d}")["verdict"].iloc[0] for n in range(200)]
+    assert verdicts[:8] == ["too few runs"] * 8
+    alarms = sum(v != "normal" for v in verdicts[8:])
+    assert alarms <= 8, alarms  # 192 quiet nights at 0.01: about 2
+    head = {"suite": "comms", "experiment": "c", "family": "param_comms", "point": "collective=all_reduce"}
+    for night, level, nodes, run in ((200, 8.5, "node1,node2", "slow"), (201, 0.0, "node1,node2", "zero"),
+                                     (202, 5.0, "node1,node2,node3,node4", "four")):
+        prov = Provenance("7", nodes, 2, "gloo", "cpu", "a CPU", "2.13.0", "2.28.9", "a" * 40, "", "", run_id=run)
+        folders.append(write_night(tmp_path / "year", night, head, {"collective": "all_reduce"},
+                                   [(r, Measurement("busbw", level, "GB/s", {"size_bytes": 1048576}))
+                                    for r in range(8)], prov))
+    catalog.refresh(index, folders)
+    rows = series(index, folders, Selection(suite="comms"))
+    slow = judge(rows, "slow").iloc[0]
+    assert slow["verdict"] == "worse" and slow["runs_used"] == 20 and slow["last_used"] == "night-199", slow
+    assert slow["low"] < 10 < slow["high"] and slow["value"] < slow["low"]
+    assert judge(rows, "four").iloc[0]["verdict"] == "too few runs"  # no run before on four nodes
+    given = [a for f in folders[-40:] for a in ("--results", str(f))]
+    proc = reproflow("history", *given, "--judge", "zero", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1 and "its busbw is 0 in every row" in proc.stdout, proc.stdout + proc.stderr
+    assert "0 normal, 0 worse, 0 better, 1 not valid, 0 too few runs" in proc.stdout
+    assert (tmp_path / "out" / "judge.csv").is_file()

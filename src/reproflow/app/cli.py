@@ -400,6 +400,18 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not folders:
         raise ReproflowError("no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
                              "theirs; or give a results folder with --results.")
+    if args.judge:
+        from reproflow.reporting.nightly import FAILS, judge, write_judgement
+
+        table = judge(catalog.using_index(read), args.judge, args.last, args.alarm)
+        path, text = write_judgement(table, args.judge, Path(args.out), args.last, args.alarm)
+        print(text)
+        print(f"reproflow: {path}")
+        failing = int(table["verdict"].isin(FAILS).sum())
+        if failing:
+            print(f"reproflow: {failing} series worse than this cluster's history or not valid; exit 1",
+                  file=sys.stderr)
+        return 1 if failing else 0
     paths, text, points = write_history(catalog.using_index(read), Path(args.out))
     print(text)
     print(f"reproflow: {', '.join(str(p) for p in paths[:4])} and {len(paths) - 4} figure(s)")
@@ -640,6 +652,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on-change", action="store_true",
                    help="exit 1 when a change made a series worse (the whole interval of its ratio on the worse "
                         "side of 1): for a nightly check")
+    p.add_argument("--judge", default="", metavar="RUN",
+                   help="is this run normal for its cluster? each of its series against a prediction interval from "
+                        "the valid runs before it with the same cluster and node count (judge.csv in --out); exit 1 "
+                        "when one is worse or not valid: the nightly gate")
+    p.add_argument("--last", type=whole(2), default=20, help="with --judge: comparable runs the interval is made of")
+    p.add_argument("--alarm", type=number(), default=0.01,
+                   help="with --judge: the false-alarm rate a run may have, shared among its series (0.01)")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("nodes", help="nodes whose ranks are slower than their peers', across runs",
