@@ -123,6 +123,22 @@ def test_where_it_cannot_be_built_the_run_says_why_and_goes_unshaped(
     assert LocalExecutor(tmp_path, tmp_path, network="")._network(exp, contextlib.ExitStack()) is None
 
 
+def test_a_dry_run_says_what_a_real_run_changes_on_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --dry-run` and `--explain` of a suite with an emulated network name the namespaces, bridge and
+    rate limits a real run makes (or why it would not), and how to run changing nothing."""
+    proc = reproflow("run", "resharding", "-e", "1-to-m", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    if EmulatedNetwork.unavailable():
+        assert "it would run on loopback, unshaped (1gbit not applied), changing nothing" in proc.stdout
+    else:
+        assert ("5 network namespaces (one per emulated host), a bridge and tc rate limits of 1gbit each way, all "
+                "removed when it ends; --network '' runs on loopback and changes nothing") in proc.stdout
+    explained = reproflow("run", "resharding", "-e", "1-to-m", "--explain")
+    assert explained.returncode == 0 and "network: " in explained.stdout, explained.stderr
+    quiet = reproflow("run", "resharding", "-e", "1-to-m", "--dry-run", "--network", "")
+    assert quiet.returncode == 0 and "network:" not in quiet.stdout
+
+
 def test_the_emulated_subnet_overlaps_no_route_of_the_machine(monkeypatch):
     """A /24 taken by a route (a live run's network, or a real one) is passed over; a bad prefix is refused."""
     listing = subprocess.run(["ip", "-o", "-4", "route", "show"], capture_output=True, text=True).stdout

@@ -126,9 +126,13 @@ def _show_run(suite: Suite, experiments: list[str], executor: LocalExecutor, exp
     for exp in suite.select(experiments):
         if explain:
             _explain(exp, executor.host_size(exp))
+            if plan := executor.network_plan(exp):
+                print(f"  {plan}")
             continue
         world = executor.world_size(exp)
         print(f"# {exp.name}: {world} local rank(s), {len(exp.points)} point(s)")
+        if plan := executor.network_plan(exp):
+            print(f"# {plan}")
         launcher = (f"mpirun -np {world} python -m mpi4py" if exp.launch.launcher == "mpi"
                     else f"RANK=<0..{world - 1}> WORLD_SIZE={world} MASTER_ADDR=127.0.0.1 python")
         print(f"{launcher} -m reproflow.worker "

@@ -289,18 +289,38 @@ class LocalExecutor:
                 exp.launch.startup_s,
             )
 
-    def _network(self, exp: Experiment, stack: contextlib.ExitStack) -> EmulatedNetwork | None:
-        """The emulated network the experiment asks for, built (removed when `stack` closes); None, and
-        why, where it runs on loopback instead."""
+    def _network_rate(self, exp: Experiment) -> tuple[str, str]:
+        """The emulated network's rate the experiment asks for ('' for none) and why it cannot be built
+        here ('' where it can)."""
         rate = exp.launch.network if self.network is None else self.network
         if not rate:
-            return None
-        mbit = parse_rate(rate)
+            return "", ""
         why = EmulatedNetwork.unavailable()
         if exp.launch.launcher == "mpi":
             why = "the emulated network wraps ranks that reproflow starts, not mpirun's"
         elif exp.launch.backend == "nccl":
             why = "NCCL between one machine's GPUs does not use the emulated links"
+        return rate, why
+
+    def network_plan(self, exp: Experiment) -> str:
+        """What a real run of the experiment changes on this machine's network, in words ('' for nothing)."""
+        rate, why = self._network_rate(exp)
+        if not rate:
+            return ""
+        if why:
+            return f"network: {why}; it would run on loopback, unshaped ({rate} not applied), changing nothing"
+        hosts = self.world_size(exp) // self.host_size(exp)
+        return (f"network: a real run changes this machine while it runs: {hosts} network namespaces (one per "
+                f"emulated host), a bridge and tc rate limits of {rate} each way, all removed when it ends; "
+                "--network '' runs on loopback and changes nothing")
+
+    def _network(self, exp: Experiment, stack: contextlib.ExitStack) -> EmulatedNetwork | None:
+        """The emulated network the experiment asks for, built (removed when `stack` closes); None, and
+        why, where it runs on loopback instead."""
+        rate, why = self._network_rate(exp)
+        if not rate:
+            return None
+        mbit = parse_rate(rate)
         if not why:
             try:
                 net = stack.enter_context(EmulatedNetwork(self.world_size(exp) // self.host_size(exp), mbit))
