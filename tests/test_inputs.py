@@ -236,8 +236,8 @@ def test_generated_suites_load_or_name_the_field_and_never_inject(case, tmp_path
 arg = st.one_of(hostile, st.sampled_from(["-2", "0", "-", "--", "-x", "--help-me", "nan", "inf", "1e400", "9" * 5000,
                                           "1" * 30])).filter(lambda s: "\0" not in s)
 options = st.lists(st.one_of(*(st.tuples(st.just(o), arg) for o in (
-    "--set", "--procs", "-e", "--results", "--partition", "--image", "--mounts", "--nodes", "--retries",
-    "--max-parallel", "--after"))), max_size=3)
+    "--set", "--procs", "--procs-per-node", "-e", "--results", "--partition", "--image", "--mounts", "--nodes",
+    "--retries", "--max-parallel", "--after"))), max_size=3)
 
 
 @COUNTED
@@ -478,8 +478,11 @@ LISTED = {  # name: (suite's [launch] lines, iters, more matrix keys, command af
     "a sweep of 80,000 points": ("", "2", f", root = {SEQUENCE}, step_bytes = {SEQUENCE}, check = [true, false], "
                                  "dtype = ['float32', 'bfloat16'], blocking = [true, false]", ["render"],
                                  "makes 80,000 points (1 x 100 x 100 x 2 x 2 x 2), more than 10,000"),
-    "--procs -2": ("", "2", "", ["run", "--procs", "-2"], "argument --procs: '-2' is not a whole number >= 1"),
-    "--procs 0": ("", "2", "", ["run", "--procs", "0"], "argument --procs: '0' is not a whole number >= 1"),
+    "--procs-per-node -2": ("", "2", "", ["run", "--procs-per-node", "-2"],
+                            "argument --procs-per-node: '-2' is not a whole number >= 1"),
+    "--nodes 0": ("", "2", "", ["run", "--nodes", "0"], "argument --nodes: '0' is not a whole number >= 1"),
+    "--procs, renamed": ("", "2", "", ["run", "--procs", "2"],
+                         "--procs is gone: give --nodes N and --procs-per-node P"),
     "--after with a line break": ("", "2", "", ["submit", "--dry-run", "--after", "12\n#SBATCH --export=ALL"],
                                   "--after '12\\n#SBATCH --export=ALL' holds a line break"),
 }

@@ -70,7 +70,7 @@ def test_commands_that_run_nothing_load_no_model(argv: list[str]) -> None:
 
 
 def test_submit_dry_run_prints_the_submitit_script():
-    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs", "2", "--image", "/apps/x.sqsh",
+    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs-per-node", "2", "--image", "/apps/x.sqsh",
                      "--dry-run")
     assert proc.returncode == 0, proc.stderr
     for needle in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "--container-image=/apps/x.sqsh",

@@ -74,7 +74,7 @@ def test_both_suites_pass_the_tile_check_in_every_configuration(tmp_path: Path) 
 
 def test_seed_command_runs_one_case_and_skips_it_next_time(tmp_path: Path) -> None:
     args = ["resharding", "--suite", "1-to-m", "--n-nodes", "1", "--gpu-per-node", "4", "--resharding-mode",
-            "send_recv", "--resharding-loadbalance-mode", "normal", "--use-local-allgather", "--procs", "8",
+            "send_recv", "--resharding-loadbalance-mode", "normal", "--use-local-allgather", "--nodes", "2",
             "--results", str(tmp_path), "--set", "scale=1024"]
     first = reproflow(*args)
     assert first.returncode == 0, first.stderr
@@ -89,7 +89,7 @@ def test_seed_command_runs_one_case_and_skips_it_next_time(tmp_path: Path) -> No
 
 def test_too_few_hosts_fails_the_point_and_says_how_many(tmp_path: Path) -> None:
     proc = reproflow("resharding", "--suite", "n-to-m", "--case", "case1", "--resharding-mode", "broadcast",
-                     "--resharding-loadbalance-mode", "no_loadbalance", "--procs", "4", "--results", str(tmp_path),
+                     "--resharding-loadbalance-mode", "no_loadbalance", "--nodes", "1", "--results", str(tmp_path),
                      *TINY)
     assert proc.returncode == 3
     (failure,) = (tmp_path / "resharding" / "n-to-m").glob("*.failed.json")

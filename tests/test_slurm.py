@@ -79,16 +79,16 @@ def test_jobs_record_their_environment_without_the_submitters_variables(tmp_path
         # The two nodes share this machine's cores: each rank's torch gets its node's share (the TaskProlog).
         assert env_seen["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert not [p for p in results.rglob("*") if p.is_file() and "s3cr3t-value" in p.read_text(errors="replace")]
-    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "sub"),
-                     "--wait",
+    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "1",
+                     "--results", str(tmp_path / "sub"), "--wait",
                      "--set", "collective=all_reduce", *[a for kv in SMALL.split() for a in ("--set", kv)],
                      env={"LEAK_MARKER": "from-the-login-shell"})
     assert proc.returncode == 0 and "-> ok: completed" in proc.stdout, proc.stdout + proc.stderr
     (record,) = (tmp_path / "sub" / "param-comms" / "env").glob("*.json")
     assert "LEAK_MARKER" not in json.loads(record.read_text())["environment"]
     # 8 ranks on a 2-core node can never start: the supervisor says so and cancels instead of waiting forever.
-    stuck = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "8", "--results", str(tmp_path / "sub"),
-                      "--wait", timeout=120)
+    stuck = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "8",
+                      "--results", str(tmp_path / "sub"), "--wait", timeout=120)
     assert stuck.returncode == 1 and "UNSCHEDULABLE -> experiment: Slurm can never start it" in stuck.stdout
 
 
@@ -103,7 +103,7 @@ def test_sbatch_two_ranks_per_node(tmp_path):
 
 def test_reproflow_submit_through_submitit(tmp_path):
     results = tmp_path / "results"
-    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs", "1", "--results", str(results),
+    proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs-per-node", "1", "--results", str(results),
                      *[a for kv in SMALL.split() for a in ("--set", kv)])
     assert proc.returncode == 0, proc.stderr
     (job,) = submitted_ids(proc.stdout)
@@ -127,7 +127,7 @@ def test_reproflow_submit_through_submitit(tmp_path):
 def test_job_array_with_a_concurrency_cap(tmp_path):
     """One array task per point; with at most 1 running, no two tasks overlap in time."""
     results = tmp_path / "results"
-    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "2", "--results", str(results),
+    proc = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "2", "--results", str(results),
                      "--array", "--max-parallel", "1", *[a for kv in SMALL.split() for a in ("--set", kv)])
     assert proc.returncode == 0, proc.stderr
     ids = submitted_ids(proc.stdout)
@@ -147,20 +147,20 @@ def test_job_array_with_a_concurrency_cap(tmp_path):
 def test_dependency_chain_runs_in_order_and_stops_after_a_failure(tmp_path):
     results = tmp_path / "results"
     sets = [a for kv in SMALL.split() for a in ("--set", kv)]
-    first = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(results),
+    first = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "1", "--results", str(results),
                       "--set", "collective=all_reduce", *sets)
     (a,) = submitted_ids(first.stdout)
-    second = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(results),
+    second = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "1", "--results", str(results),
                        "--set", "collective=broadcast", "--after", a, *sets)
     (b,) = submitted_ids(second.stdout)
     done_a, done_b = wait(a)[a], wait(b)[b]
     assert done_a["state"] == done_b["state"] == "COMPLETED"
     assert pd.Timestamp(done_b["start"]) >= pd.Timestamp(done_a["end"])
-    bad = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "r2"),
+    bad = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "1", "--results", str(tmp_path / "r2"),
                     "--set", "collective=reduce", *sets, env={"REPROFLOW_INJECT_FAULT": "collective=reduce:exit"})
     (c,) = submitted_ids(bad.stdout)
-    after = reproflow("submit", "param-comms", "--nodes", "1", "--procs", "1", "--results", str(tmp_path / "r2"),
-                      "--set", "collective=send_recv", "--after", c, *sets)
+    after = reproflow("submit", "param-comms", "--nodes", "1", "--procs-per-node", "1",
+                      "--results", str(tmp_path / "r2"), "--set", "collective=send_recv", "--after", c, *sets)
     (d,) = submitted_ids(after.stdout)
     assert wait(c)[c]["state"] == "FAILED"
     reason = ""

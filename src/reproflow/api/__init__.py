@@ -43,8 +43,8 @@ def load_suite(suite: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
-              overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), procs: int | None = None,
-              network: str | None = None, force: bool = False, dry_run: bool = False,
+              overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), nodes: int | None = None,
+              procs_per_node: int | None = None, network: str | None = None, force: bool = False, dry_run: bool = False,
               explain: bool = False) -> int:
     """Run the suite's experiments (all, or those named) on this machine, one process group each;
     points measured before are skipped unless `force`. Returns 0, or the first failing exit code.
@@ -55,7 +55,7 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
 
     sets = [*override_strings(overrides or {}), *sets]
     loaded = named_suite(str(suite), sets)
-    executor = LocalExecutor(Path(results), project_root(), force, procs, tuple(sets), network)
+    executor = LocalExecutor(Path(results), project_root(), force, tuple(sets), network, nodes, procs_per_node)
     if dry_run or explain:
         _show_run(loaded, list(experiments), executor, explain)
         return 0
@@ -64,17 +64,19 @@ def run_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: st
     with writing(results, loaded.name):
         keep_suite(loaded, Path(results))
         for exp in selected:
-            code = _run_experiment(executor, loaded, exp, procs)
+            code = _run_experiment(executor, loaded, exp)
             worst = worst or code
     print(f"reproflow: results of suite {loaded.name} are in {Path(results) / loaded.name}")
     return worst
 
 
-def _run_experiment(executor: LocalExecutor, suite: Suite, exp: Experiment, procs: int | None) -> int:
+def _run_experiment(executor: LocalExecutor, suite: Suite, exp: Experiment) -> int:
     """One experiment on this machine; its exit code, as a shell reports it."""
-    if exp.launch.nodes > 1 and not procs:
-        print(f"reproflow: {exp.name} asks for {exp.launch.nodes} nodes; running its "
-              f"{executor.world_size(exp)} ranks on this machine (use `reproflow submit` or sbatch for real nodes)")
+    hosts = executor.nodes or exp.launch.nodes
+    if hosts > 1:
+        print(f"reproflow: {exp.name}: {hosts} nodes x {executor.host_size(exp)} rank(s), all "
+              f"{executor.world_size(exp)} ranks on this machine as emulated hosts (use `reproflow submit` or "
+              "sbatch for real nodes)")
     code = executor.run(suite, exp)
     if code < 0:  # a rank killed by a signal: report it as a shell does (128 + signal)
         print(f"reproflow: experiment {exp.name} ended: a rank was killed by signal {-code}", file=sys.stderr)
@@ -158,7 +160,7 @@ def _explain(exp: Experiment, host_size: int) -> None:
 
 def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
                  overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), nodes: int | None = None,
-                 procs: int | None = None, partition: str | None = None, image: str = "", mounts: str = "",
+                 procs_per_node: int | None = None, partition: str | None = None, image: str = "", mounts: str = "",
                  runtime: str = "pyxis", force: bool = False, after: Sequence[str] = (), array: bool = False,
                  max_parallel: int = 0, retries: int = 0, wait: bool = False, dry_run: bool = False,
                  exclude: Sequence[str] = ()) -> list[str]:
@@ -171,7 +173,7 @@ def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results:
     selected = loaded.select(list(experiments))
 
     def executor() -> SubmititExecutor:
-        return submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs=procs,
+        return submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs_per_node=procs_per_node,
                                  partition=partition, image=image, mounts=mounts, runtime=runtime, force=force,
                                  after=after, array=array, max_parallel=max_parallel, exclude=exclude)
 
@@ -206,7 +208,7 @@ def _submit(executor: SubmititExecutor, loaded: Suite, selected: list[Experiment
 
 
 def submitit_executor(results: str | Path = "results", *, overrides: Mapping[str, Any] | None = None,
-                      sets: Sequence[str] = (), nodes: int | None = None, procs: int | None = None,
+                      sets: Sequence[str] = (), nodes: int | None = None, procs_per_node: int | None = None,
                       partition: str | None = None, image: str = "", mounts: str = "", runtime: str = "pyxis",
                       force: bool = False, after: Sequence[str] = (), array: bool = False,
                       max_parallel: int = 0, exclude: Sequence[str] = ()) -> SubmititExecutor:
@@ -214,8 +216,8 @@ def submitit_executor(results: str | Path = "results", *, overrides: Mapping[str
     from reproflow.launch.submit import SubmititExecutor
 
     jobs = tuple(j for item in after for j in item.split(",") if j)
-    return SubmititExecutor(Path(results), project_root(), nodes, procs, partition, image, mounts, runtime, force,
-                            tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel,
+    return SubmititExecutor(Path(results), project_root(), nodes, procs_per_node, partition, image, mounts, runtime,
+                            force, tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel,
                             exclude=tuple(exclude))
 
 

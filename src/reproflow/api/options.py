@@ -23,10 +23,25 @@ def suite_options(p: argparse.ArgumentParser, with_suite: bool = True) -> None:
                    help="fix a parameter for every point, e.g. --set end_size=1M --set iters=5")
 
 
+def rank_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
+    """--nodes and --procs-per-node, Slurm's words, on every command that starts ranks; --procs, which
+    once meant the ranks in all here and the ranks per node on Slurm, refused naming them."""
+    p.add_argument("--nodes", type=whole(1), default=None, help=f"{nodes_help} (default: the suite's launch)")
+    p.add_argument("--procs-per-node", type=whole(1), default=None,
+                   help="ranks per node (default: the suite's launch)")
+    p.add_argument("--procs", action=_Renamed, nargs="?", help=argparse.SUPPRESS)
+
+
+class _Renamed(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error("--procs is gone: give --nodes N and --procs-per-node P (ranks per node), as Slurm names them")
+
+
 def run_options(p: argparse.ArgumentParser, with_suite: bool = False) -> None:
     """The options of `reproflow run`; family commands that are run shorthands add them without the suite."""
     suite_options(p, with_suite)
-    p.add_argument("--procs", type=whole(1), default=None, help="ranks to start (default: the suite's launch)")
+    rank_options(p, "emulated hosts (nodes) to start the ranks on, here")
     p.add_argument("--network", default=None, metavar="RATE",
                    help="emulate each host's link at RATE each way, e.g. 1gbit (root and iproute2); '' for "
                    "loopback (default: the suite's launch.network)")

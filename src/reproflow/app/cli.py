@@ -25,7 +25,7 @@ from reproflow.spec.suite import Suite, load_suite, named_suite
 EPILOG = """examples:
   reproflow list                         families, suites and their points
   reproflow run param-demo               run the demo suite here (4 gloo ranks + GEMM)
-  reproflow run param-comms --procs 2 --dry-run
+  reproflow run param-comms --procs-per-node 2 --dry-run
   reproflow run resharding -e n-to-m --explain    the plan of every resharding case
   reproflow resharding --suite n-to-m --case case1 --resharding-mode broadcast
       --resharding-loadbalance-mode loadbalance_order    one case with the reference's options
@@ -65,8 +65,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite's experiments locally, one process group each (or show the plan, run nothing)."""
-    return api.run_suite(args.suite, args.experiment, results=args.results, sets=args.set, procs=args.procs,
-                         network=args.network, force=args.force, dry_run=args.dry_run, explain=args.explain)
+    return api.run_suite(args.suite, args.experiment, results=args.results, sets=args.set, nodes=args.nodes,
+                         procs_per_node=args.procs_per_node, network=args.network, force=args.force,
+                         dry_run=args.dry_run, explain=args.explain)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -130,7 +131,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options of `reproflow submit` that say where and how its jobs run."""
-    return {"sets": args.set, "nodes": args.nodes, "procs": args.procs, "partition": args.partition,
+    return {"sets": args.set, "nodes": args.nodes, "procs_per_node": args.procs_per_node, "partition": args.partition,
             "image": args.image, "mounts": args.mounts, "runtime": args.runtime, "force": args.force,
             "after": args.after, "array": args.array, "max_parallel": args.max_parallel,
             "exclude": _node_list(args.exclude)}
@@ -515,8 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
                        description="Submit one Slurm job per experiment with submitit; each task is one rank.")
     options.suite_options(p)
-    p.add_argument("--nodes", type=whole(1), default=None, help="nodes per job (default: the suite's launch)")
-    p.add_argument("--procs", type=whole(1), default=None, help="ranks per node (default: the suite's launch)")
+    options.rank_options(p, "nodes per job")
     p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
     p.add_argument("--image", default="", help="squash file from `make containers` (empty: the host environment)")
     p.add_argument("--runtime", choices=("pyxis", "apptainer", "oci"), default="pyxis",

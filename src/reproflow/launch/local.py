@@ -259,18 +259,18 @@ class LocalExecutor:
     results: Path
     root: Path
     force: bool = False
-    procs: int | None = None
     sets: tuple[str, ...] = ()
     network: str | None = None  # --network: every experiment's launch.network ('' for loopback)
+    nodes: int | None = None  # --nodes: emulated hosts here (default: the suite's launch.nodes)
+    procs_per_node: int | None = None  # --procs-per-node (default: the suite's launch.procs_per_node)
 
     def world_size(self, exp: Experiment) -> int:
-        """Ranks to start: --procs, else nodes x procs_per_node of the suite."""
-        return self.procs or exp.launch.world_size
+        """Ranks to start: nodes x ranks per node, each the option's or else the suite's."""
+        return (self.nodes or exp.launch.nodes) * self.host_size(exp)
 
     def host_size(self, exp: Experiment) -> int:
-        """Ranks per emulated host: the suite's procs_per_node, unless --procs does not fit it."""
-        world, ppn = self.world_size(exp), exp.launch.procs_per_node
-        return ppn if world % ppn == 0 else world
+        """Ranks per emulated host: --procs-per-node, else the suite's procs_per_node."""
+        return self.procs_per_node or exp.launch.procs_per_node
 
     def run(self, suite: Suite, exp: Experiment) -> int:
         """Run one experiment; return 0, 3 when points failed, or the failing rank's exit code."""

@@ -58,7 +58,7 @@ def readable_size(nbytes: float, spec: str = "g", iec: bool = False) -> str:
 
 def whole(minimum: int = 1) -> Callable[[str], int]:
     """argparse type: a whole number from `minimum` up to a 64-bit integer's largest; anything else is
-    refused naming the value and the range (`--procs -2` or `--procs 0` never mean the default)."""
+    refused naming the value and the range (`--nodes -2` or `--nodes 0` never mean the default)."""
     def parse(text: str) -> int:
         try:
             value = int(text)

@@ -36,8 +36,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
 def _run_case(args: argparse.Namespace) -> int:
     try:
         return api.run_suite("resharding", [args.suite], results=args.results, sets=[*_case_sets(args), *args.set],
-                             procs=args.procs, network=args.network, force=args.force, dry_run=args.dry_run,
-                             explain=args.explain)
+                             nodes=args.nodes, procs_per_node=args.procs_per_node, network=args.network,
+                             force=args.force, dry_run=args.dry_run, explain=args.explain)
     except ParamError as exc:
         raise ReproflowError(f"resharding: {exc}") from None
 
