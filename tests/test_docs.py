@@ -438,3 +438,18 @@ def test_a_run_is_recorded_as_its_manifest_last_says(tmp_path, monkeypatch):
     kept = json.loads(tool.record(reports, "a note").read_text())
     assert kept["summary"]["run"]["end"] == ended["end"] and kept["summary"]["run"]["state"] == "completed"
     assert kept["note"] == "a note" and str(tmp_path) not in json.dumps(kept)
+
+
+@pytest.mark.distributed
+def test_the_readmes_first_five_minutes_run_as_written(tmp_path: Path) -> None:
+    """The README's first commands after the environment, as written, in an empty folder: two comms runs,
+    a report and a compare that ends with each metric's verdict."""
+    block = re.search(r"The first five minutes.*?```bash\n(.*?)```", README.read_text(), re.S)
+    assert block is not None, "README.md lost its first five minutes"
+    commands = [shlex.split(line.split("#")[0]) for line in block[1].splitlines() if line.startswith("reproflow ")]
+    assert [c[1] for c in commands] == ["run", "report", "run", "compare"], commands
+    for argv in commands:
+        proc = reproflow(*argv[1:], cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "second against first: " in proc.stdout and "metrics matched" in proc.stdout
+    assert (tmp_path / "first-report" / "report.html").is_file() and (tmp_path / "compare" / "compare.md").is_file()
