@@ -273,3 +273,17 @@ def test_a_night_is_judged_against_its_clusters_own_history(tmp_path):
     assert proc.returncode == 1 and "its busbw is 0 in every row" in proc.stdout, proc.stdout + proc.stderr
     assert "0 normal, 0 worse, 0 better, 1 not valid, 0 too few runs" in proc.stdout
     assert (tmp_path / "out" / "judge.csv").is_file()
+
+
+def test_long_work_says_what_it_is_doing_and_short_work_says_nothing(monkeypatch, capsys):
+    """A command that runs nothing answers fast or shows progress: a line on stderr every 2 s, none before."""
+    now = [100.0]
+    monkeypatch.setattr(catalog.time, "monotonic", lambda: now[0])
+    tick = catalog.Ticker("series searched and drawn")
+    tick(1, 50)
+    now[0] += 1.9
+    tick(2, 50)
+    assert capsys.readouterr().err == ""
+    now[0] += 0.2
+    tick(3, 50)
+    assert capsys.readouterr().err == "reproflow: series searched and drawn: 3 of 50 (2 s)\n"

@@ -199,6 +199,22 @@ class _Changes:
     seen: dict[str, tuple[int, list[str]]]
 
 
+class Ticker:
+    """Progress on stderr for work that may take long: a line every `every` seconds, none before, so a
+    command that answers fast prints nothing and one that does not says what it is doing."""
+
+    def __init__(self, what: str, every: float = 2.0) -> None:
+        self.what, self.every = what, every
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int = 0) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"reproflow: {self.what}: {done}{f' of {total}' if total else ''} ({now - self.start:.0f} s)",
+                  file=sys.stderr, flush=True)
+
+
 def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = False) -> int:
     """Bring the index up to date with the folders' files; returns how many files were read again.
 
@@ -210,6 +226,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
     by a process per core when there are many (reading a batch while the one before is written), and
     each batch is written in one transaction."""
     cores, read = len(os.sched_getaffinity(0)), 0
+    tick = Ticker("new or changed result files read into the run catalog's index")
     with contextlib.ExitStack() as stack:
         pool = None
         batch: list[tuple[Path, _Changes]] = []
@@ -236,6 +253,7 @@ def refresh(con: sqlite3.Connection, folders: Iterable[Path], rescan: bool = Fal
             else:
                 _write(con, batch, map(_read_files, parts))
             read += len(fresh)
+            tick(read)
             batch, fresh = [], []
         if reading:
             _write(con, reading[0], reading[1].get())

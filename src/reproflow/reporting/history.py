@@ -258,7 +258,10 @@ def write_history(rows: pd.DataFrame, out_dir: Path) -> tuple[list[Path], str, p
                              "result file, e.g. 'collective=all_reduce'), or give --results folders.")
     out_dir.mkdir(parents=True, exist_ok=True)
     found, figures = [], []
-    for _, one in rows.groupby(catalog.KEY, sort=False):
+    groups = rows.groupby(catalog.KEY, sort=False)
+    tick = catalog.Ticker("series searched and drawn")
+    for number, (_, one) in enumerate(groups, 1):
+        tick(number, groups.ngroups)
         # Runs whose points are not valid are shown, and kept out of the change points: never a level.
         valid = one[one["invalid"] == ""].reset_index(drop=True)
         cuts = changes(valid)
