@@ -366,3 +366,22 @@ def _check_in_chromium(page: Path, figures: int) -> None:
         top = tab.screenshot(path=ARTIFACTS / "report-top.png")
         full = tab.screenshot(path=ARTIFACTS / "report-full.png", full_page=True)
     assert len(top) > 10_000 and len(full) > len(top)
+
+
+def test_a_slurm_steps_job_lines_reach_the_progress_as_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The supervisor's lines (job states, attempts, retries) are events that `reproduce` shows: rewording
+    a line cannot silence it, as a pattern over printed text could."""
+    from reproflow.app.reproduce import steps
+    from reproflow.launch import retry
+    from reproflow.store.events import ENV, read_events
+
+    feed = tmp_path / "events.jsonl"
+    monkeypatch.setenv(ENV, str(feed))
+    retry.say("reproflow: any wording at all: job 42 retried on other nodes")
+    (event,), _ = read_events(feed, 0)
+    assert event == {"event": "supervisor", "text": "reproflow: any wording at all: job 42 retried on other nodes"}
+    shown: list[str] = []
+    progress = Progress([], out=shown.append, tty=False)
+    steps._apply(event, {"measured": 0}, [], progress)
+    assert "   reproflow: any wording at all: job 42 retried on other nodes" in shown

@@ -24,6 +24,7 @@ from pathlib import Path
 from reproflow.launch import shell
 from reproflow.launch.shell import run_lines
 from reproflow.launch.status import SlurmJob
+from reproflow.store import events
 
 OK, INFRASTRUCTURE, EXPERIMENT, TIME_LIMIT, CANCELLED = "ok", "infrastructure", "experiment", "time_limit", "cancelled"
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -311,5 +312,7 @@ def verdicts(jobs: dict[str, SlurmJob], folder: Path) -> list[Verdict]:
 
 
 def say(text: str) -> None:
-    """Progress of the supervisor, flushed so it shows live."""
+    """Progress of the supervisor, flushed so it shows live, and an event for whoever supervises this
+    process (`reproduce` shows it from the event, never from the printed line)."""
     print(text, flush=True, file=sys.stdout)
+    events.emit("supervisor", text=text)

@@ -7,7 +7,6 @@ import contextlib
 import math
 import os
 import queue
-import re
 import shlex
 import signal
 import subprocess
@@ -27,9 +26,6 @@ from reproflow.store.events import read_events
 from reproflow.store.results import result_files
 
 TICK_S = 5.0  # seconds between a step's `tick` calls (a Slurm step's result files are counted)
-# What `reproflow submit --retries` prints of its jobs: their states, attempts, verdicts and retries.
-JOB_LINES = re.compile(r"^(job \d|reproflow: (job \d|.* attempt \d|not retried|infrastructure failure|cannot retry|"
-                       r".*nothing submitted))")
 
 
 @dataclass
@@ -118,8 +114,6 @@ def run_step(argv: list[str], log: Path, progress: Progress | None, limit_s: flo
                     break
                 sink.write(text)
                 sink.flush()
-                if tick and progress and JOB_LINES.match(text):
-                    progress.say("   " + text.rstrip())
                 follow()
         except KeyboardInterrupt:
             _stop_group(child)
@@ -152,6 +146,8 @@ def _apply(event: dict[str, Any], counts: dict[str, int], job_ids: list[str], pr
     """Update the counts and the display from one event of a step (reproflow.store.events)."""
     if event["event"] == "submitted":
         job_ids += event["job_ids"]
+    elif event["event"] == "supervisor" and progress:  # a Slurm step's job states, attempts and retries
+        progress.say("   " + event["text"])
     elif event["event"] == "experiment" and progress:
         progress.experiment = event["experiment"]
     elif event["event"] == "point":
