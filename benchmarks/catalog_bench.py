@@ -50,11 +50,11 @@ from reproflow.store.results import make_rows, point_path, rows_to_csv
 from reproflow.store.runs import manifest_path
 
 NIGHTS, POINTS = 365, 274
-SIZES = (1 << 20, 1 << 26)
+SIZES = 2  # message sizes a point sweeps (1 MiB, 2 MiB, ...): 20 rows a file; --sizes 29: 290
 HISTORY_POINT = "collective=all_reduce,group=0"
 
 
-def write_night(root: Path, points: int, cluster: int, night: int) -> tuple[str, Path]:
+def write_night(root: Path, points: int, cluster: int, night: int, sizes: int = SIZES) -> tuple[str, Path]:
     """One cluster's night: a results folder of `points` points and the run's manifest; (run id, folder)."""
     rng = np.random.default_rng([cluster, night])
     day = _dt.date(2025, 11, 26) + _dt.timedelta(days=night)
@@ -65,7 +65,7 @@ def write_night(root: Path, points: int, cluster: int, night: int) -> tuple[str,
     for point in range(points):
         collective = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")[point % 4]
         measured = []
-        for size in SIZES:
+        for size in (1 << (20 + k) for k in range(sizes)):
             noise = np.exp(rng.normal(0.0, 0.03, 5))
             measured += [(r, m) for r, n in enumerate(noise) for m in (
                 Measurement("busbw", 300.0 * n, "GB/s", {"size_bytes": size}),
@@ -123,6 +123,7 @@ def main() -> int:
     parser.add_argument("--nights", type=int, default=NIGHTS, help="nights a cluster")
     parser.add_argument("--clusters", type=int, default=1, help="clusters, a results folder each a night")
     parser.add_argument("--points", type=int, default=POINTS, help="points a night and cluster")
+    parser.add_argument("--sizes", type=int, default=SIZES, help="message sizes a point (rows a file: 10 each)")
     parser.add_argument("--baseline", default="", help="commits (REV,REV...) whose reproflow runs each step too")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="reproflow-catalog-bench-"))
@@ -138,7 +139,7 @@ def main() -> int:
         env.pop("REPROFLOW_RUN_ID", None)
     start = time.perf_counter()
     jobs = [(c, n) for c in range(args.clusters) for n in range(args.nights)]
-    write = functools.partial(write_night, work, args.points)
+    write = functools.partial(write_night, work, args.points, sizes=args.sizes)
     with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
         nights = pool.starmap(write, jobs, chunksize=4)
     for env in versions.values():
@@ -163,7 +164,7 @@ def main() -> int:
 
     step("runs, index built from nothing", ["runs", "--limit", "5"])
     step("runs, nothing new", ["runs", "--limit", "5"])
-    extra = write_night(work, args.points, 0, args.nights)
+    extra = write_night(work, args.points, 0, args.nights, args.sizes)
     for env in versions.values():
         list_folders(env, [extra[1]])
     total += args.points

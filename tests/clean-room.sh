@@ -135,7 +135,8 @@ run_in_root() {
         pivot_root . .old-root
         umount -l /.old-root
         rmdir /.old-root
-        exec /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb CI=true \
+        # The signals of a fresh machine: none ignored, however this script was started (nohup, &).
+        exec /usr/bin/env -i --default-signal HOME=/root LANG=C.UTF-8 TERM=dumb CI=true \
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${envs[@]}" \
             bash -c "cd /root/reproflow && $command"
     ' clean-room "$root" "$command" "${binds[@]}" -- "${envs[@]}" >"$log" 2>&1

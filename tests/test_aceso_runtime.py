@@ -143,7 +143,11 @@ def test_partitioned_training_matches_one_process(write_suite, tmp_path: Path) -
         serial, parallel = _losses(results, f"{name}-serial"), _losses(results, f"{name}-parallel")
         assert len(serial) == len(parallel) == 4
         assert serial[-1] < serial[0], (name, serial)  # it learns the fixed batch
-        assert parallel == pytest.approx(serial, rel=1e-4), name
+        # The first loss is one forward pass, equal but for the order of float32 sums (held to 1e-5); each
+        # training step after it carries that difference on and grows it (2.3e-4 of the loss after three
+        # steps of Wide-ResNet, seen in a clean room), so the steps are held to 1e-3.
+        assert parallel[0] == pytest.approx(serial[0], rel=1e-5), (name, parallel, serial)
+        assert parallel == pytest.approx(serial, rel=1e-3), (name, parallel, serial)
     csvs = tmp_path / "logs" / "aceso" / "runtime" / "gpt" / "tiny" / "csv"
     header, row = list(csv.reader((csvs / "gpt4_stage1_rank3.csv").open()))
     assert header[:2] == ["global_batch_size", "time"] and header[-4:] == ["allocated", "max_allocated", "reserved",

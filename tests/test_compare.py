@@ -515,3 +515,28 @@ def test_a_point_with_fewer_samples_than_it_asked_for_is_not_valid() -> None:
     whole = pd.concat([rows] * 3, ignore_index=True)[:8].assign(point="whole", run=[str(i) for i in range(8)])
     why = catalog.invalid(pd.concat([rows, whole]), resharding.headline, resharding.samples, by="point")
     assert why.to_dict() == {"short": "3 of the 8 samples it asked for (runs) measured (run_time)", "whole": ""}
+
+
+def test_files_parsed_in_parts_of_bounded_bytes_give_the_same_rows(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point files of any size are parsed at most PARSE_BYTES at a time (memory bounded by bytes, not by a
+    count of files): the rows are those of one parse of them all."""
+    from reproflow.store import frames
+
+    files = []
+    for seed in range(5):
+        write_run(tmp_path / f"r{seed}", seed, busbw=10.0, latency=5.0, commit="c", device="a CPU",
+                  sizes=tuple(2 ** k for k in range(10, 10 + 3 * (seed + 1))))
+        files += [(tmp_path / f"r{seed}", str(p)) for p in (tmp_path / f"r{seed}").rglob("*.csv")]
+
+    def rows() -> pd.DataFrame:
+        found = pd.concat([f.rows for f in frames.read_point_frames(files)])
+        return found.drop(columns="@pid").sort_values(["@file", "metric", "repeat", "size_bytes"])
+
+    whole = rows()
+    monkeypatch.setattr(frames, "PARSE_BYTES", 1)
+    parts = []
+    real = frames._parse_together
+    monkeypatch.setattr(frames, "_parse_together",
+                        lambda head, found, per_point: parts.append(len(found)) or real(head, found, per_point))
+    assert rows().reset_index(drop=True).equals(whole.reset_index(drop=True)) and parts == [1] * len(files)

@@ -27,6 +27,9 @@ from reproflow.store.results import HEAD_COLUMNS, READABLE_SCHEMAS, TRUSTED, rea
 # Point files are parsed this many at a time: one pandas parse of many files' lines is what makes
 # them cheap to read, and the rows of a thousand small files take some 30 MiB (4,096: 100 MiB).
 CHUNK = 1024
+# ... and at most this many bytes of them in one parse, so that files of hundreds of rows each (a sweep of
+# many sizes) take no more memory than a thousand small ones: a parse holds some 5 times its bytes.
+PARSE_BYTES = 8 << 20
 # A field put at the end of every line before the parse together: a line with a field too few or too
 # many shows as one whose last field is not this.
 _END = "\x01"
@@ -49,7 +52,16 @@ def read_point_frames(files: Sequence[tuple[Path, str]], per_point: Collection[s
     rows of a file read one by one keep them); nothing of a file the store's reader refuses."""
     per_point = frozenset(per_point) - {"value", "schema_version", "point_rows", *POINT_KEY}
     by_header: dict[bytes, list[tuple[Path, str, bytes]]] = {}
-    frames = []
+    frames: list[PointFrame] = []
+    pending = 0
+
+    def parse() -> None:
+        for head, same in by_header.items():
+            together = _parse_together(head, same, per_point)
+            frames.extend([together] if together is not None else [
+                alone for folder, name, _ in same if (alone := _parse_alone(folder, name)) is not None])
+        by_header.clear()
+
     for folder, name in files:
         try:
             data = read_regular(Path(name))
@@ -58,12 +70,13 @@ def read_point_frames(files: Sequence[tuple[Path, str]], per_point: Collection[s
         head, _, body = data.partition(b"\n")
         if body.endswith(b"\n") and b"\r" not in data:
             by_header.setdefault(head, []).append((folder, name, body))
+            pending += len(body)
+            if pending >= PARSE_BYTES:
+                parse()
+                pending = 0
         elif (alone := _parse_alone(folder, name)) is not None:
             frames.append(alone)
-    for head, same in by_header.items():
-        together = _parse_together(head, same, per_point)
-        frames += [together] if together is not None else [
-            alone for folder, name, _ in same if (alone := _parse_alone(folder, name)) is not None]
+    parse()
     return [frame for frame in frames if len(frame.rows)]
 
 
