@@ -80,3 +80,24 @@ def test_runs_are_recorded_listed_and_compared_by_id(tmp_path: Path, write_suite
     assert "0 point(s) in one run only" in compared.stdout
     unknown = reproflow("compare", "20990101-000000", str(second), "--out", str(out))
     assert unknown.returncode == 2 and "not a results folder, an archive or one run's id" in unknown.stderr
+
+
+def test_a_family_command_that_measured_nothing_leaves_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family's command that ran no suite (a search on a database) leaves no run and no folder behind; one
+    that wrote under its results, and `run` always, keep theirs."""
+    from reproflow.store.runs import RUN_ID_ENV, recorded_run
+
+    monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    idle = tmp_path / "a" / "results"
+    with recorded_run(idle, ["aceso", "search"], suites=[], cluster="c", executor="local", keep_empty=False):
+        pass
+    assert not (tmp_path / "a").exists()
+    busy = tmp_path / "b"
+    with recorded_run(busy, ["cfp", "all"], suites=[], cluster="c", executor="local", keep_empty=False):
+        (busy / "s" / "e").mkdir(parents=True)
+        (busy / "s" / "e" / "p.csv").write_text("x\n")
+    (kept,) = (busy / "runs").glob("*.json")
+    assert json.loads(kept.read_text())["state"] == "completed"
+    with recorded_run(tmp_path / "c", ["run", "s"], suites=["s"], cluster="c", executor="local"):
+        pass
+    assert len(list((tmp_path / "c" / "runs").glob("*.json"))) == 1

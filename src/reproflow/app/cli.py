@@ -721,7 +721,8 @@ def _recorded(args: argparse.Namespace, argv: Sequence[str]) -> int:
     suites = [args.suite] if getattr(args, "suite", None) else [t for item in getattr(args, "only", []) for t
                                                                 in item.split(",") if t]
     with recorded_run(Path(args.results), argv, suites=suites, cluster=cluster, executor=executor,
-                      nodes=getattr(args, "nodes", None), image=getattr(args, "image", "")) as record:
+                      nodes=getattr(args, "nodes", None), image=getattr(args, "image", ""),
+                      keep_empty=args.command in ("run", "submit", "reproduce")) as record:
         if submits and not (getattr(args, "wait", False) or getattr(args, "retries", 0)):
             record["ends_as"] = SUBMITTED
         record["exit_code"] = code = int(args.func(args))

@@ -97,9 +97,11 @@ def register_folder(results: Path) -> None:
 
 @contextmanager
 def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str], cluster: str, executor: str,
-                 nodes: int | None = None, image: str = "") -> Iterator[dict[str, Any]]:
+                 nodes: int | None = None, image: str = "", keep_empty: bool = True) -> Iterator[dict[str, Any]]:
     """Open a run for the body (its manifest written at start and at the end, with how it ended), or,
-    inside a run already open (REPROFLOW_RUN_ID set), join that one and write nothing.
+    inside a run already open (REPROFLOW_RUN_ID set), join that one and write nothing. Without
+    `keep_empty`, a run that ends well having written nothing under `results` is taken back (a family's
+    command that ran no suite: Aceso's search on the artifact's database).
 
     The body may set `exit_code` in the yielded record, and `ends_as` for the state of a success (jobs
     submitted and not waited for: SUBMITTED); an exception ends the run as failed or interrupted and goes
@@ -143,6 +145,9 @@ def recorded_run(results: Path, command: Sequence[str], *, suites: Sequence[str]
         code = record.get("exit_code") or 0
         # A body that only hands work on (jobs submitted and not waited for) names how it ended instead.
         record.update(state=record.pop("ends_as", COMPLETED) if code == 0 else FAILED, exit_code=code)
+        if code == 0 and not keep_empty and not _written_since(results, started):
+            record["state"] = ""
+            _remove(path, results, made)
     finally:
         del os.environ[RUN_ID_ENV]
         if record["state"]:
