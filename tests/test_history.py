@@ -273,6 +273,13 @@ def test_a_night_is_judged_against_its_clusters_own_history(tmp_path):
     assert proc.returncode == 1 and "its busbw is 0 in every row" in proc.stdout, proc.stdout + proc.stderr
     assert "0 normal, 0 worse, 0 better, 1 not valid, 0 too few runs" in proc.stdout
     assert (tmp_path / "out" / "judge.csv").is_file()
+    # compare --against-history: the same judgement over the catalog's folders
+    home = tmp_path / "catalog"
+    home.mkdir()
+    (home / "folders.txt").write_text("".join(f"{f.resolve()}\n" for f in folders[-40:]))
+    compared = reproflow("compare", "slow", "--against-history", "--out", str(tmp_path / "c"),
+                         env={"REPROFLOW_CATALOG": str(home)})
+    assert compared.returncode == 1 and "0 normal, 1 worse" in compared.stdout, compared.stdout + compared.stderr
 
 
 def test_long_work_says_what_it_is_doing_and_short_work_says_nothing(monkeypatch, capsys):

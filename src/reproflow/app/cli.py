@@ -296,6 +296,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from reproflow.reporting import catalog
     from reproflow.reporting.compare import Reference, open_run, write_comparison
 
+    if args.against_history:
+        return _against_history(args)
     if len(args.runs) + bool(args.reference) < 2:
         raise ReproflowError(f"compare needs two runs or more, got {len(args.runs)}: give the first (the "
                              "baseline) and the ones to set against it, as results folders or archives; or one "
@@ -321,6 +323,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"reproflow: {slower} metric(s) slower than {args.fail_below:g} of the first run's (the whole "
               "interval) or not valid (the table's `why`); exit 1", file=sys.stderr)
     return 1 if slower else 0
+
+
+def _against_history(args: argparse.Namespace) -> int:
+    """`compare RUN --against-history`: the run against its cluster's own history, as `history --judge`."""
+    from reproflow.reporting import catalog
+    from reproflow.reporting.history import Selection, series
+
+    if len(args.runs) != 1 or args.reference:
+        raise ReproflowError("--against-history sets one run (its id) against the catalog's runs before it; give "
+                             "one run id, no --reference.")
+    folders = catalog.catalog_folders([])
+
+    def read(index: Any) -> Any:
+        catalog.refresh(index, folders)
+        return series(index, folders, Selection())
+
+    return _judge(catalog.using_index(read), args.runs[0], Path(args.out), args.last, args.alarm)
 
 
 def _published(name: str) -> Any:
@@ -402,17 +421,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise ReproflowError("no runs recorded yet: `reproflow run`, `submit` and `reproduce` (make demo) record "
                              "theirs; or give a results folder with --results.")
     if args.judge:
-        from reproflow.reporting.nightly import FAILS, judge, write_judgement
-
-        table = judge(catalog.using_index(read), args.judge, args.last, args.alarm)
-        path, text = write_judgement(table, args.judge, Path(args.out), args.last, args.alarm)
-        print(text)
-        print(f"reproflow: {path}")
-        failing = int(table["verdict"].isin(FAILS).sum())
-        if failing:
-            print(f"reproflow: {failing} series worse than this cluster's history or not valid; exit 1",
-                  file=sys.stderr)
-        return 1 if failing else 0
+        return _judge(catalog.using_index(read), args.judge, Path(args.out), args.last, args.alarm)
     paths, text, points = write_history(catalog.using_index(read), Path(args.out))
     print(text)
     print(f"reproflow: {', '.join(str(p) for p in paths[:4])} and {len(paths) - 4} figure(s)")
@@ -421,6 +430,21 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"reproflow: {worse} change(s) made a series worse; exit 1", file=sys.stderr)
         return 1
     return 0
+
+
+def _judge(rows: Any, run: str, out: Path, last: int, alarm: float) -> int:
+    """A run against its cluster's history (history --judge, compare --against-history): 1 when a series is
+    worse or not valid."""
+    from reproflow.reporting.nightly import FAILS, judge, write_judgement
+
+    table = judge(rows, run, last, alarm)
+    path, text = write_judgement(table, run, out, last, alarm)
+    print(text)
+    print(f"reproflow: {path}")
+    failing = int(table["verdict"].isin(FAILS).sum())
+    if failing:
+        print(f"reproflow: {failing} series worse than this cluster's history or not valid; exit 1", file=sys.stderr)
+    return 1 if failing else 0
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -702,6 +726,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-below", type=number(), default=None,
                    help="exit 1 when a metric's speed against the first run is below this with its whole "
                    "interval (0.95: more than 5 %% slower); default: off")
+    p.add_argument("--against-history", action="store_true",
+                   help="one run (its id) against its cluster's own history, as `history --judge RUN`: exit 1 "
+                        "when a series is worse or not valid")
+    p.add_argument("--last", type=whole(2), default=20, help="with --against-history: comparable runs used")
+    p.add_argument("--alarm", type=number(), default=0.01, help="with --against-history: false-alarm rate a run")
     p.set_defaults(func=cmd_compare)
     return parser
 
