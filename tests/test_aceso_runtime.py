@@ -195,9 +195,8 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # Every plan of the grid written with its prediction, and trained once in the screen; the fastest
     # measured within the memory limit is the baseline.
     manifest = json.loads(next(search.glob("search-*.json")).read_text())
-    # the profile in 5 rounds, each round's files kept for the near-tie rule; a tie it settled kept the
-    # smaller micro-batch
-    assert manifest["rounds"] == 5 and len(list((logs / "profiled-time" / "rounds").glob("*/t5_tiny_*.csv"))) >= 5
+    # the tiny models' tie resolution; a near tie it settled kept the smaller micro-batch
+    assert manifest["options"]["tie_resolution"] == 0.01
     for tie in manifest["ties"]:
         assert int(tie["kept"].split("micro-batch ")[1].split(":")[0]) < int(tie["fastest"].split("micro-batch ")[1]
                                                                               .split(":")[0]), tie

@@ -49,7 +49,7 @@ from reproflow.families.aceso.pipeline import (
 )
 from reproflow.families.aceso.plans import megatron_plans, read_json, write_json
 from reproflow.families.aceso.search import budget_text
-from reproflow.families.aceso.settings import SETTINGS, TINY_PROFILE_ROUNDS, Setting
+from reproflow.families.aceso.settings import SETTINGS, TINY_PROFILE_ROUNDS, TINY_TIE_RESOLUTION, Setting
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.store.files import atomic_write
 
@@ -101,7 +101,8 @@ def _search_request(s: Setting, db: Path, where: Path, nodes: int, gpus_per_node
         megatron_memory_limit=req.memory_limit if req.memory_limit is not None else s.megatron_memory_limit,
         megatron_micro_batch_size=s.megatron_mbs, op_group_size=o.op_group_size,
         peak_mem_in_backward=o.peak_mem_in_backward, finetune_after_trial=o.finetune_after_trial,
-        sort_metric=o.sort_metric, megatron_grid=grid, memory_pressure=s.case == "memory")
+        sort_metric=o.sort_metric, megatron_grid=grid, memory_pressure=s.case == "memory",
+        tie_resolution=TINY_TIE_RESOLUTION if s.size == "tiny" else 0.0)
 
 
 def reproduce(req: ReproduceRequest, where: Placement) -> None:

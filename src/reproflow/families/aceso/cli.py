@@ -168,6 +168,10 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     _budget(p, f"explored cases per pipeline depth (default: {CASES}): one database, one config, on any machine",
             CASES)
     p.add_argument("--num-of-saved-configs", type=whole(1), default=1)
+    p.add_argument("--tie-resolution", type=number(), default=0.0, metavar="SHARE",
+                   help="configs predicted within this share of the fastest (0.01: 1 %%) are a near tie, and the "
+                        "smallest micro-batch, then the fewest stages, is kept, for Aceso's configs and the "
+                        "Megatron-LM plan alike (default 0: the fastest; the tiny models' reproduction: 0.01)")
     p.add_argument("--op-group-size", type=whole(1), default=1, help="ops moved together by an op migration")
     p.add_argument("--peak-mem-in-backward", type=number(), default=0.0,
                    help="MB added to a stage's memory when choosing what to recompute")

@@ -248,12 +248,6 @@ class CostModel:
         self._mbs_lut = np.full(max(db.mbs) + 2, -1, dtype=np.intp)
         self._mbs_lut[db.mbs] = np.arange(len(db.mbs))
 
-    def on(self, db: Database) -> CostModel:
-        """This model on another database of the same ops and sizes (one round of a profile in rounds)."""
-        return CostModel(db, self.gpus_per_node, self.memory_limit, kind=self.kind, shared_space=self.shared_space,
-                         reserved_space=self.reserved_space, memory_pred=self.memory_pred,
-                         flex_recompute=self.flex_recompute, peak_mem_in_backward=self.peak_mem_in_backward)
-
     def _share(self, op: str) -> float:
         if not self.shared_space:
             return 1.0

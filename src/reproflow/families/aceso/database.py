@@ -18,8 +18,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +37,6 @@ MISSING_COLLECTIVE_MS = 100000.0
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 # Written beside profiles reproflow measured on CPU (float32); the reference's databases are fp16.
 PRECISION_FILE = "precision.txt"
-# A profile in rounds: each round's op and optimizer files under rounds/<k>/ (the top holds the medians).
-ROUNDS_DIR = "rounds"
 # Suffix of a profile suite run right after a training, on the trained config's ops.
 AFTER_TRAINING = "-after-training"
 
@@ -147,17 +144,37 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
                              f"{mbs_list[0]}, tp 1. Profile it (reproflow aceso profile) or point "
                              "--profiled-time-path at a database that has it.")
     ops = [row[0] for row in _rows(first, OP_COLUMNS)]
+    table = np.full((len(FIELDS), len(ops), len(mbs_list), len(tps), 2), MISSING)
+    where = {op: i for i, op in enumerate(ops)}
+    for m, mbs in enumerate(mbs_list):
+        for t, tp in enumerate(tps):
+            for algo in model.algos:
+                f = path / op_file(model, mbs, tp, algo)
+                if not f.is_file():
+                    continue
+                for row in _rows(f, OP_COLUMNS):
+                    if row[0] not in where:
+                        raise ReproflowError(f"{f}: op {row[0]!r} is not in {first.name}; the files of one "
+                                             "model must list the same ops.")
+                    table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
     precision = path / PRECISION_FILE
     on_cpu = precision.is_file() and precision.read_text().strip() == "float32"
-    db = Database(model, ops, list(mbs_list), tps, np.empty(0), fp32=on_cpu or not model.fp16,
-                  caching_allocator=not on_cpu, path=path)
-    db.table, db.optimizer_us = _op_tables(db, path)
+    db = Database(model, ops, list(mbs_list), tps, table, fp32=on_cpu or not model.fp16, caching_allocator=not on_cpu,
+                  path=path)
     for prim in COLLECTIVES:
         for gpus in tps[1:]:
             f = path / collective_file(model, prim, gpus)
             if f.is_file():
                 db.collectives.setdefault(prim, {})[gpus] = {row[0]: float(row[1]) for row in
                                                              _rows(f, COLLECTIVE_HEADER)}
+    for tp in tps:
+        f = path / optimizer_file(model, tp)
+        if f.is_file():
+            us = np.full(len(ops), np.nan)
+            for row in _rows(f, OPTIMIZER_HEADER):
+                if row[0] in where:
+                    us[where[row[0]]] = float(row[1])
+            db.optimizer_us[tp] = us
     f = path / P2P_LATENCY_FILE
     if f.is_file():
         db.latency_us = {row[0]: float(row[1]) for row in _rows(f, P2P_LATENCY_HEADER)}
@@ -167,51 +184,6 @@ def read_database(path: Path, model: Model, mbs_list: list[int], max_tp: int) ->
             lines = list(csv.reader(f.open()))
             setattr(db, attr, [float(x) for x in lines[1]])
     return db
-
-
-def read_rounds(db: Database) -> list[Database]:
-    """The database of each round of a profile in rounds (`rounds/<k>/` beside the medians: op and
-    optimizer files; the collectives and P2P are the medians'), in round order; none where the profile
-    ran in one round."""
-    folder = db.path / ROUNDS_DIR
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    found = sorted((int(d.name), d) for d in folder.iterdir() if d.name.isdigit() and d.is_dir() and not d.is_symlink())
-    out = []
-    for _, d in found:
-        one = replace(db)
-        one.table, one.optimizer_us = _op_tables(db, d)
-        out.append(one)
-    return out
-
-
-def _op_tables(db: Database, path: Path) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-    """The op table and the optimizer steps of `db`'s ops, micro-batches and TP sizes from the files in
-    `path` (entries without a file read as MISSING)."""
-    table = np.full((len(FIELDS), len(db.ops), len(db.mbs), len(db.tps), 2), MISSING)
-    where = db.index()
-    first = db.path / op_file(db.model, db.mbs[0], 1, 0)
-    for m, mbs in enumerate(db.mbs):
-        for t, tp in enumerate(db.tps):
-            for algo in db.model.algos:
-                f = path / op_file(db.model, mbs, tp, algo)
-                if not f.is_file():
-                    continue
-                for row in _rows(f, OP_COLUMNS):
-                    if row[0] not in where:
-                        raise ReproflowError(f"{f}: op {row[0]!r} is not in {first.name}; the files of one "
-                                             "model must list the same ops.")
-                    table[:, where[row[0]], m, t, algo] = [float(x) for x in row[1:]]
-    optimizer = {}
-    for tp in db.tps:
-        f = path / optimizer_file(db.model, tp)
-        if f.is_file():
-            us = np.full(len(db.ops), np.nan)
-            for row in _rows(f, OPTIMIZER_HEADER):
-                if row[0] in where:
-                    us[where[row[0]]] = float(row[1])
-            optimizer[tp] = us
-    return table, optimizer
 
 
 def _rows(path: Path, header: tuple[str, ...]) -> list[list[str]]:
@@ -242,8 +214,7 @@ def write_p2p(path: Path, sizes_mb: list[int], gbps: list[float]) -> None:
 
 def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False) -> list[Path]:
     """Aceso's files from the profiler's rows (family aceso), from the newest measurement of each
-    (of a profile in rounds: each op's median over the rounds of the newest suite at the top, and each
-    round's own op and optimizer files under rounds/<k>/, for the search's near-tie rule):
+    (of a profile in rounds: each op's median over the rounds of the newest suite):
     op files per model, size, micro-batch, TP size and algo; collective tables per model, size,
     collective and GPU count; P2P bandwidth per link (intra- or inter-node). The profiles taken right
     after a training (suites named ...-after-training-<iterations>) make a database of their own
@@ -252,31 +223,23 @@ def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False
     rows = frame[(frame["family"] == "aceso") & (suites.str.contains(AFTER_TRAINING, regex=False) == after_training)]
     if "kind" not in rows.columns:
         rows = rows.assign(kind="ops")
-    written: list[Path] = []
+    written = []
     ops = rows[rows["kind"] == "ops"]
     optimizer: dict[Path, list[tuple[str, float]]] = {}
-    _clear_rounds(out)
     for (name, size, mbs, tp, algo), sub in _groups(ops, ["model", "size", "mbs", "tp", "algo"]):
-        measured = _rounds(sub)
-        turn = pd.to_numeric(measured["round"], errors="coerce") if "round" in measured.columns else None
-        rounds = [] if turn is None else sorted({int(r) for r in turn.dropna()} - {0})
-        # the medians at the top; each round's own under rounds/<k>/ where there were several
-        for folder, part in [(out, measured)] + [(out / ROUNDS_DIR / str(r), measured[turn == r])
-                                                 for r in rounds if len(rounds) > 1]:
-            wide = part.pivot_table(index=["op_index", "op"], columns="metric", values="value",
-                                    aggfunc="median").reset_index()
-            missing = [f for f in FIELDS if f not in wide.columns]
-            if missing:
-                raise ReproflowError(f"profiler rows of {name} {size} mbs {mbs} tp {tp} algo {algo} lack {missing}.")
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / op_file(Model(str(name), str(size), 1), int(mbs), int(tp), int(algo))
-            write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS])
-                                  for _, r in wide.sort_values("op_index").iterrows()])
-            written.append(path)
-            opt = folder / optimizer_file(Model(str(name), str(size), 1), int(tp))
-            if "optimizer-step" in wide.columns and opt not in optimizer:  # the smallest micro-batch, algo 0
-                optimizer[opt] = [(str(r["op"]), float(r["optimizer-step"]))
-                                  for _, r in wide.sort_values("op_index").iterrows()]
+        wide = _rounds(sub).pivot_table(index=["op_index", "op"], columns="metric", values="value",
+                                        aggfunc="median").reset_index()
+        missing = [f for f in FIELDS if f not in wide.columns]
+        if missing:
+            raise ReproflowError(f"profiler rows of {name} {size} mbs {mbs} tp {tp} algo {algo} lack {missing}.")
+        path = out / op_file(Model(str(name), str(size), 1), int(mbs), int(tp), int(algo))
+        write_op_table(path, [(str(r["op"]), [float(r[f]) for f in FIELDS])
+                              for _, r in wide.sort_values("op_index").iterrows()])
+        written.append(path)
+        opt = out / optimizer_file(Model(str(name), str(size), 1), int(tp))
+        if "optimizer-step" in wide.columns and opt not in optimizer:  # the smallest micro-batch, algo 0
+            optimizer[opt] = [(str(r["op"]), float(r["optimizer-step"]))
+                              for _, r in wide.sort_values("op_index").iterrows()]
     for opt, table in optimizer.items():
         atomic_write(opt, ",".join(OPTIMIZER_HEADER) + "\n" + "".join(f"{op},{us:.3f}\n" for op, us in table))
         written.append(opt)
@@ -302,15 +265,6 @@ def write_from_rows(frame: pd.DataFrame, out: Path, after_training: bool = False
         atomic_write(out / P2P_LATENCY_FILE, ",".join(P2P_LATENCY_HEADER) + "\n" + "".join(latency))
         written.append(out / P2P_LATENCY_FILE)
     return written
-
-
-def _clear_rounds(out: Path) -> None:
-    """Remove an older profile's round files, which a profile in one round would leave beside its own."""
-    folder = out / ROUNDS_DIR
-    if folder.is_symlink() or folder.is_file():
-        folder.unlink()
-    elif folder.is_dir():
-        shutil.rmtree(folder)
 
 
 def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from reproflow import api
 from reproflow.api import Placement
 from reproflow.families.aceso.costmodel import Config, CostModel, Prediction
-from reproflow.families.aceso.database import ROUNDS_DIR, optimizer_file, read_database, read_rounds, write_from_rows
+from reproflow.families.aceso.database import optimizer_file, read_database, write_from_rows
 from reproflow.families.aceso.models import Model, model
 from reproflow.families.aceso.plans import (
     Plan,
@@ -79,6 +79,8 @@ class SearchRequest:
     megatron_grid: bool = False
     # Both memory limits become plans.pressure_limit's, computed from the database: where recomputation is needed.
     memory_pressure: bool = False
+    # Configs predicted within this share of the fastest are a near tie, kept by a fixed order (search.settle).
+    tie_resolution: float = 0.0
     force: bool = False
 
 
@@ -90,7 +92,7 @@ SEARCH_KEYS = ("model_name", "model_size", "num_layers", "global_batch_size", "m
                "num_gpus_per_node", "memory_limit", "max_tp", "start_num_stages", "end_num_stages", "max_num_hops",
                "budget_cases", "time_budget_total", "cost_model", "megatron_memory_limit", "megatron_micro_batch_size",
                "op_group_size", "peak_mem_in_backward", "finetune_after_trial", "sort_metric", "megatron_grid",
-               "memory_pressure")
+               "memory_pressure", "tie_resolution")
 
 
 @dataclass(frozen=True)
@@ -170,10 +172,6 @@ class Setup:
         return CostModel(db, r.num_gpus_per_node, memory_limit, kind=r.cost_model,
                          peak_mem_in_backward=r.peak_mem_in_backward)
 
-    def rounds(self, cost: CostModel) -> list[CostModel]:
-        """`cost` on each round of a profile in rounds (none where it ran in one)."""
-        return [cost.on(db) for db in read_rounds(cost.db)]
-
     def megatron_cost(self) -> tuple[CostModel, float]:
         """The model and memory limit of the Megatron-LM plan (the artifact gives some baselines their own)."""
         r = self.req
@@ -194,15 +192,15 @@ class Setup:
         last stages are for the screen, never this pick), and a line saying it."""
         cost, limit = self.megatron_cost()
         plans = megatron_plans(cost, self.ops, self.req.global_batch_size, self.gpus, self.max_tp, self.depths)
-        best, fastest = settled_plan(plans, limit, self.rounds(cost)), best_feasible(plans, limit)
+        best, fastest = settled_plan(plans, limit, self.req.tie_resolution), best_feasible(plans, limit)
         kind = "uniform plans"
         if best is None:
             return f"Megatron-LM {kind}: none fits {limit:.0f} MB", None
         gbs = self.req.global_batch_size
         tie = "" if best is fastest else (
-            f" (a near tie with {fastest.describe()}, {fastest.prediction.iteration_ms / 1000:.2f} s on the "  # type: ignore[union-attr]
-            "medians, which the profile's rounds cannot tell apart: the rule keeps the smallest micro-batch, then "
-            "the fewest stages, the smallest TP size, no recomputation)")
+            f" (a near tie with {fastest.describe()}, {fastest.prediction.iteration_ms / 1000:.2f} s, within the "  # type: ignore[union-attr]
+            f"tie resolution of {self.req.tie_resolution:.0%}: the rule keeps the smallest micro-batch, then the "
+            "fewest stages, the smallest TP size, no recomputation)")
         return (f"Megatron-LM {kind}, the predicted fastest: {best.describe()}: "
                 f"{best.prediction.iteration_ms / 1000:.2f} s, {best.prediction.throughput(gbs):.2f} samples/s, "
                 f"{best.prediction.max_memory:.0f} MB{tie}", best)
@@ -243,14 +241,10 @@ def megatron(req: SearchRequest) -> Path | None:
 
 
 def database_sha256(path: Path) -> str:
-    """Content hash of a database folder: every CSV's name and bytes, in name order (a profile in rounds:
-    each round's files too, by their path under the folder)."""
+    """Content hash of a database folder: every CSV's name and bytes, in name order."""
     digest = hashlib.sha256()
-    path = Path(path)
-    rounds = [f for f in sorted((path / ROUNDS_DIR).glob("*/*.csv")) if f.parent.name.isdigit()
-              and not f.parent.is_symlink()] if (path / ROUNDS_DIR).is_dir() else []
-    for f in sorted(path.glob("*.csv")) + rounds:
-        digest.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(Path(path).glob("*.csv")):
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
@@ -291,8 +285,7 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     start = time.monotonic()
     by_depth = search_depths(setup.cost, setup.ops, opts, setup.depths, req.processes)
     wall = time.monotonic() - start
-    rounds = setup.rounds(setup.cost)
-    by_depth, found, ties = settle_depths(by_depth, rounds)
+    by_depth, found, ties = settle_depths(by_depth, req.tie_resolution)
     save, csv_dir = req.config_save_path, req.config_save_path / "csv"
     names = [f"{setup.name}_{r.num_stages}stages_{suffix}.json" for r in found]
     for r, name in zip(found, names, strict=True):
@@ -316,8 +309,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     atomic_write(log / f"{setup.name}_summary_{suffix}.csv", f"search_cost\n{wall:.2f}\n")
     print(f"\noverall search time: {wall:.2f} s")
     for tie in ties:
-        print(f"near tie ({tie['among']}): kept {tie['kept']} over {tie['fastest']} (the fastest on the "
-              f"medians), which the profile's {len(rounds)} rounds cannot tell apart; {TIE_RULE}")
+        print(f"near tie ({tie['among']}): kept {tie['kept']} over {tie['fastest']} (the fastest), within the "
+              f"tie resolution of {req.tie_resolution:.0%}; {TIE_RULE}")
     line, plan = setup.megatron_plan()
     print(line)
     grid = _write_grid(setup, save) if req.megatron_grid else []
@@ -340,7 +333,7 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
                                        "configs": names, "megatron": mega,
                                        "best_ms": round(best.time, 2) if best else None,
                                        "megatron_ms": round(mega_ms, 2) if mega else None, "depths": depths,
-                                       "rounds": len(rounds), "ties": ties,
+                                       "ties": ties,
                                        "megatron_grid": grid, "memory_limit": req.memory_limit,
                                        "megatron_memory_limit": setup.megatron_cost()[1],
                                        "same_as_megatron": same,
@@ -352,30 +345,28 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     return SearchOutcome(manifest, best is not None)
 
 
-def settled_plan(plans: list[Plan], limit: float, rounds: list[CostModel]) -> Plan | None:
-    """The predicted-fastest plan that fits, or where the profile ran in rounds the one the near-tie rule
-    keeps (`settle`; after the micro-batch and the stages: the smaller TP size, then no recomputation)."""
-    best = best_feasible(plans, limit)
-    if best is None or len(rounds) < 2:
-        return best
+def settled_plan(plans: list[Plan], limit: float, resolution: float) -> Plan | None:
+    """The predicted-fastest plan that fits, or with a tie resolution the one the near-tie rule keeps
+    (`settle`; after the micro-batch and the stages: the smaller TP size, then no recomputation)."""
     ok = [p for p in plans if p.prediction.max_memory < limit]
-    times = [[c.predict(p.config).iteration_ms for c in rounds] for p in ok]
-    order = [(p.micro_bs, p.pp, p.tp, p.recompute) for p in ok]
-    kept, _ = settle([p.prediction.iteration_ms for p in ok], times, order)
+    if not ok or not resolution:
+        return best_feasible(plans, limit)
+    kept, _ = settle([p.prediction.iteration_ms for p in ok], [(p.micro_bs, p.pp, p.tp, p.recompute) for p in ok],
+                     resolution)
     return ok[kept]
 
 
-def settle_depths(by_depth: list[Result], rounds: list[CostModel]) -> tuple[list[Result], list[Result],
-                                                                         list[dict[str, object]]]:
-    """Each depth's config and the order of the depths' configs by the near-tie rule (`settle`) where the
-    profile ran in rounds, else by the predicted time alone; with the ties that changed a pick, in words."""
+def settle_depths(by_depth: list[Result], resolution: float) -> tuple[list[Result], list[Result],
+                                                                    list[dict[str, object]]]:
+    """Each depth's config and the order of the depths' configs by the near-tie rule (`settle`) where a
+    tie resolution is set, else by the predicted time alone; with the ties that changed a pick, in words."""
     found = sorted((r for r in by_depth if r.best is not None), key=lambda r: r.best.time)  # type: ignore[union-attr]
-    if len(rounds) < 2 or not found:
+    if not resolution or not found:
         return by_depth, found, []
     ties: list[dict[str, object]] = []
 
     def keep(points: list[Point], among: str) -> Point:
-        kept, tied = settle_points(points, rounds)
+        kept, tied = settle_points(points, resolution)
         fastest = min(points, key=lambda p: p.time)
         if kept is not fastest:
             ties.append({"among": among, "kept": describe(kept), "fastest": describe(fastest),
@@ -636,10 +627,5 @@ def database(results: Path, out: Path) -> list[Path]:
                              "`reproflow run aceso-profile-tiny`.")
     written = write_from_rows(frame, out)
     for path in written:
-        if path.parent == out:
-            print(path)
-    rounds = sorted({p.parent.name for p in written if p.parent != out}, key=int)
-    if rounds:
-        print(f"{out / ROUNDS_DIR}/{{{','.join(rounds)}}}/: each round's op and optimizer files, for the search's "
-              "near-tie rule")
+        print(path)
     return written

@@ -20,12 +20,11 @@ config of each depth gets a last local polish (boundary ops moved one stage over
 and an op migration finds how many ops to move by bisection instead of trying 0, 1, 2, ... in turn.
 The ops a migration moves take the receiving stage's boundary tp/dp and keep their algo, as there.
 
-Near ties: a profile in rounds (`rounds/<k>/` beside the database) gives each config a predicted time
-per round besides the one on the medians. Each depth keeps its fastest config per micro-batch; among
-those (and then among the depths' configs), a config is told apart from the fastest only when it is
-slower in every round, and of the rest the one with the smallest micro-batch, then the fewest stages,
-is kept (`settle`): where the profile cannot tell two configs apart, a rule no timing enters picks,
-so the machine's state during the profile does not.
+Near ties: each depth keeps its fastest config per micro-batch; with a tie resolution (the tiny
+models' profiles on a shared machine), configs predicted within it of the fastest, first within each
+depth and then among the depths' configs, are a near tie, and the one with the smallest micro-batch,
+then the fewest stages, is kept (`settle`): where the profile cannot tell two configs apart, a rule no
+timing enters picks, not the machine's state during the profile.
 
 The budget: by default a count of explored cases per depth (the count the reference prints), so one
 database, one set of options, one config on any machine, however fast or loaded; the reference's clock
@@ -781,26 +780,20 @@ def search(cost: CostModel, ops: list[str], opts: Options, depths: range, proces
 TIE_RULE = "the rule keeps the smallest micro-batch, then the fewest stages"
 
 
-def settle(times: Sequence[float], rounds: Sequence[Sequence[float]], order: Sequence[tuple]) -> tuple[int, list[int]]:
-    """The candidate kept and those tied with the fastest, by index, from each candidate's predicted time
-    on the medians (`times`), on each round (`rounds[i]`: candidate i's, in round order) and a key no
-    timing enters (`order`).
-
-    A candidate is told apart from the fastest only when it is slower in every round: a sign test, by
-    which two candidates equally fast are told apart by chance with probability 2^(1-R) over R rounds
-    (6 % at 5). Of the rest the first by `order` is kept. With fewer than two rounds the fastest is kept."""
+def settle(times: Sequence[float], order: Sequence[tuple], resolution: float) -> tuple[int, list[int]]:
+    """The candidate kept and those in a near tie with the fastest, by index, from each candidate's
+    predicted time (`times`) and a key no timing enters (`order`): a candidate predicted within
+    `resolution` of the fastest (0.01: 1 %) is in a near tie, and of those the first by `order` is kept.
+    With no resolution the fastest is kept, as the reference keeps it."""
     fastest = min(range(len(times)), key=lambda i: (times[i], order[i]))
-    if len(rounds[fastest]) < 2:
-        return fastest, [fastest]
-    tied = [i for i in range(len(times))
-            if i == fastest or not all(f < t for f, t in zip(rounds[fastest], rounds[i], strict=True))]
+    tied = [i for i in range(len(times)) if times[i] <= times[fastest] * (1 + resolution)]
     return min(tied, key=lambda i: order[i]), tied
 
 
-def settle_points(points: list[Point], rounds: list[CostModel]) -> tuple[Point, list[Point]]:
-    """`settle` over search configs (their max stage time on each round's model); the kept one and the tied."""
-    times = [[max(c.predict(p.config).pipeline_ms) for c in rounds] for p in points]
-    kept, tied = settle([p.time for p in points], times, [(p.config.micro_bs, len(p.config.stages)) for p in points])
+def settle_points(points: list[Point], resolution: float) -> tuple[Point, list[Point]]:
+    """`settle` over search configs (their max stage time); the kept one and those in the near tie."""
+    kept, tied = settle([p.time for p in points], [(p.config.micro_bs, len(p.config.stages)) for p in points],
+                        resolution)
     return points[kept], [points[i] for i in tied]
 
 

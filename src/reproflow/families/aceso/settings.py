@@ -27,6 +27,10 @@ TINY_CASES = 2000
 # speeds, so the per-sample ratios between them moved by a tenth and more from run to run, and
 # with them which config the search found (docs/aceso.md, "A profile in rounds").
 TINY_PROFILE_ROUNDS = 5
+# The tiny models' searches: configs predicted within this share of the fastest are a near tie, kept by a
+# fixed order (search.settle). The standard error of a config's predicted time from such a profile: its
+# rounds' spread over sqrt(rounds), measured on 2 shared cores (docs/aceso.md, "Near ties").
+TINY_TIE_RESOLUTION = 0.01
 
 
 @dataclass(frozen=True)
