@@ -395,6 +395,13 @@ def _catalog_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until", default="", help="only runs started on or before this date (YYYY-MM-DD)")
 
 
+def _gate_options(p: argparse.ArgumentParser, flag: str) -> None:
+    """How a run is judged against its cluster's history (history --judge, compare --against-history)."""
+    p.add_argument("--last", type=whole(2), default=20, help=f"with {flag}: comparable runs the interval is made of")
+    p.add_argument("--alarm", type=number(), default=0.01,
+                   help=f"with {flag}: the false-alarm rate a run may have, shared among its series (0.01)")
+
+
 def _series_options(p: argparse.ArgumentParser) -> None:
     """Which points, as `history` and `nodes` take them: globs on suite, experiment and point."""
     p.add_argument("--suite", default="*", help="suites matching this glob")
@@ -680,9 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="is this run normal for its cluster? each of its series against a prediction interval from "
                         "the valid runs before it with the same cluster and node count (judge.csv in --out); exit 1 "
                         "when one is worse or not valid: the nightly gate")
-    p.add_argument("--last", type=whole(2), default=20, help="with --judge: comparable runs the interval is made of")
-    p.add_argument("--alarm", type=number(), default=0.01,
-                   help="with --judge: the false-alarm rate a run may have, shared among its series (0.01)")
+    _gate_options(p, "--judge")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("nodes", help="nodes whose ranks are slower than their peers', across runs",
@@ -729,8 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against-history", action="store_true",
                    help="one run (its id) against its cluster's own history, as `history --judge RUN`: exit 1 "
                         "when a series is worse or not valid")
-    p.add_argument("--last", type=whole(2), default=20, help="with --against-history: comparable runs used")
-    p.add_argument("--alarm", type=number(), default=0.01, help="with --against-history: false-alarm rate a run")
+    _gate_options(p, "--against-history")
     p.set_defaults(func=cmd_compare)
     return parser
 
