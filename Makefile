@@ -11,13 +11,16 @@ REFERENCE ?=
 EXECUTOR ?= local
 # With EXECUTOR=slurm: the squash file every step's jobs run in through Pyxis (empty: the hosts' .venv).
 IMAGE ?=
+# With EXECUTOR=slurm: more of the jobs' options, as `reproflow submit` takes them, for every step's jobs
+# (e.g. SUBMIT="--partition p5 --runtime oci --exclude node7").
+SUBMIT ?=
 EXTRAS := test,megatron,deepspeed,mpi
 # Where make test puts the CPU image it builds (containers/build.sh cpu), its sidecars and its unpacked copy.
 IMAGES ?= .local-images
 # make demo ONLY=comms,fig8: only these targets (below), then the report and where things are.
 ONLY ?=
 REPRODUCE = $(BIN)/reproflow reproduce --executor $(EXECUTOR) --results $(RESULTS) --reports $(REPORTS) \
-	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(IMAGE),--image $(IMAGE))
+	--logs $(LOGS) $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(IMAGE),--image $(IMAGE)) $(SUBMIT)
 # One target per paper figure or table (workflows/reproduce/targets.toml): each runs only its steps.
 FIGURES := comms compute-gemm resharding-1-to-m resharding-n-to-m cfp-search fig7 fig8 fig9 spatial-check \
 	spatial-throughput spatial-chart cfp-crossover aceso-large

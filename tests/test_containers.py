@@ -368,19 +368,31 @@ def enroot_version() -> str:
 @NEEDS_IMAGE
 @pytest.mark.slurm
 @pytest.mark.parametrize("runtime", [pytest.param("pyxis", marks=NEEDS_PYXIS), "oci"])
-def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, runtime):  # noqa: F811
-    """sbatch -N 2 --export=NONE of the smoke suite in the CPU image's squash file: a point of every family on
-    both nodes. With the default runtime, Pyxis and Enroot (fails where the test cluster does not load Pyxis:
-    the job refuses to start), spatial's MPI ranks through `srun --mpi=pmi2`, the plugin the image names for its
-    MPICH; through Slurm's OCI support (runc), through hydra started by hand."""
+@pytest.mark.parametrize("path", ["sbatch", "submit"])
+def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, runtime, path):  # noqa: F811
+    """The smoke suite in the CPU image's squash file, a point of every family on both nodes, through both
+    paths to one job script: `sbatch -N 2 --export=NONE` of the committed script, and `reproflow submit
+    --wait`, a job per experiment. With the default runtime, Pyxis and Enroot (fails where the test cluster
+    does not load Pyxis: the job refuses to start), spatial's MPI ranks through `srun --mpi=pmi2`, the plugin
+    the image names for its MPICH; through Slurm's OCI support (runc), through hydra started by hand."""
     results = tmp_path / "results"
-    export = f"NONE,IMAGE={IMAGE},RESULTS={results}" + ("" if runtime == "pyxis" else ",CONTAINER_RUNTIME=oci")
     start = time.monotonic()
-    job = sbatch("-N", "2", f"--export={export}", str(SMOKE), cwd=tmp_path)
-    state = wait(job, timeout=900)[job]
+    if path == "sbatch":
+        export = f"NONE,IMAGE={IMAGE},RESULTS={results}" + ("" if runtime == "pyxis" else ",CONTAINER_RUNTIME=oci")
+        job = sbatch("-N", "2", f"--export={export}", str(SMOKE), cwd=tmp_path)
+        state = wait(job, timeout=900)[job]
+        log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
+        assert state["state"] == "COMPLETED", log[-4000:]
+        how = f"sbatch -N 2 --export={export.replace(str(results), '<results>')} smoke.sbatch"
+    else:
+        proc = reproflow("submit", "smoke", "--nodes", "2", "--image", IMAGE, "--runtime", runtime, "--results",
+                         str(results), "--wait", timeout=1800)
+        log = "\n".join(p.read_text() for p in sorted((results / "smoke" / "jobs").glob("*.out")))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:] + log[-4000:]
+        recorded = (results / "smoke" / "jobs.jsonl").read_text().splitlines()
+        job = ",".join(json.loads(line)["job_id"] for line in recorded)
+        how = f"reproflow submit smoke --nodes 2 --image <image> --runtime {runtime} --wait"
     seconds = time.monotonic() - start
-    log = (tmp_path / f"reproflow-smoke_{job}.out").read_text()
-    assert state["state"] == "COMPLETED", log[-4000:]
     launcher = "srun --mpi=pmi2" if runtime == "pyxis" else "hydra"  # pmi2: the image's MPI, MPICH, says so
     assert f"MPI rank(s) per node through {launcher}" in log and "check against the unsplit model" in log
     enroot = enroot_version() if runtime == "pyxis" else ""
@@ -398,10 +410,10 @@ def test_every_family_runs_inside_the_cpu_image_on_two_nodes(cluster, tmp_path, 
     assert set(rows["git_commit"]) == {json.loads(Path(IMAGE + ".json").read_text())["git_commit"]}
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
-    (artifacts / f"in-container-{runtime}.md").write_text(
-        f"Job {job}: sbatch -N 2 --export={export.replace(str(results), '<results>')} smoke.sbatch, "
-        f"{seconds:.0f} s from submission to COMPLETED\n\n| family | experiment | rows | nodes | ranks | container "
-        "runtime | Enroot | image sha256 |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n")
+    (artifacts / f"in-container-{runtime}-{path}.md").write_text(
+        f"Job {job}: {how}, {seconds:.0f} s from submission to COMPLETED\n\n| family | experiment | rows | nodes | "
+        "ranks | container runtime | Enroot | image sha256 |\n|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(summary) + "\n")
 
 
 @NEEDS_IMAGE
@@ -452,8 +464,8 @@ def test_doctor_checks_the_runtime_the_jobs_will_use(cluster, tmp_path):  # noqa
     (["--image", "apps/x.sqsh"], "is not an absolute or ./ path, so Pyxis would pull it from a registry"),
     (["--image", "{not_squash}"], "is not a squash file"),
     (["--image", "{not_squash}", "--runtime", "apptainer"], "apptainer not found"),
-    (["--image", "{not_squash}", "--runtime", "oci"], "Slurm's OCI support runs one task per node"),
-], ids=["registry-name", "not-squash", "no-apptainer", "oci"])
+    (["--image", "{not_squash}", "--runtime", "oci"], "is not a squash file"),
+], ids=["registry-name", "not-squash", "no-apptainer", "oci-not-squash"])
 def test_submit_refuses_before_anything_is_submitted(cluster, tmp_path, args, message):  # noqa: F811
     not_squash = tmp_path / "x.sqsh"
     not_squash.write_text("text")

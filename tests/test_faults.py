@@ -316,7 +316,7 @@ def test_slurm_node_down_during_a_two_node_job_is_retried_elsewhere_and_tagged(t
     first, second = (j["job_id"] for j in jobs)
     rows = pd.concat(pd.read_csv(p, dtype={"job_id": str, "retry_of": str}) for p in points(results).values())
     retried = rows[rows["attempt"] == 2]
-    lost = rows_lost(job_log(results / "faults" / "submitit", first))
+    lost = rows_lost(job_log(results / "faults" / "jobs", first))
     checks = {"exit 0": supervisor.returncode == 0,
               "classified": f"job {first}: NODE_FAIL -> infrastructure" in out,
               "blamed": "nodes blamed: node2" in out, "reshaped": "as 1 node(s) x 2" in out,
@@ -395,7 +395,7 @@ def test_slurm_twenty_concurrent_jobs_into_one_results_folder_lose_no_row(tmp_pa
     tasks = wait(ids[0].split("_")[0], timeout=400, count=20)
     seconds = time.monotonic() - start
     files = sorted((results / "twenty" / "c").glob("*.csv"))
-    log = "\n".join(job_log(results / "twenty" / "submitit", i) for i in ids)
+    log = "\n".join(job_log(results / "twenty" / "jobs", i) for i in ids)
     lost = rows_lost(log)
     spans = sorted((pd.Timestamp(t["start"]), pd.Timestamp(t["end"])) for t in tasks.values())
     overlapping = max(sum(s <= t < e for s, e in spans) for t, _ in spans)

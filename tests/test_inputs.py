@@ -31,8 +31,9 @@ from reproflow.families.aceso.layout import load_config, model_ops
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import config_from_counts, read_config, write_json
 from reproflow.families.cfp.passes import _segment_profile
+from reproflow.launch.job import Job
 from reproflow.launch.render import render_sbatch
-from reproflow.launch.submit import SubmititExecutor
+from reproflow.launch.submit import SlurmExecutor
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.suite import LAUNCH_FIELDS, load_suite
 
@@ -96,7 +97,7 @@ def run_script(text: str, where: Path) -> list[list[str]]:
     argv.unlink(missing_ok=True)
     env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(stubs), "ARGV_OUT": str(argv), "HOME": str(where),
            "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
-           "SLURM_SUBMIT_DIR": str(where), "IMAGE": ""}
+           "SLURM_SUBMIT_DIR": str(where), "IMAGE": "", "REPROFLOW_CHECKOUT": str(ROOT)}
     subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
     calls: list[list[str]] = [[]]
     for item in (argv.read_bytes().decode(errors="replace").split("\0")[:-1] if argv.exists() else []):
@@ -333,41 +334,41 @@ def test_a_bad_experiment_stops_the_run_before_anything_runs(write_suite, tmp_pa
     assert not (tmp_path / "r").exists()
 
 
-# ---- submitit's job script -------------------------------------------------------------------------------
+# ---- the job scripts `reproflow submit` writes -----------------------------------------------------------
 
 @COUNTED
 @settings(SETTINGS, max_examples=100)
-@given(image=hostile, mounts=hostile, partition=hostile, results=hostile)
-def test_submitit_scripts_quote_every_value_and_refuse_line_breaks(image, mounts, partition, results, tmp_path):
-    """The image, the mounts, the partition and the results folder reach the job script quoted, or are
-    refused naming the option; the script run under bash injects nothing."""
+@given(image=hostile, mounts=hostile, partition=hostile, results=hostile, sets=st.lists(hostile, max_size=2))
+def test_submitted_scripts_quote_every_value_and_refuse_line_breaks(image, mounts, partition, results, sets,
+                                                                     tmp_path):
+    """The image, the mounts, the partition, the results folder and the --set values reach the job script
+    quoted, or are refused naming the option; the script run under bash injects nothing, and its job
+    reads each value back as given."""
     suite = load_suite(ROOT / "workflows" / "param-demo.toml")
+    where = tmp_path / ("results" + results)
     try:
-        executor = SubmititExecutor(tmp_path / ("results" + results), ROOT, image="/" + image,
-                                    container_mounts=mounts, partition=partition or None, retry_of=image)
-        text = executor.dry_run(suite, suite.experiments[0])
+        texts = [SlurmExecutor(results=where, root=ROOT, job=Job(image=image and "/" + image, mounts=mounts,
+                                                                  partition=partition), retry_of=image,
+                               sets=tuple(sets)).dry_run(suite, suite.experiments[0])]
     except ReproflowError as exc:
-        assert any(o in str(exc) for o in ("--image", "--mounts", "--partition", "--results")), exc
-        _count("submitit job scripts")
+        options = ("--image", "--mounts", "--partition", "--results", "REPROFLOW_RETRY_OF")
+        assert any(o in str(exc) for o in options), exc
+        _count("submitted job scripts")
         return
     except BaseException:
-        _count("submitit job scripts", "tracebacks")
+        _count("submitted job scripts", "tracebacks")
         raise
     folder = Path(tempfile.mkdtemp(dir=tmp_path))
-    (folder / "stubs.sh").write_text(STUBS + 'srun() { printf "%s\\0" "$REPROFLOW_IMAGE" "$@" >> "$ARGV_OUT"; '
-                                             'printf "END\\0" >> "$ARGV_OUT"; }\n')
-    script = folder / "job.sh"
-    script.write_text(text)
-    env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(folder / "stubs.sh"), "ARGV_OUT": str(folder / "argv")}
-    subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    calls = run_script(texts[0], folder)
     injected = _injected()
-    _count("submitit job scripts", "injections" if injected else "")
-    assert not injected, text
-    recorded = (folder / "argv").read_bytes().decode(errors="replace").split("\0")
-    assert recorded[0] == "/" + image and f"--container-image=/{image}" in recorded, recorded
-    if not mounts:
-        where = (tmp_path / ("results" + results)).resolve()
-        assert f"--container-mounts={where}:{where}" in recorded, recorded
+    _count("submitted job scripts", "injections" if injected else "")
+    assert not injected, texts[0]
+    if image:  # no such squash file: the job stops before any step, naming it as given
+        assert not calls, calls
+        return
+    (step,) = [c for c in calls if "--results" in c]
+    assert step[step.index("--results") + 1] == str(where.resolve()), step
+    assert [step[i + 1] for i, a in enumerate(step) if a == "--set"] == list(sets), step
 
 
 @COUNTED

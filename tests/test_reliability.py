@@ -332,17 +332,6 @@ def test_a_node_is_blamed_from_slurms_event_log_even_when_it_is_idle_again():
     assert classify("42", "OUT_OF_MEMORY", "", blamed, "x").nodes == ()
 
 
-def test_the_rendezvous_port_is_below_the_ephemeral_ports():
-    """Every task of a job derives one port from its id, never in the range the kernel hands to outgoing
-    connections (where a port may be taken: EADDRINUSE), and neighbouring array tasks differ."""
-    from reproflow.launch.submit import rendezvous_port
-
-    ports = {rendezvous_port(f"{job}_{task}") for job in (168, 99999, 1234567) for task in range(20)}
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert all(20000 <= p < 30000 <= low for p in ports) and len(ports) == 60
-    assert rendezvous_port("168_14") == 26814 and rendezvous_port("no digits") == 20000
-
-
 def test_a_local_rendezvous_port_is_free_and_below_the_ephemeral_ports():
     """The local launcher's MASTER_PORT (and rank 0's under an MPI launcher, and a tool's) is one the kernel
     never hands out, so no MPI transport's listener or outgoing connection takes it before the store

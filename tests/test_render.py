@@ -9,8 +9,9 @@ import jinja2
 import pytest
 from conftest import ROOT, reproflow
 
+from reproflow.launch.job import Job
 from reproflow.launch.render import render_sbatch, sbatch_path
-from reproflow.launch.submit import SubmititExecutor
+from reproflow.launch.submit import SlurmExecutor
 from reproflow.spec.suite import load_suite
 
 SUITES = sorted((ROOT / "workflows").glob("*.toml"))
@@ -31,10 +32,16 @@ def test_script_is_valid_bash_with_the_recipe_conventions(path):
     script = sbatch_path(ROOT, load_suite(path))
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
-    for needle in ("#SBATCH --exclusive", "#SBATCH --output=%x_%j.out", ': "${IMAGE=', "--container-image",
-                   "--container-mounts", "srun --export=ALL", "--rdzv_endpoint=\"$HEAD_NODE:$MASTER_PORT\"",
-                   "export FI_PROVIDER=efa", "export NCCL_DEBUG=INFO", "scontrol show hostnames"):
+    for needle in ("#SBATCH --output=%x_%j.out", "#SBATCH --export=NONE", ': "${IMAGE=',
+                   'source "$REPROFLOW_CHECKOUT/templates/job.sh"', "\nfinish\n"):
         assert needle in text, needle
+    # The job itself, written once for every script: the recipe's conventions are there.
+    job = ROOT / "templates" / "job.sh"
+    subprocess.run(["bash", "-n", str(job)], check=True)
+    for needle in ("--container-image", "--container-mounts", "srun --export=ALL",
+                   "--rdzv_endpoint=\"$HEAD_NODE:$MASTER_PORT\"", "export FI_PROVIDER=efa", "export NCCL_DEBUG=INFO",
+                   "scontrol show hostnames"):
+        assert needle in job.read_text(), needle
 
 
 def test_gpu_suites_request_gpus_per_node():
@@ -69,26 +76,29 @@ def test_commands_that_run_nothing_load_no_model(argv: list[str]) -> None:
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("no torch"), proc.stdout[-500:] + proc.stderr[-2000:]
 
 
-def test_submit_dry_run_prints_the_submitit_script():
+def test_submit_dry_run_prints_the_job_script(tmp_path):
+    """The dry run prints the sbatch command and the exact script, writes nothing: the suite's job for
+    the experiment, its #SBATCH lines and variables from the options."""
     proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs-per-node", "2", "--image", "/apps/x.sqsh",
+                     "--runtime", "oci", "--partition", "gpu", "--time", "00:05:00", "--results", str(tmp_path / "r"),
                      "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    for needle in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "--container-image=/apps/x.sqsh",
-                   "submitit.core._submit", "export REPROFLOW_IMAGE=/apps/x.sqsh"):
+    for needle in ("# sbatch --parsable --output=", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
+                   "#SBATCH --partition=gpu", "#SBATCH --time=00:05:00", "IMAGE=/apps/x.sqsh", "CONTAINER_RUNTIME=oci",
+                   'source "$REPROFLOW_CHECKOUT/templates/job.sh"', "run_experiment collectives"):
         assert needle in proc.stdout, needle
-    # Inside the image the tasks run the image's Python, not this process's path, which it need not hold.
-    assert " python3 -u -m submitit.core._submit" in proc.stdout and sys.executable not in proc.stdout
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_images_tasks_read_the_suite_from_the_mounted_results(tmp_path):
-    """Only the results folder is mounted in the image: the suite file is copied there, by content."""
+    """Inside the image the checkout is the image's: the suite file is copied to the results, by content."""
     suite = load_suite(ROOT / "workflows" / "param-demo.toml")
     results = tmp_path / "results"
-    executor = SubmititExecutor(results, ROOT, image="/apps/x.sqsh")
+    executor = SlurmExecutor(results=results, root=ROOT, job=Job(image="/apps/x.sqsh"))
     seen = executor._visible(suite).path
     assert seen.is_relative_to(results.resolve()) and seen.name == "param-demo.toml"
     assert seen.read_bytes() == suite.path.read_bytes() and executor._visible(suite).path == seen
-    assert SubmititExecutor(results, ROOT)._visible(suite) is suite
+    assert SlurmExecutor(results=results, root=ROOT)._visible(suite) is suite
 
 
 def test_run_dry_run_runs_nothing(tmp_path):
@@ -101,12 +111,3 @@ def test_run_dry_run_runs_nothing(tmp_path):
 def test_every_command_explains_itself(command):
     proc = reproflow(command, "--help")
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) > 5
-
-
-def test_an_mpi_suites_tasks_are_one_mpi_world_through_srun():
-    """submitit's srun of an MPI suite names the --mpi plugin (SRUN_MPI, else the image's, else pmix)."""
-    proc = reproflow("submit", "spatial-small", "-e", "check-resnet", "--dry-run")
-    assert proc.returncode == 0 and "--mpi=pmix" in proc.stdout, proc.stderr
-    proc = reproflow("submit", "spatial-small", "-e", "check-resnet", "--dry-run", env={"SRUN_MPI": "pmi2"})
-    assert "--mpi=pmi2" in proc.stdout
-    assert "--mpi=" not in reproflow("submit", "param-demo", "-e", "comms", "--dry-run").stdout

@@ -209,15 +209,16 @@ def test_estimate_and_dry_run_submit_nothing(tmp_path: Path) -> None:
     for name in load_plan(ROOT / PLAN).targets:
         assert f"{name}: " in proc.stdout
     assert re.search(r"^total\s+\d+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M), proc.stdout
-    proc = reproflow("reproduce", "--dry-run", "--executor", "slurm", "--only", "comms,fig7", "--image", "/a.sqsh")
+    proc = reproflow("reproduce", "--dry-run", "--executor", "slurm", "--only", "comms,fig7", "--image", "/a.sqsh",
+                     "--partition", "p5")
     assert proc.returncode == 0, proc.stderr
     assert "node-hours" in proc.stdout
-    # In the image, the steps' folders are mounted where they are here.
+    # In the image, the steps' folders are mounted where they are here; every job option reaches every step.
     folders = ",".join(f"{ROOT / f}:{ROOT / f}" for f in ("results", "logs", "reports"))
-    assert f"reproflow submit param-demo -e comms --results results --image /a.sqsh --mounts {folders} --retries 2" \
-        in proc.stdout
+    assert (f"reproflow submit param-demo -e comms --results results --partition p5 --image /a.sqsh --mounts {folders} "
+            "--retries 2") in proc.stdout
     assert "reproflow aceso reproduce small --no-megatron-core --log-path logs/aceso" in proc.stdout
-    assert f"--submit --image /a.sqsh --mounts {folders}" in proc.stdout
+    assert f"--submit --partition p5 --image /a.sqsh --mounts {folders}" in proc.stdout
     assert not (tmp_path / "r").exists()
 
 

@@ -78,7 +78,7 @@ def test_a_submit_into_a_folder_being_written_is_refused_before_it_submits(tmp_p
                                 env=dict(os.environ, PATH="/nonexistent"))  # no sbatch: it must not get that far
     assert submit.returncode == 2, submit.stderr
     assert "is being written by run 20261207-000000-abcdef (pid 1 on node7, since now)" in submit.stderr
-    assert not list(results.glob("one/submitit/*"))
+    assert not list(results.glob("one/jobs/*"))
 
 
 @pytest.mark.distributed

@@ -1,9 +1,10 @@
 """End to end through a real Slurm cluster (slurmctld, 2 slurmd, slurmdbd) started by tests/slurm/start.sh.
 
-Jobs run the committed sbatch scripts and `reproflow submit` (submitit) on the host environment
-(IMAGE= : no Pyxis), with parameter overrides that keep each job to a few seconds; the last tests run a
-short reproduction through Pyxis in the CPU image. The nodes are hosts of an emulated network, each
-link shaped (tests/slurm/start.sh), so a job across them crosses a shaped link.
+Jobs run the committed sbatch scripts and `reproflow submit` (the same job, templates/job.sh, one
+experiment per job) on the host environment (IMAGE= : no Pyxis), with parameter overrides that keep
+each job to a few seconds; the last tests run a short reproduction through Pyxis in the CPU image.
+The nodes are hosts of an emulated network, each link shaped (tests/slurm/start.sh), so a job across
+them crosses a shaped link.
 """
 
 from __future__ import annotations
@@ -101,13 +102,13 @@ def test_sbatch_two_ranks_per_node(tmp_path):
     assert set(rows["world_size"]) == {4} and set(rows["nodelist"]) == {"node1,node2"}
 
 
-def test_reproflow_submit_through_submitit(tmp_path):
+def test_reproflow_submit_runs_the_suites_job_script(tmp_path):
     results = tmp_path / "results"
     proc = reproflow("submit", "param-comms", "--nodes", "2", "--procs-per-node", "1", "--results", str(results),
                      *[a for kv in SMALL.split() for a in ("--set", kv)])
     assert proc.returncode == 0, proc.stderr
     (job,) = submitted_ids(proc.stdout)
-    assert wait(job)[job]["state"] == "COMPLETED", list((results / "param-comms" / "submitit").rglob("*.err"))
+    assert wait(job)[job]["state"] == "COMPLETED", list((results / "param-comms" / "jobs").glob("*.out"))
     rows = rows_of(results / "param-comms" / "collectives")
     assert set(rows["job_id"]) == {job} and set(rows["nodelist"]) == {"node1,node2"}
     status = reproflow("status", "--results", str(results))

@@ -38,8 +38,9 @@ def recorded(folder: Path = RECORDED) -> list[dict]:
 
 
 def last_commit_runs(runs: list[dict]) -> list[dict]:
-    """The recorded `make demo` runs of the newest commit that has any, oldest first."""
-    demos = [r for r in runs if r["summary"]["run"]["command"][1:2] == ["reproduce"]]
+    """The recorded `make demo` runs (`reproduce` here) of the newest commit that has any, oldest first."""
+    demos = [r for r in runs if r["summary"]["run"]["command"][1:2] == ["reproduce"]
+             and r["summary"]["run"]["executor"] == "local"]
     if not demos:
         raise SystemExit("docs/recorded/ holds no run of `reproflow reproduce` (make demo): record one first")
     commit = demos[-1]["summary"]["run"]["git_commit"]

@@ -15,10 +15,11 @@ import socket
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reproflow.launch.job import Job
 from reproflow.rank.startup import EXIT_STARTUP
 from reproflow.spec.errors import ParamError, ReproflowError
 from reproflow.spec.family import get_family
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from reproflow.launch.local import LocalExecutor
-    from reproflow.launch.submit import SubmititExecutor
+    from reproflow.launch.retry import Verdict
+    from reproflow.launch.submit import SlurmExecutor
     from reproflow.reporting.claims import Claim
 
 
@@ -159,66 +161,83 @@ def _explain(exp: Experiment, host_size: int) -> None:
 
 
 def submit_suite(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
-                 overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (), nodes: int | None = None,
-                 procs_per_node: int | None = None, partition: str | None = None, image: str = "", mounts: str = "",
-                 runtime: str = "pyxis", force: bool = False, after: Sequence[str] = (), array: bool = False,
-                 max_parallel: int = 0, retries: int = 0, wait: bool = False, dry_run: bool = False,
-                 exclude: Sequence[str] = ()) -> list[str]:
-    """Submit the suite's experiments to Slurm through submitit (`results` must be on storage the nodes
-    share); returns the Slurm job ids. With `wait` or `retries`, waits for them and resubmits jobs that
-    failed for the infrastructure (at most `retries` times, without the failed nodes). `after`: start
-    only after these jobs succeed; `array`: one array task per point; `dry_run`: print, submit nothing;
-    `exclude`: nodes the jobs must not run on (`reproflow nodes` names suspects)."""
+                 job: Job | None = None, overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (),
+                 force: bool = False, wait: bool = False, dry_run: bool = False) -> list[str]:
+    """Submit the suite's experiments to Slurm, each as one job of the options `job` holds (`results` must
+    be on storage the nodes share); returns the Slurm job ids. With `wait` or `job.retries`, waits for
+    them and resubmits jobs that failed for the infrastructure (at most `job.retries` times, without the
+    failed nodes); `dry_run`: print each job's script, submit nothing."""
+    return submission(suite, experiments, results=results, job=job, overrides=overrides, sets=sets, force=force,
+                      wait=wait, dry_run=dry_run).job_ids
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a submission did: the job ids, and the verdicts on the last attempt of each job waited for."""
+
+    job_ids: list[str]
+    verdicts: list[Verdict]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.category == "ok" for v in self.verdicts)
+
+
+def submission(suite: str | Path, experiments: Sequence[str] = (), *, results: str | Path = "results",
+               job: Job | None = None, overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (),
+               force: bool = False, wait: bool = False, dry_run: bool = False) -> Submission:
+    """submit_suite, with the verdicts on the jobs it waited for (`reproflow submit` exits on them)."""
     loaded = named_suite(str(suite), [*override_strings(overrides or {}), *sets])
     selected = loaded.select(list(experiments))
-
-    def executor() -> SubmititExecutor:
-        return submitit_executor(results, overrides=overrides, sets=sets, nodes=nodes, procs_per_node=procs_per_node,
-                                 partition=partition, image=image, mounts=mounts, runtime=runtime, force=force,
-                                 after=after, array=array, max_parallel=max_parallel, exclude=exclude)
-
+    executor = slurm_executor(results, job=job, overrides=overrides, sets=sets, force=force)
     if dry_run:
-        shown = executor()
         for exp in selected:
-            print(f"# {loaded.name} / {exp.name}: {len(exp.points)} point(s); submitit would submit:")
-            print(shown.dry_run(loaded, exp))
-        return []
+            print(f"# {loaded.name} / {exp.name}: {len(exp.points)} point(s); the job script sbatch would get:")
+            print(executor.dry_run(loaded, exp))
+        return Submission([], [])
     with writing(results, loaded.name):  # while submitting, and while waiting for the jobs when told to
         keep_suite(loaded, Path(results))
-        return _submit(executor(), loaded, selected, wait or bool(retries), retries, array)
-
-
-def _submit(executor: SubmititExecutor, loaded: Suite, selected: list[Experiment], wait: bool, retries: int,
-            array: bool) -> list[str]:
-    """Submit each experiment; with `wait`, wait for its jobs and resubmit those that failed for the
-    infrastructure (at most `retries` times). The job ids."""
-    ids: list[str] = []
-    for exp in selected:
-        if wait:
-            ids += [j for attempt in executor.supervise(loaded, exp, retries) for j in attempt.job_ids]
-        else:
+        if wait or executor.job.retries:
+            return _supervised(executor, loaded, selected)
+        ids: list[str] = []
+        for exp in selected:
             submitted = executor.submit(loaded, exp)
             if not submitted:
                 continue
-            shown = f"array {submitted[0].split('_')[0]} ({len(submitted)} tasks)" if array else submitted[0]
+            shown = (f"array {submitted[0].split('_')[0]} ({len(submitted)} tasks)" if executor.job.array
+                     else submitted[0])
             print(f"submitted {loaded.name} / {exp.name} as Slurm job {shown}")
             print(f"job ids: {','.join(submitted)}")
             ids += submitted
-    return ids
+        return Submission(ids, [])
 
 
-def submitit_executor(results: str | Path = "results", *, overrides: Mapping[str, Any] | None = None,
-                      sets: Sequence[str] = (), nodes: int | None = None, procs_per_node: int | None = None,
-                      partition: str | None = None, image: str = "", mounts: str = "", runtime: str = "pyxis",
-                      force: bool = False, after: Sequence[str] = (), array: bool = False,
-                      max_parallel: int = 0, exclude: Sequence[str] = ()) -> SubmititExecutor:
-    """The executor that submit_suite submits with (`after`: job ids, comma-separated items allowed)."""
-    from reproflow.launch.submit import SubmititExecutor
+def _supervised(executor: SlurmExecutor, loaded: Suite, selected: list[Experiment]) -> Submission:
+    """Submit each experiment, wait for its jobs and resubmit those that failed for the infrastructure;
+    a line per experiment saying how it ended."""
+    ids: list[str] = []
+    verdicts: list[Verdict] = []
+    for exp in selected:
+        attempts = executor.supervise(loaded, exp)
+        if not attempts:
+            continue
+        ids += [j for attempt in attempts for j in attempt.job_ids]
+        verdicts += attempts[-1].verdicts
+        retried = len(attempts) - 1
+        outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
+        tagged = f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)" if retried else ""
+        print(f"reproflow: {loaded.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
+    return Submission(ids, verdicts)
 
-    jobs = tuple(j for item in after for j in item.split(",") if j)
-    return SubmititExecutor(Path(results), project_root(), nodes, procs_per_node, partition, image, mounts, runtime,
-                            force, tuple([*override_strings(overrides or {}), *sets]), jobs, array, max_parallel,
-                            exclude=tuple(exclude))
+
+def slurm_executor(results: str | Path = "results", *, job: Job | None = None,
+                   overrides: Mapping[str, Any] | None = None, sets: Sequence[str] = (),
+                   force: bool = False) -> SlurmExecutor:
+    """The executor that submit_suite submits with."""
+    from reproflow.launch.submit import SlurmExecutor
+
+    return SlurmExecutor(results=Path(results), root=project_root(), job=job or Job(), force=force,
+                         sets=tuple([*override_strings(overrides or {}), *sets]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,11 +246,13 @@ class Placement:
 
     results: Path = Path("results")
     submit: bool = False
-    after: tuple[str, ...] = ()
-    image: str = ""
-    mounts: str = ""
+    job: Job = field(default_factory=Job)  # with `submit`: how the jobs run, after which jobs
     force: bool = False
     dry_run: bool = False
+
+    def following(self, job_ids: Sequence[str]) -> Placement:
+        """The same placement, its jobs starting after `job_ids` succeed."""
+        return replace(self, job=replace(self.job, after=tuple(job_ids)))
 
 
 def run_generated_suite(text: str, name: str, where: Placement) -> list[str]:
@@ -286,11 +307,10 @@ def _run_generated(suite: Path, where: Placement) -> list[str]:
     # A generated suite is a pipeline (CFP's analysis -> profile -> search): each experiment's jobs start
     # after the previous experiment's succeed, in the order a run here takes them.
     ids: list[str] = []
-    after = where.after
     for exp in named_suite(str(suite), []).experiments:
-        submitted = submit_suite(suite, [exp.name], results=where.results, image=where.image, mounts=where.mounts,
-                                 force=where.force, after=after, dry_run=where.dry_run)
-        after = tuple(submitted) or after
+        submitted = submit_suite(suite, [exp.name], results=where.results, job=where.job, force=where.force,
+                                 dry_run=where.dry_run)
+        where = where.following(submitted) if submitted else where
         ids += submitted
     return ids
 
@@ -298,8 +318,9 @@ def _run_generated(suite: Path, where: Placement) -> list[str]:
 def submit_call(name: str, fn: Callable[..., Any], *args: Any, folder: str | Path, minutes: int,
                 where: Placement) -> str:
     """Submit `fn(*args)` as a one-task Slurm job (a pipeline step that is not a suite, e.g. Aceso's
-    search) the way suites are submitted: in `where.image`, after `where.after`. Returns the job id."""
-    executor = submitit_executor(where.results, image=where.image, mounts=where.mounts, after=where.after)
+    search) as its suites are submitted: in the image, partition and dependencies of `where.job`.
+    Returns the job id."""
+    executor = slurm_executor(where.results, job=where.job)
     job_id = executor.submit_call(name, fn, *args, folder=Path(folder), minutes=minutes)
     events.emit("submitted", job_ids=[job_id])
     return job_id

@@ -104,48 +104,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit a suite's experiments to Slurm through submitit; with --wait or --retries, supervise them."""
-    if not (args.wait or args.retries) or args.dry_run:
-        api.submit_suite(args.suite, args.experiment, results=args.results, **_submit_options(args),
-                         dry_run=args.dry_run)
-        return 0
-    from reproflow.launch import retry
-
-    suite = named_suite(args.suite, args.set)
-    selected = suite.select(args.experiment)
-    verdicts = []
-    with api.writing(args.results, suite.name):
-        executor = api.submitit_executor(args.results, **_submit_options(args))
-        for exp in selected:
-            attempts = executor.supervise(suite, exp, args.retries)
-            if not attempts:
-                continue
-            verdicts += attempts[-1].verdicts
-            retried = len(attempts) - 1
-            outcome = ", ".join(sorted({v.category for v in attempts[-1].verdicts})) or "unknown"
-            tagged = (f" ({retried} retr{'y' if retried == 1 else 'ies'}; rows tagged attempt, retry_of)"
-                      if retried else "")
-            print(f"reproflow: {suite.name} / {exp.name}: {outcome} after {len(attempts)} attempt(s){tagged}")
-    return 0 if all(v.category == retry.OK for v in verdicts) else 1
-
-
-def _submit_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of `reproflow submit` that say where and how its jobs run."""
-    return {"sets": args.set, "nodes": args.nodes, "procs_per_node": args.procs_per_node, "partition": args.partition,
-            "image": args.image, "mounts": args.mounts, "runtime": args.runtime, "force": args.force,
-            "after": args.after, "array": args.array, "max_parallel": args.max_parallel,
-            "exclude": _node_list(args.exclude)}
-
-
-def _node_list(text: str) -> tuple[str, ...]:
-    """--exclude's nodes: comma-separated names, or @FILE holding them (as `reproflow nodes` writes)."""
-    if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text()
-        except OSError as exc:
-            raise ReproflowError(f"--exclude {text}: cannot read the file ({exc.strerror}); give node names "
-                                 "(node7,node12) or @FILE with them.") from None
-    return tuple(n.strip() for n in text.replace("\n", ",").split(",") if n.strip())
+    """Submit a suite's experiments to Slurm, one job each; with --wait or --retries, supervise them."""
+    done = api.submission(args.suite, args.experiment, results=args.results, job=options.job(args), sets=args.set,
+                          force=args.force, wait=args.wait, dry_run=args.dry_run)
+    return 0 if done.ok else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -169,8 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{'JOBID':<12} {'STATE':<14} {'NAME':<44} {'NODES':<14} {'START':<19} END")
     for job in jobs:
         print(f"{job.job_id:<12} {job.state:<14} {job.name:<44} {job.nodelist:<14} {job.start:<19} {job.end}")
-    # Why each unfinished job ended: the failure taxonomy, from its state, its submitit logs, its nodes' events.
-    folders = {str(j["job_id"]): results / str(j["suite"]) / "submitit" for j in recorded}
+    # Why each unfinished job ended: the failure taxonomy, from its state, its log, its nodes' events.
+    folders = {str(j["job_id"]): results / str(j["suite"]) / "jobs" for j in recorded}
     for job in jobs:
         if job.state in retry.FINAL_STATES - {"COMPLETED"}:
             folder = folders.get(job.job_id) or folders.get(job.job_id.split("_")[0])
@@ -269,10 +231,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(format_estimate(rows, args.executor))
         if args.dry_run:
             for step in steps:
-                print(f"reproflow {' '.join(step_argv(step, folders, args.executor, args.image, args.mounts))}")
+                print(f"reproflow {' '.join(step_argv(step, folders, args.executor, options.job(args)))}")
             print(f"reproflow report --results {folders.results} --out {folders.reports}")
         return 0
-    return reproduce(plan, only, folders, args.executor, args.image, args.mounts)
+    return reproduce(plan, only, folders, args.executor, options.job(args))
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
@@ -516,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reproflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Reproduce distributed deep-learning experiments from suite files "
-                    "(workflows/*.toml): locally, or on Slurm through sbatch scripts or submitit.")
+                    "(workflows/*.toml): locally, or on Slurm through the committed sbatch scripts or "
+                    "`reproflow submit`.")
     parser.add_argument("--version", action="version", version=f"reproflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -544,30 +507,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only compare with the committed scripts; exit 1 if stale")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("submit", help="submit a suite to Slurm through submitit", formatter_class=fmt,
-                       description="Submit one Slurm job per experiment with submitit; each task is one rank.")
+    p = sub.add_parser("submit", help="submit a suite to Slurm, one job per experiment", formatter_class=fmt,
+                       description="Submit one Slurm job per experiment: the suite's job script (templates/job.sh "
+                                   "after the job's #SBATCH lines) for that experiment, as sbatch/<suite>.sbatch "
+                                   "runs them all; --dry-run prints it.")
     options.suite_options(p)
     options.rank_options(p, "nodes per job")
-    p.add_argument("--partition", default=None, help="Slurm partition (default: the suite's, else the cluster's)")
-    p.add_argument("--image", default="", help="squash file from `make containers` (empty: the host environment)")
-    p.add_argument("--runtime", choices=("pyxis", "apptainer", "oci"), default="pyxis",
-                   help="how the tasks start in the image: Pyxis (srun --container-image) or Apptainer; oci needs "
-                        "the sbatch scripts (one task per node)")
-    p.add_argument("--mounts", default="", help="folders bound into the container, src:dst,... (default: results)")
-    p.add_argument("--array", action="store_true", help="one array task per point instead of one job")
-    p.add_argument("--max-parallel", type=whole(0), default=0, help="with --array: at most this many tasks at once")
-    p.add_argument("--exclude", default="", metavar="NODES",
-                   help="nodes the jobs must not run on: node7,node12 or @FILE (reproflow nodes writes exclude.txt)")
-    p.add_argument("--after", action="append", default=[], metavar="JOBID",
-                   help="start only after these jobs succeed (afterok; repeatable or comma-separated)")
+    options.job_options(p)
     p.add_argument("--wait", action="store_true",
                    help="wait for the jobs and classify how each ended: infrastructure (node failure, preemption, "
                         "communicator or health-gate failure), experiment (exception, out of memory, invalid "
                         "result), time limit or cancelled; exit 1 unless all completed")
-    p.add_argument("--retries", type=whole(0), default=0,
-                   help="with --wait implied: resubmit infrastructure failures up to this many times, without the "
-                        "nodes that failed (same rank count; rows get attempt and retry_of). Experiment failures "
-                        "are never retried")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("doctor", help="check the cluster before submitting", formatter_class=fmt,
@@ -636,8 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default="",
                    help="folder of the papers' published results (aceso/reference-results/...), drawn beside "
                         "the reproduced figures")
-    p.add_argument("--image", default="", help="with --executor slurm: Enroot squash file for Pyxis")
-    p.add_argument("--mounts", default="", help="with --executor slurm: Pyxis --container-mounts")
+    options.job_options(p, "with --executor slurm: ")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("archive", help="one .tar.gz of suites, scripts, results, logs and the report",

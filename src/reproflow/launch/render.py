@@ -1,7 +1,9 @@
-"""Render the sbatch script of a suite: a pure function of the suite and the template.
+"""Render a job script: a pure function of what differs between jobs and the template.
 
-The scripts in sbatch/ are committed so cluster users need no Python to submit; `make sbatch`
-rewrites them and a test fails when a committed script differs from what this renders.
+Every job, a committed sbatch/<suite>.sbatch or one `reproflow submit` writes, is the same
+templates/job.sh with a few lines before it (#SBATCH options, variables, the experiments). The
+scripts in sbatch/ are committed so cluster users need no Python to submit; `make sbatch` rewrites
+them and a test fails when a committed script differs from what this renders.
 """
 
 from __future__ import annotations
@@ -14,18 +16,9 @@ from pathlib import Path
 import jinja2
 
 from reproflow.spec.errors import CONTROL, ReproflowError, SuiteError, shown, text_problem
-from reproflow.spec.suite import Suite, format_slurm_time, slurm_seconds
+from reproflow.spec.suite import Experiment, Suite, format_slurm_time, slurm_seconds
 
 TEMPLATE = "suite.sbatch.j2"
-
-
-@dataclass(frozen=True)
-class SbatchSettings:
-    """Defaults written into the script's user-variable block; each can be overridden at submit time."""
-
-    apps_path: str = "/apps"
-    container_dir: str = "/opt/reproflow"
-    master_port: int = 20000
 
 
 DOCKERFILE = Path("containers") / "reproflow.Dockerfile"
@@ -53,18 +46,25 @@ def default_image(suite: Suite, root: Path) -> str:
 MAX_SCRIPT_BYTES = 4 * 2**20
 
 
-def render_sbatch(suite: Suite, root: Path, settings: SbatchSettings = SbatchSettings()) -> str:
-    """The sbatch script that runs every experiment of `suite`, one torchrun launch each; a SuiteError
-    where it would be longer than sbatch takes (MAX_SCRIPT_BYTES)."""
-    text = _render(suite, root, settings)
-    if len(text.encode()) > MAX_SCRIPT_BYTES:
-        raise SuiteError(suite.path, "suite", f"its sbatch script would be {len(text.encode()):,} bytes, more than "
-                         f"the {MAX_SCRIPT_BYTES:,} sbatch takes by default (Slurm's max_script_size).",
-                         "a shorter description, fewer experiments")
-    return text
+@dataclass(frozen=True, kw_only=True)
+class JobScript:
+    """What a job script holds besides templates/job.sh, the job itself: what differs between jobs."""
+
+    suite: Suite
+    experiments: tuple[Experiment, ...]
+    job_name: str
+    nodes: int
+    time_limit: str  # Slurm's [D-]HH:MM:SS
+    tasks_per_node: int = 1  # Slurm's tasks; each experiment starts its ranks itself (torchrun, MPI)
+    options: tuple[str, ...] = ()  # further #SBATCH options, each one word
+    variables: tuple[str, ...] = ()  # shell lines that set the job's variables before job.sh reads them
+    checkout: str = ""  # submitted: the checkout holding templates/job.sh, a shell word (committed: found)
+    submitted: bool = False  # written by `reproflow submit` (else: a committed sbatch/<suite>.sbatch)
 
 
-def _render(suite: Suite, root: Path, settings: SbatchSettings) -> str:
+def render_job(script: JobScript, root: Path) -> str:
+    """The job script: a pure function of `script` and the template. A SuiteError where it would be longer
+    than sbatch takes (MAX_SCRIPT_BYTES)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(root / "templates"),
         undefined=jinja2.StrictUndefined,
@@ -73,28 +73,49 @@ def _render(suite: Suite, root: Path, settings: SbatchSettings) -> str:
         lstrip_blocks=True,
     )
     env.filters["comment"] = comment
-    launch = suite.experiments[0].launch
-    total_s = sum(slurm_seconds(e.launch.time_limit) for e in suite.experiments)
-    ref = _suite_ref(suite.path, root)
-    return env.get_template(TEMPLATE).render(
-        suite=suite,
-        suite_ref=ref,
-        # One shell word: $REPROFLOW_DIR expands, the rest of the path is quoted whatever it holds.
-        suite_arg=f'"$REPROFLOW_DIR"/{shlex.quote(ref[len(_IN_CHECKOUT):])}' if ref.startswith(_IN_CHECKOUT)
-        else shlex.quote(ref),
-        nodes=max(e.launch.nodes for e in suite.experiments),
-        gpus_per_node=max(e.launch.gpus_per_node for e in suite.experiments),
-        time_limit=format_slurm_time(total_s),
-        partition=launch.partition,
-        exclusive=launch.exclusive,
-        settings=settings,
-        image=default_image(suite, root),
-        mpi=any(e.launch.launcher == "mpi" for e in suite.experiments),
+    # A job `reproflow submit` writes reads the suite where the submitting process names it (a copy on the
+    # shared results folder when it runs in an image); a committed one, in the checkout it runs.
+    suite_file = script.suite.path.resolve().as_posix() if script.submitted else suite_file_for_job(
+        script.suite.path, root)
+    text = env.get_template(TEMPLATE).render(
+        suite=script.suite,
+        experiments=script.experiments,
+        job_name=script.job_name,
+        nodes=script.nodes,
+        tasks_per_node=script.tasks_per_node,
+        gpus_per_node=max(e.launch.gpus_per_node for e in script.experiments),
+        exclusive=any(e.launch.exclusive for e in script.experiments),
+        time_limit=script.time_limit,
+        options=script.options,
+        variables=script.variables,
+        checkout=script.checkout,
+        submitted=script.submitted,
+        suite_file=suite_file,
+        suite_arg=shlex.quote(suite_file),  # one shell word, whatever the path holds
         quote=shlex.quote,
     )
+    if len(text.encode()) > MAX_SCRIPT_BYTES:
+        raise SuiteError(script.suite.path, "suite", f"its sbatch script would be {len(text.encode()):,} bytes, "
+                         f"more than the {MAX_SCRIPT_BYTES:,} sbatch takes by default (Slurm's max_script_size).",
+                         "a shorter description, fewer experiments")
+    return text
 
 
-_IN_CHECKOUT = "$REPROFLOW_DIR/"
+def render_sbatch(suite: Suite, root: Path) -> str:
+    """The committed script of `suite` (sbatch/<name>.sbatch): every experiment, in the suite's launch."""
+    image = default_image(suite, root)
+    partition = suite.experiments[0].launch.partition
+    return render_job(JobScript(
+        suite=suite,
+        experiments=tuple(suite.experiments),
+        job_name=f"reproflow-{suite.name}",
+        nodes=max(e.launch.nodes for e in suite.experiments),
+        time_limit=format_slurm_time(sum(slurm_seconds(e.launch.time_limit) for e in suite.experiments)),
+        options=("--output=%x_%j.out", *([f"--partition={partition}"] if partition else [])),
+        variables=(': "${APPS_PATH:=/apps}"',
+                   f': "${{IMAGE={image}}}"  # squash file from `make containers` (absolute or ./ path); empty: '
+                   "no container"),
+    ), root)
 
 
 def comment(text: object) -> str:
@@ -111,10 +132,11 @@ def shell_value(option: str, value: str) -> str:
     return value
 
 
-def _suite_ref(path: Path, root: Path) -> str:
-    """The suite file as the job sees it: under $REPROFLOW_DIR when it is part of the checkout."""
+def suite_file_for_job(path: Path, root: Path) -> str:
+    """The suite file as a job names it: relative to the checkout when it is part of it (job.sh reads it
+    under $REPROFLOW_DIR, the image's checkout in a container), else its absolute path."""
     try:
-        return _IN_CHECKOUT + path.resolve().relative_to(root.resolve()).as_posix()
+        return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return path.resolve().as_posix()
 

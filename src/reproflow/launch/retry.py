@@ -281,14 +281,12 @@ def wait_for(job_ids: list[str], say: Callable[[str], None], poll_s: float = 2.0
 
 
 def job_log(folder: Path, job_id: str) -> str:
-    """Every log file of a job in a submitit folder (one per task), concatenated."""
-    texts = []
-    for path in sorted(folder.glob(f"{job_id}*/*_log.*")) + sorted(folder.glob(f"{job_id}_*_log.*")):
-        try:
-            texts.append(path.read_text(errors="replace"))
-        except OSError:
-            continue
-    return "\n".join(texts)
+    """The log of a job `reproflow submit` wrote into `folder` (`<job id>.out`: every step's output, srun's
+    task labels on each line); '' when it is not there."""
+    try:
+        return (folder / f"{job_id}.out").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def batch_log(job: SlurmJob) -> str:

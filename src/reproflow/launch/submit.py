@@ -1,232 +1,141 @@
-"""Slurm executor through submitit: one job per experiment, one submitit task per rank.
+"""Slurm executor: one job per experiment, its script the suite's job script for that experiment.
 
-Each task turns submitit's JobEnvironment into the torch.distributed environment and runs the
-same worker as every other executor. With an image, each task starts in it through Pyxis (srun
---container-image) or Apptainer (`apptainer exec` before the task's Python), so the image must hold
-Python, submitit and reproflow (the images in containers/ do). Slurm's OCI support runs one task per
-node, and submitit one task per rank: OCI jobs go through the sbatch scripts (CONTAINER_RUNTIME=oci).
+Each job is templates/job.sh with the #SBATCH lines and variables of its `Job` before it, the same
+job a committed sbatch/<suite>.sbatch runs (render.py), submitted with sbatch: every container runtime
+(Pyxis, Slurm's OCI support, Apptainer) and every launcher (torchrun, srun's MPI, mpirun_rsh, hydra)
+works on both paths. A pipeline step that is a Python call, not a suite (Aceso's search), goes
+through submitit with the same options.
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime as _dt
 import hashlib
 import json
 import os
-import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from reproflow.launch import retry
-from reproflow.launch.containers import image_problem, image_variable, runtime_problems
-from reproflow.launch.local import worker_args
-from reproflow.launch.render import shell_value
+from reproflow.launch.containers import image_problem, runtime_problems
+from reproflow.launch.job import Job
+from reproflow.launch.render import JobScript, render_job, shell_value
 from reproflow.spec.errors import ReproflowError
-from reproflow.spec.suite import JOB_ID_RE, PARTITION_RE, Experiment, Point, Suite, slurm_seconds
+from reproflow.spec.suite import Experiment, Point, Suite, format_slurm_time, slurm_seconds
 from reproflow.store import events
 from reproflow.store.files import append_line, atomic_write
 from reproflow.store.results import point_file_problem, point_path
 from reproflow.store.runs import RUN_ID_ENV
 
-NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a host name, as Slurm's NodeName is
+# What the submitting process hands its jobs through --export=NONE: the run the rows join, and the
+# reliability tests' fault hook (crossing on purpose).
+_PASSED_ON = (RUN_ID_ENV, "REPROFLOW_INJECT_FAULT")
 
 
-def rendezvous_port(job_id: str) -> int:
-    """A port every task of a job derives alike from the job id (20000-29999, as the sbatch template's)."""
-    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    # Below Linux's ephemeral ports (32768 and up by default): a port there may be held by any outgoing
-    # connection on the node, and the rendezvous then fails to listen (EADDRINUSE), as one of twenty
-    # array tasks did on port 36814.
-    return 20000 + int(digits) % 10000
-
-
-def run_rank(worker_argv: list[str]) -> int:
-    """Body of one submitit task: set the rank environment, run the worker, fail loudly."""
-    import submitit
-
-    from reproflow.rank import worker
-
-    env = submitit.JobEnvironment()
-    os.environ.update(
-        RANK=str(env.global_rank),
-        WORLD_SIZE=str(env.num_tasks),
-        LOCAL_RANK=str(env.local_rank),
-        LOCAL_WORLD_SIZE=str(env.num_tasks // env.num_nodes),
-        MASTER_ADDR=env.hostnames[0],
-        MASTER_PORT=os.environ.get("MASTER_PORT") or str(rendezvous_port(env.job_id)),
-    )
-    code = worker.main(worker_argv)
-    if code != 0:
-        raise RuntimeError(f"rank {env.global_rank}: reproflow worker exited with {code}")
-    # Once submitit has written this task's result and returns, the process leaves as a local rank does
-    # (worker.leave): the interpreter's teardown aborted a finished spatial rank on the test cluster, and
-    # Slurm failed its job with every row written. Registered last, so run first of the exit handlers.
-    atexit.register(worker.leave, 0)
-    return code
-
-
-@dataclass
-class SubmititExecutor:
-    """Submit experiments to Slurm with submitit (`reproflow submit`)."""
+@dataclass(frozen=True, kw_only=True)
+class SlurmExecutor:
+    """Submit a suite's experiments to Slurm (`reproflow submit`), each as the job `job` describes."""
 
     results: Path
     root: Path
-    nodes: int | None = None
-    procs: int | None = None
-    partition: str | None = None
-    image: str = ""
-    container_mounts: str = ""
-    runtime: str = "pyxis"
+    job: Job = field(default_factory=Job)
     force: bool = False
     sets: tuple[str, ...] = ()
-    after: tuple[str, ...] = ()
-    array: bool = False
-    max_parallel: int = 0
-    python: str = ""
-    # Set on retries: which attempt this is, the job it retries, and the nodes to keep out.
+    # Set on retries: which attempt this is and the job it retries.
     attempt: int = 1
     retry_of: str = ""
-    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # Checked before anything reaches a job script, where a newline would end the #SBATCH lines.
-        for option, text in (("--results", str(self.results)), ("--image", self.image),
-                             ("--mounts", self.container_mounts), ("python", self.python)):
-            shell_value(option, text)
-        for name in ("nodes", "procs"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ReproflowError(f"{name} {value!r}: give a whole number >= 1, or leave it out for the "
-                                     "suite's launch.")
-        for node in self.exclude:
-            if not NODE_RE.fullmatch(node):
-                raise ReproflowError(f"--exclude {node[:40]!r} is not a node name: give Slurm's node names, "
-                                     "comma-separated (node7,node12), or @FILE holding them (reproflow nodes writes "
-                                     "exclude.txt).")
-        for job in self.after:
-            if not JOB_ID_RE.fullmatch(job):
-                raise ReproflowError(f"--after {job[:40]!r} is not a Slurm job id. Give the ids sbatch or "
-                                     "`reproflow submit` printed (e.g. --after 1234 or --after 1234,1235).")
+        shell_value("--results", str(self.results))  # a newline would end the line of the script it is on
 
     def folder(self, suite: Suite) -> Path:
-        """Where submitit keeps pickles and logs of this suite's jobs."""
-        return (self.results / suite.name / "submitit").resolve()
+        """Where this suite's job scripts and job logs (`<job id>.out`) go."""
+        return (self.results / suite.name / "jobs").resolve()
 
-    def parameters(self, suite: Suite, exp: Experiment) -> dict[str, Any]:
-        """submitit SlurmExecutor parameters for one experiment."""
-        launch = exp.launch
-        params = self._job(f"reproflow-{suite.name}-{exp.name}", self.nodes or launch.nodes,
-                           self.procs or launch.procs_per_node, max(1, slurm_seconds(launch.time_limit) // 60),
-                           self.partition or launch.partition)
-        if launch.launcher == "mpi":
-            # One MPI world from srun's tasks: SRUN_MPI, else the plugin the image's MPI needs (pmi2 for the
-            # CPU image's MPICH, pmix for the gpu image's Open MPI), else pmix, as the sbatch template
-            # chooses; without it every task is an MPI world of its own.
-            plugin = os.environ.get("SRUN_MPI") or image_variable(self.image, "REPROFLOW_SRUN_MPI") or "pmix"
-            params["srun_args"] = [*params["srun_args"], f"--mpi={plugin}"]
-        if launch.gpus_per_node:
-            params["gpus_per_node"] = launch.gpus_per_node
-        if launch.exclusive:
-            params["exclusive"] = True
-        if self.array and self.max_parallel:
-            params["array_parallelism"] = self.max_parallel
-        return params
+    def shape(self, exp: Experiment) -> tuple[int, int]:
+        """(nodes, ranks per node) of the experiment's job."""
+        return self.job.nodes or exp.launch.nodes, self.job.procs_per_node or exp.launch.procs_per_node
 
-    def _job(self, name: str, nodes: int, tasks_per_node: int, minutes: int, partition: str) -> dict[str, Any]:
-        """The parameters every job shares: environment, image, excluded nodes, partition, dependencies."""
-        if partition and not PARTITION_RE.fullmatch(partition):
-            raise ReproflowError(f"--partition {partition!r} is not a Slurm partition name: use letters, digits, "
-                                 "'_', '.', '-' (several separated by commas).")
-        # --export=NONE keeps the submitting shell's variables (tokens, AMI settings) out of the job;
-        # srun inside must then ask for the job's environment explicitly.
-        srun_args: list[str] = ["--export=ALL"]
-        setup = [f"export REPROFLOW_ATTEMPT={self.attempt}"]
-        if os.environ.get(RUN_ID_ENV):  # the rows join the run that submitted them
-            setup.append(f"export {RUN_ID_ENV}={shlex.quote(os.environ[RUN_ID_ENV])}")
-        if os.environ.get("REPROFLOW_INJECT_FAULT"):  # the test hook crosses --export=NONE on purpose
-            setup.append(f"export REPROFLOW_INJECT_FAULT={shlex.quote(os.environ['REPROFLOW_INJECT_FAULT'])}")
-        if self.retry_of:
-            setup.append(f"export REPROFLOW_RETRY_OF={shlex.quote(self.retry_of)}")
-        if self.image:
-            image = shell_value("--image", self.image)
-            setup.append(f"export REPROFLOW_IMAGE={shlex.quote(image)} REPROFLOW_CONTAINER_RUNTIME={self.runtime}")
-            if self.runtime == "pyxis":
-                srun_args += [f"--container-image={image}", f"--container-mounts={self._mounts()}"]
-        params: dict[str, Any] = {
-            "job_name": name,
-            "nodes": nodes,
-            "ntasks_per_node": tasks_per_node,
-            "time": minutes,
-            "setup": setup,
-            "srun_args": srun_args,
-            "additional_parameters": {"export": "NONE"},
-        }
-        if self.exclude:
-            params["exclude"] = ",".join(self.exclude)
-        if partition:
-            params["partition"] = partition
-        if self.after:
-            # Starts only when every listed job has finished successfully (profile -> search -> train).
-            params["dependency"] = "afterok:" + ":".join(self.after)
-        return params
+    def script(self, suite: Suite, exp: Experiment, points: list[int] | None = None, *, write: bool = True) -> str:
+        """The job script of one experiment; with the job's `array`, one task per index in `points`
+        (default: every point). `write`: copy the suite where an image's job reads it (_visible)."""
+        job, launch = self.job, exp.launch
+        nodes, procs = self.shape(exp)
+        options = []
+        if job.partition or launch.partition:
+            options.append(f"--partition={job.partition or launch.partition}")
+        if job.exclude:
+            options.append(f"--exclude={','.join(job.exclude)}")
+        if job.after:  # starts only when every listed job has finished successfully (profile -> search -> train)
+            options.append("--dependency=afterok:" + ":".join(job.after))
+        if job.array:
+            indices = points if points is not None else list(range(len(exp.points)))
+            options.append(f"--array={','.join(map(str, indices))}" + (f"%{job.max_parallel}" if job.max_parallel
+                                                                        else ""))
+        variables = [f"RESULTS={shlex.quote(str(self.results.resolve()))}", f"IMAGE={shlex.quote(job.image)}",
+                     f"CONTAINER_RUNTIME={job.runtime}", f"MPI_LAUNCHER={job.mpi_launcher}"]
+        variables += [f"CONTAINER_MOUNTS={shlex.quote(job.mounts)}"] if job.mounts else []
+        variables += [f"SRUN_MPI={job.srun_mpi}"] if job.srun_mpi else []
+        # No image: the ranks run this Python's environment, as a run here does.
+        variables += [] if job.image else [f"VENV={shlex.quote(sys.prefix)}"]
+        variables += [f"PROCS_PER_NODE={procs}", f"FORCE={int(self.force)}"]
+        variables += [f"SETS=({' '.join(shlex.quote(s) for s in self.sets)})"] if self.sets else []
+        exports = {"REPROFLOW_ATTEMPT": str(self.attempt), "REPROFLOW_RETRY_OF": self.retry_of,
+                   **{name: os.environ.get(name, "") for name in _PASSED_ON}}
+        variables += [f"export {name}={shlex.quote(shell_value(name, value))}" for name, value in exports.items()
+                      if value]
+        return render_job(JobScript(
+            suite=self._visible(suite, write=write),
+            experiments=(exp,),
+            job_name=f"reproflow-{suite.name}-{exp.name}",
+            nodes=nodes,
+            tasks_per_node=procs,
+            time_limit=job.time or format_slurm_time(slurm_seconds(launch.time_limit)),
+            options=tuple(options),
+            variables=tuple(variables),
+            checkout=shlex.quote(str(self.root.resolve())),
+            submitted=True,
+        ), self.root)
 
-    def _mounts(self) -> str:
-        results = self.results.resolve()
-        return shell_value("--mounts", self.container_mounts) or f"{results}:{results}"
-
-    def _visible(self, suite: Suite) -> Suite:
-        """The suite as its tasks can read it: in an image, only the results folder is mounted, so the
-        file (a built-in suite's or one of the user's) is copied beside the jobs' pickles, by content."""
-        if not self.image:
+    def _visible(self, suite: Suite, *, write: bool = True) -> Suite:
+        """The suite as its jobs can read it: in an image, the checkout is the image's, so the file (a
+        built-in suite's or one of the user's) is copied beside the job scripts, by content (not by a
+        dry run)."""
+        if not self.job.image:
             return suite
         text = suite.path.read_text()
         copy = self.folder(suite) / "suites" / hashlib.sha256(text.encode()).hexdigest()[:12] / suite.path.name
-        if not copy.is_file():  # two submissions at once write the same bytes: whole files either way
+        if write and not copy.is_file():  # two submissions at once write the same bytes: whole files either way
             atomic_write(copy, text)
         return replace(suite, path=copy)
 
-    def _python(self) -> str:
-        """The tasks' Python as a shell command (submitit writes it into the job script as it is): with an
-        image, the image's (inside Apptainer, or as Pyxis starts the task in it: the first python3 on the
-        job's PATH, which the images' virtual environment leads); else this one."""
-        if self.image and self.runtime == "apptainer":
-            return shlex.join(["apptainer", "exec", "--bind", self._mounts(), self.image, "python3"])
-        if self.image and self.runtime == "pyxis":
-            return shlex.quote(self.python or "python3")  # this process's path need not exist in the image
-        return shlex.quote(self.python or sys.executable)
-
     def check(self, *, on_disk: bool = True) -> None:
         """Refuse, before anything is submitted, an image or a runtime the jobs could not start."""
-        if not self.image:
+        if not self.job.image:
             return
-        if self.runtime == "oci":
-            raise ReproflowError("--runtime oci: Slurm's OCI support runs one task per node, and `reproflow "
-                                 "submit` starts one task per rank. Submit the suite's sbatch script instead: "
-                                 "sbatch --export=NONE,IMAGE=<squash file>,CONTAINER_RUNTIME=oci sbatch/<suite>."
-                                 "sbatch, or use --runtime pyxis / apptainer.")
-        problems = [image_problem(self.image, on_disk=on_disk)]
+        problems = [image_problem(self.job.image, on_disk=on_disk)]
         if on_disk:
-            problems += [f"{what} ({fix})" for what, fix in runtime_problems(self.runtime)]
+            problems += [f"{what} ({fix})" for what, fix in runtime_problems(self.job.runtime)]
         problems = [p for p in problems if p]
         if problems:
             raise ReproflowError("nothing was submitted: " + "; ".join(problems) + ".")
 
-    def dry_run(self, suite: Suite, exp: Experiment) -> str:
-        """The sbatch text submitit would submit, without submitting."""
-        from submitit.slurm import slurm
+    def _sbatch(self, suite: Suite, path: Path) -> list[str]:
+        """sbatch's arguments for the script at `path`: its log beside it, named by the job id."""
+        log = self.folder(suite) / ("%A_%a.out" if self.job.array else "%j.out")
+        return ["sbatch", "--parsable", f"--output={log}", str(path)]
 
+    def dry_run(self, suite: Suite, exp: Experiment) -> str:
+        """The sbatch command and the exact script it would submit, without submitting."""
         self.check(on_disk=False)
-        folder = self.folder(suite)
-        command = f"{self._python()} -u -m submitit.core._submit {shlex.quote(str(folder / '%j'))}"
-        params = self.parameters(suite, exp)
-        if self.array:
-            params["map_count"] = len(exp.points)
-        return slurm._make_sbatch_string(command=command, folder=folder / "%j", **params)
+        text = self.script(suite, exp, write=False)
+        path = self.folder(suite) / f"{exp.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.sbatch"
+        return f"# {shlex.join(self._sbatch(suite, path))}\n{text}"
 
     def unmeasured(self, suite: Suite, exp: Experiment) -> list[int]:
         """The indices of the points that have no whole result file in any setting the job can resolve its
@@ -234,21 +143,22 @@ class SubmititExecutor:
         if self.force:
             return list(range(len(exp.points)))
         launch = exp.launch
-        world = (self.nodes or launch.nodes) * (self.procs or launch.procs_per_node)
+        nodes, procs = self.shape(exp)
         settings = {(b, d) for b, d in (("nccl", "cuda"), ("gloo", "cpu"))
                     if launch.backend in ("auto", b) and launch.device in ("auto", d)}
         settings = settings or {(launch.backend, launch.device)}
 
         def done(point: Point) -> bool:
-            paths = (point_path(self.results, suite.name, exp.name, point.key(world, b, d, launch.repeats))
+            paths = (point_path(self.results, suite.name, exp.name, point.key(nodes * procs, b, d, launch.repeats))
                      for b, d in settings)
             return any(path.is_file() and not point_file_problem(path) for path in paths)
 
         return [i for i, point in enumerate(exp.points) if not done(point)]
 
     def submit(self, suite: Suite, exp: Experiment) -> list[str]:
-        """Submit one experiment (one array task per point with `array`); return the Slurm job ids, none
-        when every point is measured already (a rerun resumes where the last one stopped)."""
+        """Submit one experiment (one array task per point still to measure with the job's `array`); return
+        the Slurm job ids, none when every point is measured already (a rerun resumes where the last one
+        stopped)."""
         todo = self.unmeasured(suite, exp)
         for i in sorted(set(range(len(exp.points))) - set(todo)):
             events.emit("point", experiment=exp.name, index=i + 1, total=len(exp.points),
@@ -257,56 +167,85 @@ class SubmititExecutor:
             retry.say(f"reproflow: {suite.name} / {exp.name}: all {len(exp.points)} point(s) measured earlier; "
                       "nothing submitted (--force measures them again)")
             return []
-        executor = self._executor(self.folder(suite), self.parameters(suite, exp))
-        argv = worker_args(self._visible(suite), exp, self.results.resolve(), self.force, self.root, self.sets)
-        if self.array:
-            jobs = executor.map_array(run_rank, [[*argv, "--point", str(i)] for i in todo])
-        else:
-            jobs = [executor.submit(run_rank, argv)]
-        ids = [str(job.job_id) for job in jobs]
+        self.check()
+        text = self.script(suite, exp, todo)
+        # Named by content: a submission never rewrites a script another is about to submit.
+        path = self.folder(suite) / f"{exp.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.sbatch"
+        atomic_write(path, text, under=self.results)
+        try:
+            proc = subprocess.run(self._sbatch(suite, path), capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            raise ReproflowError("cannot submit to Slurm: sbatch is not installed here. Is this a Slurm login "
+                                 "node? Use `reproflow run` to run locally.") from None
+        if proc.returncode != 0:
+            raise ReproflowError(f"sbatch refused {path}: {proc.stderr.strip() or proc.stdout.strip()}")
+        job_id = proc.stdout.strip().split(";")[0]
+        ids = [f"{job_id}_{i}" for i in todo] if self.job.array else [job_id]
         events.emit("submitted", job_ids=ids)
-        for job_id in ids:
-            record_job(self.results, suite.name, exp.name, job_id, "submitit", attempt=self.attempt,
+        for one in ids:
+            record_job(self.results, suite.name, exp.name, one, "submit", attempt=self.attempt,
                        retry_of=self.retry_of)
         return ids
 
     def submit_call(self, name: str, fn: Callable[..., Any], *args: Any, folder: Path, minutes: int) -> str:
-        """Submit `fn(*args)` as one task on one node, as the experiments are submitted (environment,
-        image, partition, `after`): a pipeline step that is not a suite, such as Aceso's search.
-        Returns the Slurm job id; submitit's pickles and logs go to `folder`."""
-        executor = self._executor(folder, self._job(f"reproflow-{name}", 1, 1, minutes, self.partition or ""))
-        return str(executor.submit(fn, *args).job_id)
-
-    def _executor(self, folder: Path, params: dict[str, Any]) -> Any:
-        """A submitit SlurmExecutor with `params`, after the image and runtime checks."""
+        """Submit `fn(*args)` through submitit as one task on one node, in the job's image, partition and
+        dependencies: a pipeline step that is not a suite, such as Aceso's search. Returns the Slurm job id;
+        submitit's pickles and logs go to `folder`."""
         import submitit
 
+        job = self.job
+        if job.image and job.runtime == "oci":
+            raise ReproflowError(f"{name} is a Python call, which runs through submitit: with --runtime oci Slurm "
+                                 "starts the container only for a job script's steps. Use --runtime pyxis or "
+                                 "apptainer for this pipeline, or no --image (the step needs Python only).")
         self.check()
+        setup = [f"export {n}={shlex.quote(os.environ[n])}" for n in _PASSED_ON if os.environ.get(n)]
+        srun_args = ["--export=ALL"]  # --export=NONE below: srun must ask for the job's environment
+        python = shlex.quote(sys.executable)
+        if job.image:
+            setup.append(f"export REPROFLOW_IMAGE={shlex.quote(job.image)} REPROFLOW_CONTAINER_RUNTIME={job.runtime}")
+            mounts = job.mounts or f"{self.results.resolve()}:{self.results.resolve()}"
+            if job.runtime == "pyxis":
+                srun_args += [f"--container-image={job.image}", f"--container-mounts={mounts}"]
+                python = "python3"  # the image's, first on its PATH; this process's path need not exist there
+            else:
+                python = shlex.join(["apptainer", "exec", "--bind", mounts, job.image, "python3"])
+        params: dict[str, Any] = {"job_name": f"reproflow-{name}", "nodes": 1, "ntasks_per_node": 1,
+                                  "time": minutes, "setup": setup, "srun_args": srun_args,
+                                  "additional_parameters": {"export": "NONE"}}
+        if job.partition:
+            params["partition"] = job.partition
+        if job.exclude:
+            params["exclude"] = ",".join(job.exclude)
+        if job.after:
+            params["dependency"] = "afterok:" + ":".join(job.after)
         try:
-            executor = submitit.SlurmExecutor(folder=folder / "%j", python=self._python())
+            executor = submitit.SlurmExecutor(folder=folder / "%j", python=python)
         except RuntimeError as exc:
             raise ReproflowError(f"cannot submit to Slurm: {exc}. Is this a Slurm login node? "
                                  "Use `reproflow run` to run locally.") from None
         executor.update_parameters(**params)
-        return executor
+        return str(executor.submit(fn, *args).job_id)
 
-    def supervise(self, suite: Suite, exp: Experiment, retries: int, poll_s: float = 2.0) -> list[retry.Attempt]:
-        """Submit, wait, classify each finished job; resubmit infrastructure failures (at most `retries`
-        times) without the nodes that failed. Experiment failures, time limits and cancellations end it."""
-        nodes, procs = self.nodes or exp.launch.nodes, self.procs or exp.launch.procs_per_node
-        current = replace(self, nodes=nodes, procs=procs)
+    def supervise(self, suite: Suite, exp: Experiment, poll_s: float = 2.0) -> list[retry.Attempt]:
+        """Submit, wait, classify each finished job; resubmit infrastructure failures (at most the job's
+        `retries` times) without the nodes that failed. Experiment failures, time limits and cancellations
+        end it."""
+        nodes, procs = self.shape(exp)
+        retries = self.job.retries
+        current = replace(self, job=replace(self.job, nodes=nodes, procs_per_node=procs))
         attempts: list[retry.Attempt] = []
-        limit = slurm_seconds(exp.launch.time_limit) + 300.0
+        limit = slurm_seconds(self.job.time or exp.launch.time_limit) + 300.0
         while True:
             ids = current.submit(suite, exp)
             if not ids:  # every point measured earlier
                 return attempts
-            attempt = retry.Attempt(current.attempt, ids, current.nodes or nodes, current.procs or procs,
-                                    current.exclude)
+            job = current.job
+            attempt = retry.Attempt(current.attempt, ids, *current.shape(exp), job.exclude)
             attempts.append(attempt)
             retry.say(f"reproflow: {suite.name} / {exp.name} attempt {attempt.number}: job(s) {', '.join(ids)} "
                       f"({attempt.nodes} node(s) x {attempt.procs} rank(s)"
-                      + (f", excluding {','.join(current.exclude)})" if current.exclude else ")"))
+                      + (f", excluding {','.join(job.exclude)})" if job.exclude else ")"))
             states = retry.wait_for(ids, retry.say, poll_s, limit)
             attempt.verdicts = retry.verdicts(states, self.folder(suite))
             for verdict in attempt.verdicts:
@@ -324,8 +263,8 @@ class SubmititExecutor:
                 retry.say(f"reproflow: infrastructure failure after {retries} retr{'y' if retries == 1 else 'ies'}; "
                           "giving up (finished points are kept)")
                 return attempts
-            exclude = tuple(sorted(set(current.exclude) | {n for v in infra for n in v.nodes}))
-            states_now = retry.node_states(current.partition or exp.launch.partition)
+            exclude = tuple(sorted(set(job.exclude) | {n for v in infra for n in v.nodes}))
+            states_now = retry.node_states(job.partition or exp.launch.partition)
             free = [n for n, st in states_now.items() if retry.usable(st) and n not in exclude]
             shape = retry.fit(nodes, procs, len(free))
             if shape is None:
@@ -334,8 +273,9 @@ class SubmititExecutor:
             if shape != (nodes, procs):
                 retry.say(f"reproflow: only {len(free)} usable node(s) left: the retry runs the same "
                           f"{nodes * procs} ranks as {shape[0]} node(s) x {shape[1]} (was {nodes} x {procs})")
-            current = replace(current, nodes=shape[0], procs=shape[1], attempt=attempt.number + 1,
-                              retry_of=infra[0].job_id, exclude=exclude, array=False)
+            current = replace(current, job=replace(job, nodes=shape[0], procs_per_node=shape[1], exclude=exclude,
+                                                   array=False),
+                              attempt=attempt.number + 1, retry_of=infra[0].job_id)
 
 
 def record_job(results: Path, suite: str, experiment: str, job_id: str, via: str, **extra: object) -> None:

@@ -35,7 +35,7 @@ from reproflow.spec.params import Param, canonical, resolve
 
 LAUNCHERS = ("torchrun", "mpi")
 # Used with fullmatch: `$` would let a trailing newline through into a rendered #SBATCH line.
-_TIME_RE = re.compile(r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
+TIME_RE = re.compile(r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The results folder's own folders beside the suites' (torn files moved aside, the runs' manifests).
 RESULTS_FOLDERS = ("quarantine", "runs")
@@ -213,7 +213,7 @@ def parse_launch(path: Path, where: str, table: Mapping[str, Any], base: Launch)
             values[key] = LAUNCH_FIELDS[key].coerce(raw)
         except ParamError as exc:
             raise SuiteError(path, where + key, exc.problem, exc.allowed) from None
-    if "time_limit" in values and not _TIME_RE.fullmatch(values["time_limit"]):
+    if "time_limit" in values and not TIME_RE.fullmatch(values["time_limit"]):
         raise SuiteError(path, where + "time_limit", f"{values['time_limit']!r} is not a Slurm time.",
                          "[D-]HH:MM:SS, e.g. '00:30:00' or '1-00:00:00'")
     if values.get("partition") and not PARTITION_RE.fullmatch(values["partition"]):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from reproflow.launch.job import Job
 from reproflow.spec.documents import parse
 from reproflow.spec.errors import ReproflowError
 
@@ -139,17 +140,17 @@ class Folders:
         return self.logs / "reproduce" / "timings.json"
 
 
-def step_argv(step: Step, folders: Folders, executor: str = LOCAL, image: str = "", mounts: str = "") -> list[str]:
-    """A step's reproflow arguments; submitted to Slurm, `run` becomes `submit`, which waits for its
-    jobs and resubmits those that failed for the infrastructure (RETRIES times at most), and the
-    families' commands get --submit."""
+def step_argv(step: Step, folders: Folders, executor: str = LOCAL, job: Job | None = None) -> list[str]:
+    """A step's reproflow arguments; submitted to Slurm as `job` says, `run` becomes `submit`, which waits
+    for its jobs and resubmits those that failed for the infrastructure (RETRIES times at most, unless
+    the job says), and the families' commands get --submit."""
     argv = folders.argv(step.command, step.reference)
     if executor != SLURM:
         return argv
-    if image and not mounts:  # the steps' folders, each where it is here (a family's step reads its logs)
+    job = job or Job()
+    if job.image and not job.mounts:  # the steps' folders, each where it is here (a family's step reads its logs)
         paths = [folders.results, folders.logs, folders.reports, *([folders.reference] if folders.reference else [])]
-        mounts = ",".join(f"{p.resolve()}:{p.resolve()}" for p in paths)
-    extra = [*(["--image", image] if image else []), *(["--mounts", mounts] if mounts else [])]
+        job = replace(job, mounts=",".join(f"{p.resolve()}:{p.resolve()}" for p in paths))
     if argv[0] == "run":
-        return ["submit", *argv[1:], *extra, "--retries", str(RETRIES)]
-    return [*argv, "--submit", *extra]
+        return ["submit", *argv[1:], *replace(job, retries=job.retries or RETRIES).argv()]
+    return [*argv, "--submit", *job.argv()]

@@ -14,13 +14,14 @@ from reproflow.app.reproduce.plan import LOCAL, SLURM, Folders, Plan, step_argv
 from reproflow.app.reproduce.progress import Progress, say
 from reproflow.app.reproduce.resample import claim_line, resample
 from reproflow.app.reproduce.steps import StepResult, run_step, summary, tail, wait_for_jobs
+from reproflow.launch.job import Job
 from reproflow.reporting.claims import read_looks, write_looks
 from reproflow.spec.errors import ReproflowError
 from reproflow.store.results import result_files
 
 
-def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str = LOCAL, image: str = "",
-              mounts: str = "", out: Callable[[str], None] = say) -> int:
+def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str = LOCAL, job: Job | None = None,
+              out: Callable[[str], None] = say) -> int:
     """Run the selected targets' steps (skipping measured points), draw, and build the report page;
     returns 0 when every step succeeded."""
     from reproflow.reporting.report import build_reports
@@ -41,7 +42,7 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
                 f"{','.join(named)} runs it anyway; of the default plan, make {' '.join(named)})")
         steps = [s for s in steps if s.min_cpus <= cores]
     if executor == SLURM:
-        _doctor(image, folders, out)
+        _doctor(job or Job(), folders, out)
     rows = estimate(steps, folders, executor)
     progress = Progress(rows, out)
     more = f", then up to {plan.more_minutes:g} min of more samples for inconclusive claims" if (
@@ -51,7 +52,7 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     done: list[StepResult] = []
     for i, row in enumerate(rows):
         step = row.step
-        argv = step_argv(step, folders, executor, image, mounts)
+        argv = step_argv(step, folders, executor, job)
         progress.begin(i)
         log = folders.logs / "reproduce" / f"{step.name}.log"
         progress.say(f"-- step {i + 1}/{len(rows)} {step.name}: reproflow {shlex.join(argv)}")
@@ -108,14 +109,14 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     return 0 if ok else 1
 
 
-def _doctor(image: str, folders: Folders, out: Callable[[str], None]) -> None:
+def _doctor(job: Job, folders: Folders, out: Callable[[str], None]) -> None:
     """`reproflow doctor` before anything is submitted: Slurm, the image and its runtime, the shared
     results folder; stops the reproduction with the fixes when something must be fixed."""
     from reproflow.launch.doctor import doctor
 
     for folder in (folders.results, folders.logs, folders.reports):  # Pyxis mounts them: they must exist
         folder.mkdir(parents=True, exist_ok=True)
-    failed = doctor(image, folders.results, 2, out=out)
+    failed = doctor(job.image, folders.results, 2, job.runtime, out=out)
     if failed:
         raise ReproflowError(f"reproflow doctor found {failed} problem(s) to fix (above); nothing was "
                              "submitted. Fix them and run the same command again.")

@@ -137,7 +137,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
     train_iters = req.train_iters if req.train_iters is not None else (6 if tiny else 5)
     warmup_iters = 1 if tiny else 2
     train_seconds = req.train_seconds if req.train_seconds is not None else 0.0
-    here = replace(where, after=(), force=False)
+    here = replace(where.following(()), force=False)
     mcore_impl: tuple[str, ...] = () if req.no_megatron_core else ("megatron-core",)
     if mcore_impl:
         try:
@@ -179,7 +179,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         # scripts take the uniform plan its model predicts fastest: the search-only path below keeps that).
         search_req = _search_request(t, root / "profiled-time", folder, nodes, gpn, req, req.cost_model,
                                      from_results=where.results if where.submit else None, grid=True)
-        searched = search(search_req, replace(here, after=tuple(profiled)))
+        searched = search(search_req, here.following(profiled))
         if req.until == "search":
             continue
         after: tuple[str, ...] = (searched.job_id,) if where.submit else ()
@@ -187,7 +187,7 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
         params = {"seq_len": t.seq_len, "dropout": 0.1, "log_path": str(root.resolve()), "case": t.case}
         launch = {"nodes": nodes, "gpus_per_node": gpn, "network": network}
         screen = {**SCREEN, **({"train_iters": req.screen_iters} if req.screen_iters else {})}
-        after = _measure_baseline(search_req, label, {**params, **screen}, launch, replace(here, after=after))
+        after = _measure_baseline(search_req, label, {**params, **screen}, launch, here.following(after))
         # Each side's measured and predicted picks in turns, in one job (the Megatron-LM plan once more on
         # megatron-core's layers first, where installed); run here, each by its JSON, so that the points
         # of another search's configs are never taken for these.
@@ -198,8 +198,8 @@ def reproduce(req: ReproduceRequest, where: Placement) -> None:
                            folder, confirm_trainings(rounds, bool(mcore_impl), configs), nodes, gpn,
                            {**params, "train_iters": train_iters, "train_seconds": train_seconds,
                             "warmup_iters": warmup_iters}, network)
-        trained = api.run_generated_suite(text, name, replace(here, after=after))
-        profile_after_training(prof, search_req, ("aceso", "megatron"), label, replace(here, after=tuple(trained)))
+        trained = api.run_generated_suite(text, name, here.following(after))
+        profile_after_training(prof, search_req, ("aceso", "megatron"), label, here.following(trained))
     if where.submit or where.dry_run:
         print(f"when the jobs are done: reproflow aceso e2e small --log-path {root} (and search-cost, perf-model-acc)")
         return
@@ -243,7 +243,7 @@ def _measure_baseline(req: SearchRequest, label: str, params: dict[str, object],
     ids = api.run_generated_suite(text, name, where)
     if where.submit:
         job = api.submit_call("aceso-baseline", select_job, where.results.resolve(), folder.resolve(), name,
-                              folder=folder.resolve() / "submitit", minutes=10, where=replace(where, after=tuple(ids)))
+                              folder=folder.resolve() / "submitit", minutes=10, where=where.following(ids))
         print(f"submitted the choice of the Megatron-LM baseline as Slurm job {job}, after the screen")
         print(f"job ids: {job}")
         return (job,)
@@ -290,7 +290,7 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, plan
     job = api.submit_call("aceso-predict-again", predict_after_training, where.results.resolve(),
                           prof.prof_path.resolve(), absolute, plans, label,
                           folder=absolute.config_save_path / "submitit", minutes=10,
-                          where=replace(where, after=tuple(ids) or where.after))
+                          where=where.following(ids) if ids else where)
     print(f"submitted the predictions from the ops profiled again as Slurm job {job}, after the profile")
     print(f"job ids: {job}")
     return (job,)

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
-from reproflow.api.options import generated_suite_options, placement
+from reproflow.api.options import generated_suite_options, job_options, placement
 from reproflow.families.aceso.settings import CASES, KINDS, TINY_CASES
 from reproflow.spec.params import number, whole
 
@@ -191,8 +191,7 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     p.add_argument("--force", action="store_true", help="search again even if this database and these options "
                    "were searched before")
     p.add_argument("--submit", action="store_true", help="run as a CPU-only Slurm job (through submitit)")
-    p.add_argument("--after", action="append", default=[], metavar="JOBID",
-                   help="with --submit: start after these jobs succeed (e.g. the profile jobs)")
+    job_options(p, "with --submit: ")
     p.set_defaults(func=cmd_search)
     p = tools.add_parser("megatron", help="the fastest feasible Megatron-LM uniform plan",
                          formatter_class=formatter, description=cmd_megatron.__doc__)

@@ -250,7 +250,7 @@ def database_sha256(path: Path) -> str:
 
 def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     """One search per pipeline depth in parallel; write the reference's outputs and compare with
-    Megatron-LM. With `where.submit`, submit it as a CPU-only job (after `where.after`) instead.
+    Megatron-LM. With `where.submit`, submit it as a CPU-only job (after `where.job.after`) instead.
 
     A search is keyed by the database's content hash and its options: a second search of the same
     database with the same options reuses the first one's configs (unless `force`)."""
@@ -448,7 +448,7 @@ def search_job(req: SearchRequest) -> str:
 
 
 def _submit_search(req: SearchRequest, where: Placement) -> SearchOutcome:
-    """The search as a CPU-only Slurm job (one task), after `where.after`, with its paths made absolute."""
+    """The search as a CPU-only Slurm job (one task), after `where.job.after`, with its paths made absolute."""
     absolute = replace(req, profiled_time_path=req.profiled_time_path.resolve(),
                        config_save_path=req.config_save_path.resolve(),
                        log_path=req.log_path.resolve() if req.log_path else None,
@@ -456,7 +456,7 @@ def _submit_search(req: SearchRequest, where: Placement) -> SearchOutcome:
     job_id = api.submit_call("aceso-search", search_job, absolute, folder=absolute.config_save_path / "submitit",
                              minutes=SEARCH_JOB_MINUTES if req.time_budget_total is None else
                              max(5, int(req.time_budget_total * 2 / 60) + 10), where=where)
-    after = [j for item in where.after for j in item.split(",") if j]
+    after = where.job.after
     print(f"submitted the search as Slurm job {job_id}" + (f", after {', '.join(after)}" if after else ""))
     print(f"job ids: {job_id}")
     return SearchOutcome(None, True, job_id)
