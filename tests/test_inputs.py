@@ -891,7 +891,7 @@ def test_container_branches_pass_hostile_images_and_mounts_as_data(runtime, name
     env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(folder / "stubs.sh"), "ARGV_OUT": str(folder / "argv"),
            "HOME": str(folder), "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
            "SLURM_SUBMIT_DIR": str(folder), "SLURM_CONF": str(folder / "slurm.conf"), "IMAGE": str(image),
-           "CONTAINER_RUNTIME": runtime, "CONTAINER_MOUNTS": mounts}
+           "CONTAINER_RUNTIME": runtime, "CONTAINER_MOUNTS": mounts, "REPROFLOW_CHECKOUT": str(ROOT)}
     subprocess.run(["bash", str(script)], env={k: v.encode("utf-8", "surrogateescape") for k, v in env.items()},
                    capture_output=True, timeout=60)
     injected = _injected()

@@ -169,6 +169,36 @@ def cases(family: str) -> Callable[[list[dict]], str]:
     return table
 
 
+def cluster_run(runs: list[dict]) -> str:
+    """The newest recorded reproduction through Slurm (`make cluster-reproduce`) beside the newest recorded
+    `make demo`: each claim's verdict and deciding figure in both, and how many agree."""
+    slurm = [r for r in runs if r["summary"]["run"]["command"][1:2] == ["reproduce"]
+             and r["summary"]["run"]["executor"] == "slurm"]
+    if not slurm:
+        raise SystemExit("docs/recorded/ holds no reproduction through Slurm (make cluster-reproduce): record one")
+    cluster, local = slurm[-1], last_commit_runs(runs)[-1]
+
+    def said(run: dict) -> str:
+        info = run["summary"]["run"]
+        points = sum(s["measured"] for s in run["summary"]["steps"])
+        image = f", in the image {Path(info['image']).name}" if info["image"] else ""
+        return (f"commit {info['git_commit'][:7]}, {_clock(_seconds(run))} (minutes:seconds), {points} points"
+                f"{image}" + (f"; {run['note']}" if run.get("note") else ""))
+
+    lines = [f"`make demo` here: {said(local)}. `make cluster-reproduce` through Slurm: {said(cluster)}. Each "
+             "cell: the verdict, and the deciding case's ratio with its interval.", "",
+             "| family | claim | `make demo` | through Slurm |", "|---|---|---|---|"]
+    agree = 0
+    for claim in cluster["summary"]["claims"]:
+        mine = next((c for c in local["summary"]["claims"]
+                     if (c["family"], c["claim"]) == (claim["family"], claim["claim"])), None)
+        agree += mine is not None and mine["status"] == claim["status"]
+        lines.append(f"| {claim['family']} | {claim['claim']} | {_cell(mine, 'measured', status_first=True)} | "
+                     f"{_cell(claim, 'measured', status_first=True)} |")
+    lines += ["", f"{agree} of {len(cluster['summary']['claims'])} verdicts agree."]
+    return "\n".join(lines) + "\n"
+
+
 GPU = ROOT / "benchmarks" / "results" / "gpu"
 # The shapes `make bench-gpu` times beside param's dataset A: the square and the published best's.
 LARGE = ((8192, 8192, 8192), (6144, 17920, 2816))
@@ -246,7 +276,7 @@ def history_bench(_: list[dict]) -> str:
 
 
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
-    "gpu-gemm": gpu_gemm, "history-bench": history_bench,
+    "gpu-gemm": gpu_gemm, "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")}}
 
