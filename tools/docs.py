@@ -60,15 +60,19 @@ def _seconds(run: dict) -> float:
 def _setting(runs: list[dict]) -> str:
     """Where the runs ran: the commit, the machine, its cores and network, as the rows record them."""
     first = runs[0]["summary"]
-    machines = sorted({(m.get("device_name", ""), m.get("host_cpus", "")) for m in first["machines"]})
-    networks = {m.get("network", "") for m in first["machines"]}
+    return f"{len(runs)} `make demo` run(s) of commit {first['run']['git_commit'][:7]} on {_machine(runs[0])}"
+
+
+def _machine(run: dict) -> str:
+    """A run's machines: CPU and cores, and its links, as its rows record them."""
+    machines = sorted({(m.get("device_name", ""), m.get("host_cpus", "")) for m in run["summary"]["machines"]})
+    networks = {m.get("network", "") for m in run["summary"]["machines"]}
     # "emulated: 5 hosts, 1000 Mbit/s ..." once per link kind, whatever the host count
     emulated = sorted({n.split(", ", 1)[-1] for n in networks if n.startswith("emulated:")})
     links = [f"emulated links of {e}" for e in emulated] + (["loopback where one host"] if any(
         n.startswith("loopback") for n in networks) else [])
     cpu = "; ".join(f"{name}, {cores} cores" for name, cores in machines)
-    return (f"{len(runs)} `make demo` run(s) of commit {first['run']['git_commit'][:7]} on {cpu}; "
-            f"{'; '.join(links) or 'links as the rows record them'}")
+    return f"{cpu}; {'; '.join(links) or 'links as the rows record them'}"
 
 
 def _label(number: int, run: dict) -> str:
@@ -199,6 +203,41 @@ def cluster_run(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The report tables a recorded run keeps (`record`), by name, as the report writes them under its folder.
+TABLES = {"spatial": "spatial_throughput.csv"}
+
+
+def _value(text: str) -> str:
+    """A table cell: a number to 3 significant figures, anything else as it is."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return text if number.is_integer() and "." not in text else f"{number:.3g}"
+
+
+def report_table(name: str) -> Callable[[list[dict]], str]:
+    """A generator of the report table TABLES[name] of the newest recorded run that has it, with its run."""
+    def table(runs: list[dict]) -> str:
+        holding = [r for r in runs if name in r.get("tables", {})]
+        if not holding:
+            raise SystemExit(f"docs/recorded/ holds no run with the {TABLES[name]} table: record one")
+        run = holding[-1]
+        rows, info = run["tables"][name], run["summary"]["run"]
+        # A column with one value in every row is said once, above the table.
+        same = {c: rows[0][c] for c in rows[0] if len({row[c] for row in rows}) == 1} if len(rows) > 1 else {}
+        columns = [c for c in rows[0] if c not in same]
+        where = "through Slurm on " + info["cluster"] if info["executor"] == "slurm" else "here"
+        every = f" Every row: {', '.join(f'{c} {_value(v)}' for c, v in same.items())}." if same else ""
+        lines = [f"`{' '.join(info['command'])}` of commit {info['git_commit'][:7]}, {where} "
+                 f"({_machine(run)}){'; ' + run['note'] if run.get('note') else ''}: "
+                 f"its report's `{TABLES[name]}`.{every}", "",
+                 "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_value(row[c]) for c in columns) + " |" for row in rows]
+        return "\n".join(lines) + "\n"
+    return table
+
+
 GPU = ROOT / "benchmarks" / "results" / "gpu"
 # The shapes `make bench-gpu` times beside param's dataset A: the square and the published best's.
 LARGE = ((8192, 8192, 8192), (6144, 17920, 2816))
@@ -278,7 +317,8 @@ def history_bench(_: list[dict]) -> str:
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
     "gpu-gemm": gpu_gemm, "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
-    **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")}}
+    **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
+    **{f"table-{name}": report_table(name) for name in TABLES}}
 
 
 def generate(text: str, runs: list[dict]) -> str:
@@ -312,8 +352,13 @@ def record(reports: Path, note: str) -> Path:
                            for x in summary["left_out"]]
     run = summary["run"]
     path = RECORDED / f"{run['start'][:10]}-{run['git_commit'][:7]}-{run['run_id'][-6:]}.json"
+    tables = {}
+    for name, table in TABLES.items():  # the report's tables the docs show, where this run has them
+        if (reports / table).is_file():
+            with (reports / table).open(newline="") as f:
+                tables[name] = list(csv.DictReader(f))
     RECORDED.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"summary": summary, "note": note}, indent=1) + "\n")
+    path.write_text(json.dumps({"summary": summary, "note": note, "tables": tables}, indent=1) + "\n")
     return path
 
 
