@@ -3,8 +3,9 @@
 # jobs (SUITE, SUITE_NAME, IMAGE and the defaults below it may fix). It checks the runtime, puts each step
 # in the image (Pyxis, Slurm's OCI support or Apptainer), picks the rendezvous port and the MPI launcher,
 # starts the image on every node before anything is measured, and defines run_experiment,
-# run_mpi_experiment and finish, which the job script calls. Rendered with the scripts: change it, then
-# run `make sbatch` (the committed scripts do not copy it, but their tests read it).
+# run_mpi_experiment and finish, which the job script calls. It is not rendered: a change here changes
+# every job at once, with no script in sbatch/ to render again; tests/golden/ shows what each job then
+# runs (REPROFLOW_GOLDEN=write pytest tests/test_jobs.py rewrites it, for review).
 
 ###########################
 ###### User Variables #####
