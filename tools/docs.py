@@ -336,6 +336,20 @@ def outside_blocks(text: str) -> str:
     return BLOCK.sub("", text)
 
 
+def without_paths(summary: dict) -> dict:
+    """A summary without the paths of the machine it ran on: each path (results, command arguments, left-out
+    files, images) cut to its last part."""
+    def name(value: object) -> object:
+        return Path(value).name if isinstance(value, str) and value.startswith("/") else value
+
+    summary = {**summary, "results": name(summary["results"])}
+    summary["run"] = {**summary["run"], "image": name(summary["run"]["image"]),
+                      "command": [name(a) for a in summary["run"]["command"]]}
+    summary["machines"] = [{k: (name(v) if k == "image" else v) for k, v in m.items()} for m in summary["machines"]]
+    summary["left_out"] = [{k: (name(v) if k == "file" else v) for k, v in x.items()} for x in summary["left_out"]]
+    return summary
+
+
 def record(reports: Path, note: str) -> Path:
     """Keep `<reports>/summary.json` in docs/recorded/, its run as its manifest last recorded it, without
     the paths of the machine it ran on."""
@@ -346,10 +360,7 @@ def record(reports: Path, note: str) -> Path:
     if manifest.is_file():
         ended = json.loads(manifest.read_text())
         summary["run"] = {key: ended.get(key, value) for key, value in summary["run"].items()}
-    summary["results"] = Path(summary["results"]).name
-    summary["run"]["command"] = [Path(a).name if a.startswith("/") else a for a in summary["run"]["command"]]
-    summary["left_out"] = [{k: (Path(v).name if k == "file" and v else v) for k, v in x.items()}
-                           for x in summary["left_out"]]
+    summary = without_paths(summary)
     run = summary["run"]
     path = RECORDED / f"{run['start'][:10]}-{run['git_commit'][:7]}-{run['run_id'][-6:]}.json"
     tables = {}
