@@ -343,8 +343,8 @@ def without_paths(summary: dict) -> dict:
         return Path(value).name if isinstance(value, str) and value.startswith("/") else value
 
     summary = {**summary, "results": name(summary["results"])}
-    summary["run"] = {**summary["run"], "image": name(summary["run"]["image"]),
-                      "command": [name(a) for a in summary["run"]["command"]]}
+    summary["run"] = {k: ([name(a) for a in v] if k == "command" else name(v) if k == "image" else v)
+                      for k, v in summary["run"].items()}
     summary["machines"] = [{k: (name(v) if k == "image" else v) for k, v in m.items()} for m in summary["machines"]]
     summary["left_out"] = [{k: (name(v) if k == "file" else v) for k, v in x.items()} for x in summary["left_out"]]
     return summary
