@@ -431,8 +431,10 @@ def test_a_run_is_recorded_as_its_manifest_last_says(tmp_path, monkeypatch):
     (results / "runs").mkdir(parents=True)
     reports.mkdir()
     run = {"run_id": "20261207-000000-abcdef", "command": ["reproflow", "reproduce", "--results", str(results)],
-           "git_commit": "a" * 40, "start": "2026-12-07T00:00:00+00:00", "end": "", "state": "running"}
-    (reports / "summary.json").write_text(json.dumps({"results": str(results), "run": run, "left_out": []}))
+           "git_commit": "a" * 40, "start": "2026-12-07T00:00:00+00:00", "end": "", "state": "running",
+           "image": str(tmp_path / "reproflow-cpu.sqsh")}
+    (reports / "summary.json").write_text(json.dumps({"results": str(results), "run": run, "left_out": [],
+                                                      "machines": [{"image": run["image"]}]}))
     ended = run | {"end": "2026-12-07T00:25:00+00:00", "state": "completed"}
     (results / "runs" / "20261207-000000-abcdef.json").write_text(json.dumps(ended))
     monkeypatch.setattr(tool, "RECORDED", tmp_path / "recorded")
