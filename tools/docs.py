@@ -275,6 +275,140 @@ def gpu_gemm(_: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gpu(name: str) -> list[dict]:
+    with (GPU / name).open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def _gpu_machine() -> str:
+    m = _gpu("machine.csv")[0]
+    return (f"{m['gpu'].split(' (')[0]}, {m['cpus']} cores, driver {m['driver']}, CUDA {m['cuda']}, "
+            f"torch {m['torch']}, NCCL {m['nccl']}")
+
+
+def gpu_compiled(_: list[dict]) -> str:
+    """The image's compiled parts built and checked on the recorded GPU run (builds.csv, and the checks of
+    compiled_nccl_tests.csv, compiled_layer_norm.csv under the rule kept, compiled.csv's Adam rows)."""
+    built = {r["part"]: r["seconds"] for r in _gpu("builds.csv")}
+    checks = [*_gpu("compiled_nccl_tests.csv"), *_gpu("compiled_layer_norm.csv"),
+              *(r for r in _gpu("compiled.csv") if "layer norm" not in r["ran"])]
+    lines = [f"{_gpu_machine()}:", "", "| part | built (s) | ran | largest difference | of the allowance | result |",
+             "|---|---|---|---|---|---|"]
+    for r in checks:
+        share = r.get("of_allowance") or (f"{float(r['largest_difference']) / float(r['tolerance']):.3g}"
+                                          if r.get("tolerance") else "")
+        lines.append(f"| {r['part']} | {built[r['part']]} | {r['ran']} | {r['largest_difference']} | {share} | "
+                     f"{r['result']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _of(rows: list[dict], metric: str, **match: str) -> list[dict]:
+    return [r for r in rows if r["metric"] == metric and all(r[k] == v for k, v in match.items())]
+
+
+def _best(rows: list[dict]) -> dict:
+    return max(rows, key=lambda r: float(r["value"]))
+
+
+def _shape(r: dict) -> str:
+    return "×".join(str(int(float(r[c]))) for c in ("m", "n", "k"))
+
+
+def gpu_gemm_limit(_: list[dict]) -> str:
+    """The published shape's bf16 GEMM on the recorded GPU run (gemm_limit_rows.csv) against the limits
+    gemm.csv names."""
+    limits = _gpu("gemm.csv")[0]
+    tflops = [float(r["value"]) for r in _of(_gpu("gemm_limit_rows.csv"), "tflops") if _shape(r) == "6144×17920×2816"]
+    value = statistics.median(tflops)
+    return (f"`reproflow run gpu-one -e gemm-limit`: {value:.1f} TFLOP/s at 6144 × 17920 × 2816 "
+            f"({len(tflops)} sample{'s' * (len(tflops) > 1)}), {value / float(limits['published_best_tflops']):.3f} "
+            f"of the published {float(limits['published_best_tflops']):g} and "
+            f"{value / float(limits['dense_peak_tflops']):.3f} of the dense peak.\n")
+
+
+def gpu_families(_: list[dict]) -> str:
+    """Each family's GPU path on the recorded GPU run, from its rows (benchmarks/results/gpu/<family>_rows.csv):
+    reproflow's best beside param's where both ran, the checks' errors."""
+    compute, comms = _gpu("param_compute_rows.csv"), _gpu("param_comms_rows.csv")
+    spatial, cfp = _gpu("spatial_rows.csv"), _gpu("cfp_rows.csv")
+    lines = [f"{_gpu_machine()}:", "", "| family | path | measured |", "|---|---|---|"]
+    gemm = []
+    for dtype in ("bfloat16", "tf32", "float32"):
+        ours, theirs = (_of(compute, "tflops", experiment="gemm", dtype=dtype, implementation=i)
+                        for i in ("reproflow", "param"))
+        param = {_shape(r): float(r["value"]) for r in theirs}
+        ratios = [float(r["value"]) / param[_shape(r)] for r in ours if _shape(r) in param]
+        best = _best(ours)
+        gemm.append(f"{dtype} best {float(best['value']):.1f} TFLOP/s at {_shape(best)} (param's driver "
+                    f"{float(_best(theirs)['value']):.1f}; median ratio to it over {len(ratios)} shapes "
+                    f"{statistics.median(ratios):.3f})")
+    lines.append(f"| param compute | GEMM dataset A | {'; '.join(gemm)} |")
+    for experiment, metric, unit, label in (("emb", "bandwidth", "GB/s", "EmbeddingBag dataset A"),
+                                            ("mlp", "tflops", "TFLOP/s", "MLP dataset A")):
+        ours, theirs = (_best(_of(compute, metric, experiment=experiment, implementation=i))
+                        for i in ("reproflow", "param"))
+        lines.append(f"| param compute | {label} | best {float(ours['value']):.1f} {unit} at batch "
+                     f"{int(float(ours['batch']))} (param's driver {float(theirs['value']):.1f}) |")
+    # At one rank all_reduce, broadcast and reduce move nothing (in place, a launch timed against a size);
+    # the collectives that copy a buffer are the ones whose bandwidth says something.
+    largest, moving = str(max(int(r["size_bytes"]) for r in comms)), ("all_gather", "reduce_scatter", "all_to_all")
+    wrong = _of(comms, "wrong_elements", experiment="comms")
+    at: dict[tuple[str, str, str], list[float]] = {}
+    for r in _of(comms, "algbw", size_bytes=largest):
+        at.setdefault((r["experiment"], r["implementation"], r["collective"]), []).append(float(r["value"]))
+    algbw = {key: statistics.median(values) for key, values in at.items()}
+    lines.append(f"| param comms | NCCL, 1 rank, {len({c for _, _, c in algbw})} collectives | "
+                 f"{sum(float(r['value']) for r in wrong):.0f} wrong elements in {len(wrong)} checked sizes; algBW at "
+                 f"{int(largest) >> 20} MiB: "
+                 + ", ".join(f"{c} {algbw[('comms', 'reproflow', c)]:.0f}" for c in moving)
+                 + " GB/s (a copy on the device; all_reduce, broadcast and reduce move nothing at one rank) |")
+    tools = ", ".join(f"{c} " + " / ".join(f"{algbw[('comms-tools', i, c)]:.0f}"
+                                           for i in ("reproflow", "param", "nccl-tests")) for c in moving)
+    lines.append(f"| param comms | reproflow / param's comms.py / nccl-tests, one job | algBW at "
+                 f"{int(largest) >> 20} MiB: {tools} GB/s |")
+    one = {r["metric"]: float(r["value"]) for r in spatial if r["rank"] == "all"}
+    peak = max(float(r["value"]) for r in _of(spatial, "peak_memory_bytes"))
+    lines.append(f"| spatial | ResNet, 2 tiles + 1 stage, 3 MPI ranks on the GPU | "
+                 f"logits {one['logits_max_rel_err']:.2g} "
+                 f"and gradients {one['grads_max_rel_err']:.2g} from the unsplit model's (relative); "
+                 f"{one['images_per_s_steady']:.1f} images/s steady; {one['halo_exchanges_per_step']:.0f} halo "
+                 f"exchanges a step; peak {peak / 2**20:.0f} MiB a rank |")
+    steps = {}
+    for r in _of(cfp, "step_time"):
+        steps.setdefault(r["plan"], []).append(float(r["value"]))
+    errors = max(float(r["value"]) for r in _of(cfp, "grad_error"))
+    lines.append(f"| CFP | GPT tiny, analysis, profile, search, one rank | gradient error at most {errors:.2g} "
+                 f"against the unsharded model; step " + ", ".join(f"{p} {statistics.median(v) * 1000:.1f} ms"
+                                                                 for p, v in steps.items()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_aceso(_: list[dict]) -> str:
+    """Aceso's reference sizes on the recorded GPU run (aceso_reference_sizes.csv): each config's measured
+    iteration, and its prediction from the three ways of timing an op on a GPU, with its error."""
+    rows = _gpu("aceso_reference_sizes.csv")
+    ways = (("predicted_ms_host_sync", "host sync per op"), ("predicted_ms_events", "CUDA events"),
+            ("predicted_ms_head_start", "events after a head start (now)"))
+    lines = [f"{_gpu_machine()}:", "",
+             "| model, plan | micro-batch × count, recomputed ops | measured s / iteration | TFLOP/s | "
+             + " | ".join(f"predicted: {name}" for _, name in ways) + " | memory: max reserved / predicted MB |",
+             "|---|---|---|---|" + "---|" * len(ways) + "---|"]
+    for r in rows:
+        measured = float(r["measured_ms"])
+        predicted = " | ".join(f"{float(r[c]) / 1000:.2f} ({float(r[c]) / measured - 1:+.1%})" for c, _ in ways)
+        lines.append(f"| {r['model']}-{r['size']}, {r['plan']} | {r['micro_batch']} × {r['micro_batches']}, "
+                     f"{r['recomputed_ops']} | {measured / 1000:.2f} | {float(r['tflops_per_gpu']):.1f} | "
+                     f"{predicted} | "
+                     f"{r['max_reserved_mb']} / {r['predicted_memory_mb']} |")
+    aceso = {r["model"]: r for r in rows if r["plan"] == "aceso"}
+    plan = {r["model"]: r for r in rows if r["plan"] == "megatron-lm"}
+    ratios = [f"{m}-{aceso[m]['size']} {float(plan[m]['measured_ms']) / float(aceso[m]['measured_ms']):.2f}"
+              for m in aceso if m in plan]
+    if ratios:
+        lines += ["", "Aceso / Megatron-LM throughput, measured: " + ", ".join(ratios) + "."]
+    return "\n".join(lines) + "\n"
+
+
 BENCH = RECORDED / "bench"
 
 
@@ -315,7 +449,8 @@ def history_bench(_: list[dict]) -> str:
 
 
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
-    "gpu-gemm": gpu_gemm, "history-bench": history_bench, "cluster-run": cluster_run,
+    "gpu-gemm": gpu_gemm, "gpu-compiled": gpu_compiled, "gpu-gemm-limit": gpu_gemm_limit,
+    "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
     **{f"table-{name}": report_table(name) for name in TABLES}}
