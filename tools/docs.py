@@ -204,7 +204,8 @@ def cluster_run(runs: list[dict]) -> str:
 
 
 # The report tables a recorded run keeps (`record`), by name, as the report writes them under its folder.
-TABLES = {"spatial": "spatial_throughput.csv"}
+TABLES = {"spatial": "spatial_throughput.csv", "resharding_1_to_m": "resharding_1_to_m.csv",
+          "resharding_1_to_m_ratios": "resharding_1_to_m_ratios.csv"}
 
 
 def _value(text: str) -> str:
@@ -236,6 +237,45 @@ def report_table(name: str) -> Callable[[list[dict]], str]:
         lines += ["| " + " | ".join(_value(row[c]) for c in columns) + " |" for row in rows]
         return "\n".join(lines) + "\n"
     return table
+
+
+def _newest_with(runs: list[dict], *names: str) -> dict:
+    holding = [r for r in runs if all(n in r.get("tables", {}) for n in names)]
+    if not holding:
+        raise SystemExit(f"docs/recorded/ holds no run with the {', '.join(TABLES[n] for n in names)} tables: "
+                         "record one")
+    return holding[-1]
+
+
+def _where(run: dict) -> str:
+    info = run["summary"]["run"]
+    where = "through Slurm on " + info["cluster"] if info["executor"] == "slurm" else "here"
+    return (f"`{' '.join(info['command'])}` of commit {info['git_commit'][:7]}, {where} ({_machine(run)})"
+            f"{'; ' + run['note'] if run.get('note') else ''}")
+
+
+def resharding_one_to_m(runs: list[dict]) -> str:
+    """The 1-to-m suite of the newest recorded run that has it: each configuration's mean time per
+    destination mesh, and send_recv's time over each broadcast's with its interval."""
+    run = _newest_with(runs, "resharding_1_to_m", "resharding_1_to_m_ratios")
+    rows, ratios = run["tables"]["resharding_1_to_m"], run["tables"]["resharding_1_to_m_ratios"]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    meshes = {r["case"]: r["dst_mesh_shape"] for r in rows}
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    time = {(r["case"], r["config"]): float(r["exec_time_mean"]) for r in rows}
+    lines = [f"{_where(run)}: `exec_time_mean` (s) of {rows[0]['tensor_mib']} MiB, and send_recv's time over "
+             "each broadcast's (geometric mean of the kept runs [interval at the claims' level]).", "",
+             "| destination mesh (hosts × devices) | " + " | ".join(
+                 f"{meshes[c].replace('x', ' × ')}" for c in cases) + " |", "|---|" + "---|" * len(cases)]
+    lines += [f"| {config} | " + " | ".join(f"{time[(c, config)]:.3f}" if (c, config) in time else ""
+                                           for c in cases) + " |" for config in configs]
+    over = {(r["case"], r["config"]): r for r in ratios}
+    for config in dict.fromkeys(r["config"] for r in ratios):
+        cells = [over.get((c, config)) for c in cases]
+        lines.append(f"| send_recv / {config} | " + " | ".join(
+            f"{float(r['send_recv_over']):.2f} [{float(r['low']):.2f}, {float(r['high']):.2f}]" if r else ""
+            for r in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 GPU = ROOT / "benchmarks" / "results" / "gpu"
@@ -450,7 +490,8 @@ def history_bench(_: list[dict]) -> str:
 
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
     "gpu-gemm": gpu_gemm, "gpu-compiled": gpu_compiled, "gpu-gemm-limit": gpu_gemm_limit,
-    "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "history-bench": history_bench, "cluster-run": cluster_run,
+    "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "resharding-1-to-m": resharding_one_to_m,
+    "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
     **{f"table-{name}": report_table(name) for name in TABLES}}
