@@ -200,6 +200,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     for tie in manifest["ties"]:
         assert int(tie["kept"].split("micro-batch ")[1].split(":")[0]) < int(tie["fastest"].split("micro-batch ")[1]
                                                                               .split(":")[0]), tie
+    # each micro-batch's fastest config at each depth, and the kept one's margin over the others, said
+    kept = next(d for d in manifest["depths"] if d["ms"] is not None)
+    assert set(kept["by_micro_batch"]) == {"1", "2", "4", "8"} and "against the kept one: 1: " in out
     grid = {g["name"] for g in manifest["megatron_grid"]}
     assert len(grid) >= 5 and all((search / "csv" / f"info_{Path(n).stem}.csv").is_file() for n in grid)
     assert {json.loads((search / n).read_text())["global_batch_size"] for n in grid} == {16}

@@ -311,6 +311,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     for tie in ties:
         print(f"near tie ({tie['among']}): kept {tie['kept']} over {tie['fastest']} (the fastest), within the "
               f"tie resolution of {req.tie_resolution:.0%}; {TIE_RULE}")
+    if found and len(found[0].by_mbs) > 1:
+        print(margins(found[0]))
     line, plan = setup.megatron_plan()
     print(line)
     grid = _write_grid(setup, save) if req.megatron_grid else []
@@ -326,7 +328,8 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
     if same:
         print("Aceso's search returned the Megatron-LM plan itself (the same config)")
     depths = [{"num_stages": r.num_stages, "ms": round(r.best.time, 2) if r.best else None, "explored": r.explored,
-               "seconds": round(r.seconds, 2), "to_best_s": round(r.seconds_to_best, 2)} for r in by_depth]
+               "seconds": round(r.seconds, 2), "to_best_s": round(r.seconds_to_best, 2),
+               "by_micro_batch": {m: round(p.time, 2) for m, p in sorted(r.by_mbs.items())}} for r in by_depth]
     best = found[0].best if found else None
     atomic_write(manifest, json.dumps({"database_sha256": db_hash, "options": options, "budget": opts.budget,
                                        "search_s": round(wall, 2),
@@ -343,6 +346,17 @@ def search(req: SearchRequest, where: Placement | None = None) -> SearchOutcome:
         print(f"Aceso search: {best.time / 1000:.2f} s, {gbs / (best.time / 1000):.2f} samples/s, "
               f"{best.memory:.0f} MB: {verdict} the uniform plan")
     return SearchOutcome(manifest, best is not None)
+
+
+def margins(kept: Result) -> str:
+    """The kept depth's fastest config of each micro-batch against the kept one, in words: how far the
+    profile must move for another micro-batch to be found (the profile is a measurement; the search is not)."""
+    assert kept.best is not None
+    ms = kept.best.time
+    mbs = kept.best.config.micro_bs
+    each = ", ".join(f"{m}: {p.time:.1f} ms" + (" (kept)" if m == mbs else f" ({p.time / ms - 1:+.1%})")
+                     for m, p in sorted(kept.by_mbs.items()))
+    return f"each micro-batch's fastest config at {kept.num_stages} stages, against the kept one: {each}"
 
 
 def settled_plan(plans: list[Plan], limit: float, resolution: float) -> Plan | None:
