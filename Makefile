@@ -187,7 +187,7 @@ containers:
 	bash containers/build.sh $(FLAVOURS)
 
 # The gpu flavour built here, where NVIDIA's registry and AWS's EFA installer cannot be reached (opt-in, too
-# long for make test; docs/containers.md has its time and size): a stand-in CUDA base (containers/cuda-standin.
+# long for make test; its summary gives its time and size): a stand-in CUDA base (containers/cuda-standin.
 # Dockerfile), every other step the cluster's own, squashed by enroot import into $(IMAGES); then the checks
 # inside the squash file and `reproflow doctor --image` against the test cluster.
 gpu-image-here: venv
