@@ -117,9 +117,8 @@ def places(names: Sequence[str], count: int, per_turn: int = 2) -> dict[str, lis
 def interleaved_steps(ctx: RunContext, steps: Mapping[str, Callable[[], float]], warmup: int, count: int,
                       per_turn: int = 2) -> dict[str, list[float]]:
     """`slowest_steps` of several runners (by name), `count` timed steps each, taken in turns after `warmup`
-    untimed rounds: a turn is one untimed step (the caches back after the other runners' steps: timed
-    right after other plans' steps, DDP took 27-29 ms a step, 25-26 with an untimed one first) and
-    `per_turn` timed ones. A machine whose speed
+    untimed rounds: a turn is one untimed step (which brings the caches back after the other runners' steps, which
+    slow the first step after them) and `per_turn` timed ones. A machine whose speed
     drifts while they run slows every runner alike, so their ratios keep; one runner after another would
     count the drift as a difference between them. Each round starts one runner later, so that every
     runner takes every place. One runner alone takes no untimed steps but its warm-up."""

@@ -195,8 +195,8 @@ def lap(ctx: RunContext, op: Callable[..., Any], *args: Any) -> tuple[Any, Lap]:
     op's. On CUDA the device is first given a head start (it sleeps while the host queues the op), so
     the events around the op time its kernels alone, and the host's time is its dispatch: in a
     training step, where nothing waits on the host between ops, an op costs the longer of the two.
-    Timing each op with a host sync instead profiled T5-770M's forward 28 % over what the runtime
-    measured on an H200 (a sync's 50-60 us on each of its 821 ops)."""
+    Timing each op with a host sync instead adds the sync's cost to every op, which a training step never
+    pays (docs/aceso-results.md, on one GPU)."""
     if ctx.device.type != "cuda":
         begin = time.perf_counter()
         out = op(*args)
@@ -214,7 +214,7 @@ def lap(ctx: RunContext, op: Callable[..., Any], *args: Any) -> tuple[Any, Lap]:
 def backward_call_s(ctx: RunContext, calls: int = 101) -> float:
     """Host seconds of a backward call through a one-element, one-node graph (the median of `calls`):
     what timing an op's backward on its own adds, which a training step, one call per stage, does not
-    pay. About 50 us here: a quarter of the tiny Wide-ResNet's backward (its ops take 0.1-2 ms)."""
+    pay: tens of microseconds on a CPU, a large share of a tiny model's op."""
     x = torch.ones(1, device=ctx.device, requires_grad=True)
     grad = torch.ones(1, device=ctx.device)
     seconds = []

@@ -250,12 +250,11 @@ def profile(ctx: RunContext, params: Mapping[str, Any]) -> list[Measurement]:
 def _lower_fastest(ctx: RunContext, seg: execute.Captured, mesh: DeviceMesh, entries: list[dict],
                    params: Mapping[str, Any], states: tuple[Any, ...]) -> None:
     """Time the `lower_top` fastest combinations of each input partition again lowered, as the search
-    runs its plan, in turns, `lower_repeats` steps each (a median of 2 steps took a spike of 72 ms for
-    one of 8.3 ms and ranked GPT's head wrongly), and keep that time (the DTensor runner's as
-    `eager_time_s`). Profiling every combination lowered would cost a trace each (0.2-1.3 s on fake
-    tensors against 0.3 s for a combination's DTensor steps); the fastest are the ones a plan picks,
-    and lowering only removes per-op overhead (lowered steps measured 0.2-1.1x the DTensor runner's,
-    above 1 only within the scatter), so a combination left out is not undercounted."""
+    runs its plan, in turns, `lower_repeats` steps each (a median of 2 steps let one spike rank GPT's
+    head wrongly), and keep that time (the DTensor runner's as `eager_time_s`). Profiling every
+    combination lowered would cost a trace each, several times a combination's DTensor steps; the
+    fastest are the ones a plan picks, and lowering only removes per-op overhead, so a combination
+    left out is not undercounted."""
     for state in states:
         mine = sorted((e for e in entries if e["in"] == state), key=lambda e: e["time_s"])[:params["lower_top"]]
         seg.input_placements = [state, state]
