@@ -205,7 +205,7 @@ def cluster_run(runs: list[dict]) -> str:
 
 # The report tables a recorded run keeps (`record`), by name, as the report writes them under its folder.
 TABLES = {"spatial": "spatial_throughput.csv", "resharding_1_to_m": "resharding_1_to_m.csv",
-          "resharding_1_to_m_ratios": "resharding_1_to_m_ratios.csv"}
+          "resharding_1_to_m_ratios": "resharding_1_to_m_ratios.csv", "aceso_small": "aceso_small.csv"}
 
 
 def _value(text: str) -> str:
@@ -237,6 +237,22 @@ def report_table(name: str) -> Callable[[list[dict]], str]:
         lines += ["| " + " | ".join(_value(row[c]) for c in columns) + " |" for row in rows]
         return "\n".join(lines) + "\n"
     return table
+
+
+def aceso_configs(runs: list[dict]) -> str:
+    """The config Aceso's search found for each model in each recorded `make demo` of the newest commit,
+    and whether every run found the same one."""
+    runs = [r for r in last_commit_runs(runs) if "aceso_small" in r.get("tables", {})]
+    if not runs:
+        raise SystemExit("docs/recorded/ holds no make demo run of the newest commit with aceso_small.csv: record one")
+    found = [{f"{row['model']}-{row['size']}": row["config_aceso"] for row in r["tables"]["aceso_small"]} for r in runs]
+    lines = [f"{_setting(runs)}: Aceso's config for each model.", "",
+             "| model | " + " | ".join(_label(i, r) for i, r in enumerate(runs, 1)) + " | the same in every run |",
+             "|---|" + "---|" * (len(runs) + 1)]
+    for model in dict.fromkeys(m for f in found for m in f):
+        configs = [f.get(model, "not run") for f in found]
+        lines.append(f"| {model} | " + " | ".join(configs) + f" | {'yes' if len(set(configs)) == 1 else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def _newest_with(runs: list[dict], *names: str) -> dict:
@@ -491,6 +507,7 @@ def history_bench(_: list[dict]) -> str:
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
     "gpu-gemm": gpu_gemm, "gpu-compiled": gpu_compiled, "gpu-gemm-limit": gpu_gemm_limit,
     "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "resharding-1-to-m": resharding_one_to_m,
+    "aceso-configs": aceso_configs,
     "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
