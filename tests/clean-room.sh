@@ -184,9 +184,10 @@ for c in "${commands[@]}"; do
     fi
     tail -n 5 "$log" | sed "s/^/clean-room: $c | /"
     # What explains a result outlives the root: the test cluster's logs, the tests' artifacts, the demo's
-    # step logs and reports (tables, figures, claims).
-    for kept in .local-slurm/log test-artifacts logs/reproduce reports .local-images/reproflow-gpu.summary.md \
-                cluster-run/logs/reproduce cluster-run/reports cluster-run/compare; do
+    # step logs, reports (tables, figures, claims) and run manifests (its start, end and state).
+    for kept in .local-slurm/log test-artifacts logs/reproduce reports results/runs \
+                .local-images/reproflow-gpu.summary.md cluster-run/logs/reproduce cluster-run/reports \
+                cluster-run/compare; do
         [ -e "$root/root/reproflow/$kept" ] || continue
         mkdir -p "$OUT/$c-files/$(dirname "$kept")"
         cp -a "$root/root/reproflow/$kept" "$OUT/$c-files/$(dirname "$kept")/"

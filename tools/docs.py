@@ -543,13 +543,13 @@ def without_paths(summary: dict) -> dict:
     return summary
 
 
-def record(reports: Path, note: str) -> Path:
-    """Keep `<reports>/summary.json` in docs/recorded/, its run as its manifest last recorded it, without
-    the paths of the machine it ran on."""
+def record(reports: Path, note: str, results: Path | None = None) -> Path:
+    """Keep `<reports>/summary.json` in docs/recorded/, its run as its manifest last recorded it (in `results`,
+    by default the folder the summary names), without the paths of the machine it ran on."""
     summary = json.loads((reports / "summary.json").read_text())
     # A summary written by the run's own report (reproduce) precedes the run's end: take the run as its
     # manifest now says it ended, where the results folder is still there.
-    manifest = Path(summary["results"]) / "runs" / f"{summary['run']['run_id']}.json"
+    manifest = Path(results or summary["results"]) / "runs" / f"{summary['run']['run_id']}.json"
     if manifest.is_file():
         ended = json.loads(manifest.read_text())
         summary["run"] = {key: ended.get(key, value) for key, value in summary["run"].items()}
@@ -573,9 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="keep a report's summary.json in docs/recorded/")
     rec.add_argument("reports", type=Path)
     rec.add_argument("--note", default="", help="what ran beside it, if anything (shown with its figures)")
+    rec.add_argument("--results", type=Path, help="where the run's results folder is now, if it moved (a clean "
+                     "room's copy): its runs/ manifest gives the run's end")
     args = parser.parse_args(argv)
     if args.command == "record":
-        print(record(args.reports, args.note))
+        print(record(args.reports, args.note, args.results))
         return 0
     runs, stale = recorded(), []
     for page in PAGES:
