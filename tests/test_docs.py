@@ -441,6 +441,10 @@ def test_a_run_is_recorded_as_its_manifest_last_says(tmp_path, monkeypatch):
     kept = json.loads(tool.record(reports, "a note").read_text())
     assert kept["summary"]["run"]["end"] == ended["end"] and kept["summary"]["run"]["state"] == "completed"
     assert kept["note"] == "a note" and str(tmp_path) not in json.dumps(kept)
+    # a results folder copied elsewhere (a clean room's): its manifest is read where it is now
+    moved = results.rename(tmp_path / "copied")
+    (moved / "runs" / "20261207-000000-abcdef.json").write_text(json.dumps(ended | {"state": "failed"}))
+    assert json.loads(tool.record(reports, "", moved).read_text())["summary"]["run"]["state"] == "failed"
 
 
 @pytest.mark.distributed
