@@ -129,9 +129,9 @@ def verdicts_short(runs: list[dict]) -> str:
         statuses = [c["status"] for c in found]
         tally = ", ".join(f"{s} ({statuses.count(s)})" if len(set(statuses)) > 1 else s
                           for s in dict.fromkeys(statuses))
-        values = sorted(c["measured"] for c in found if c["measured"] is not None)
-        span = "" if not values else f"{values[0]:.3g}" if len(values) == 1 or values[0] == values[-1] else \
-            f"{values[0]:.3g}-{values[-1]:.3g}"
+        values = list(dict.fromkeys(f"{v:.3g}" for v in sorted(c["measured"] for c in found
+                                                              if c["measured"] is not None)))
+        span = "-".join(values[::len(values) - 1] if len(values) > 1 else values)
         lines.append(f"| {first['family']} | {first['claim']} | {_kind(first)} | {tally} | {span} |")
     return "\n".join(lines) + "\n"
 
