@@ -217,22 +217,33 @@ def _value(text: str) -> str:
     return text if number.is_integer() and "." not in text else f"{number:.3g}"
 
 
+def _newest_with(runs: list[dict], *names: str) -> dict:
+    """The newest recorded run that kept every one of these report tables."""
+    holding = [r for r in runs if all(n in r.get("tables", {}) for n in names)]
+    if not holding:
+        raise SystemExit(f"docs/recorded/ holds no run with the {', '.join(TABLES[n] for n in names)} tables: "
+                         "record one")
+    return holding[-1]
+
+
+def _where(run: dict) -> str:
+    """A recorded run in words: its command, commit, where and on what it ran, and its note."""
+    info = run["summary"]["run"]
+    where = "through Slurm on " + info["cluster"] if info["executor"] == "slurm" else "here"
+    return (f"`{' '.join(info['command'])}` of commit {info['git_commit'][:7]}, {where} ({_machine(run)})"
+            f"{'; ' + run['note'] if run.get('note') else ''}")
+
+
 def report_table(name: str) -> Callable[[list[dict]], str]:
     """A generator of the report table TABLES[name] of the newest recorded run that has it, with its run."""
     def table(runs: list[dict]) -> str:
-        holding = [r for r in runs if name in r.get("tables", {})]
-        if not holding:
-            raise SystemExit(f"docs/recorded/ holds no run with the {TABLES[name]} table: record one")
-        run = holding[-1]
-        rows, info = run["tables"][name], run["summary"]["run"]
+        run = _newest_with(runs, name)
+        rows = run["tables"][name]
         # A column with one value in every row is said once, above the table.
         same = {c: rows[0][c] for c in rows[0] if len({row[c] for row in rows}) == 1} if len(rows) > 1 else {}
         columns = [c for c in rows[0] if c not in same]
-        where = "through Slurm on " + info["cluster"] if info["executor"] == "slurm" else "here"
         every = f" Every row: {', '.join(f'{c} {_value(v)}' for c, v in same.items())}." if same else ""
-        lines = [f"`{' '.join(info['command'])}` of commit {info['git_commit'][:7]}, {where} "
-                 f"({_machine(run)}){'; ' + run['note'] if run.get('note') else ''}: "
-                 f"its report's `{TABLES[name]}`.{every}", "",
+        lines = [f"{_where(run)}: its report's `{TABLES[name]}`.{every}", "",
                  "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(_value(row[c]) for c in columns) + " |" for row in rows]
         return "\n".join(lines) + "\n"
@@ -253,21 +264,6 @@ def aceso_configs(runs: list[dict]) -> str:
         configs = [f.get(model, "not run") for f in found]
         lines.append(f"| {model} | " + " | ".join(configs) + f" | {'yes' if len(set(configs)) == 1 else 'no'} |")
     return "\n".join(lines) + "\n"
-
-
-def _newest_with(runs: list[dict], *names: str) -> dict:
-    holding = [r for r in runs if all(n in r.get("tables", {}) for n in names)]
-    if not holding:
-        raise SystemExit(f"docs/recorded/ holds no run with the {', '.join(TABLES[n] for n in names)} tables: "
-                         "record one")
-    return holding[-1]
-
-
-def _where(run: dict) -> str:
-    info = run["summary"]["run"]
-    where = "through Slurm on " + info["cluster"] if info["executor"] == "slurm" else "here"
-    return (f"`{' '.join(info['command'])}` of commit {info['git_commit'][:7]}, {where} ({_machine(run)})"
-            f"{'; ' + run['note'] if run.get('note') else ''}")
 
 
 def resharding_one_to_m(runs: list[dict]) -> str:

@@ -117,10 +117,10 @@ def places(names: Sequence[str], count: int, per_turn: int = 2) -> dict[str, lis
 def interleaved_steps(ctx: RunContext, steps: Mapping[str, Callable[[], float]], warmup: int, count: int,
                       per_turn: int = 2) -> dict[str, list[float]]:
     """`slowest_steps` of several runners (by name), `count` timed steps each, taken in turns after `warmup`
-    untimed rounds: a turn is one untimed step (which brings the caches back after the other runners' steps, which
-    slow the first step after them) and `per_turn` timed ones. A machine whose speed
-    drifts while they run slows every runner alike, so their ratios keep; one runner after another would
-    count the drift as a difference between them. Each round starts one runner later, so that every
+    untimed rounds: a turn is one untimed step (it brings the caches back after the other runners' steps,
+    which slow the first step after them) and `per_turn` timed ones. A machine whose speed drifts while
+    they run slows every runner alike, so their ratios keep; one runner after another would count the
+    drift as a difference between them. Each round starts one runner later, so that every
     runner takes every place. One runner alone takes no untimed steps but its warm-up."""
     for _ in range(warmup):
         for step in steps.values():
