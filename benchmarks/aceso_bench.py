@@ -1,7 +1,8 @@
 """`make bench`: Aceso search cost and result.
 
 1. On the reference's miniset database (../shared): GPT-1.3B, T5-770M and Wide-ResNet-1B on 1 node x
-   4 GPUs (the reference's small settings). Records reproflow's search wall time, the time until
+   4 GPUs (the reference's small settings), with the search's default budget in explored cases (and
+   seconds per depth where --budgets gives them). Records reproflow's search wall time, the time until
    its best config was found, the predicted throughput of that config and of the best Megatron-LM
    uniform plan: <out>/aceso_search.csv.
 2. Search cost against depth, as the reference's figure 9: GPT scale-layer with 8 ... 1024 layers
@@ -11,12 +12,18 @@
 3. The cost of one evaluated config at depth: one pipeline depth of the artifact's own 1024-layer
    scale-layer database (../shared, eurosys), 2, 4 and 8 stages, the reference model, a fixed
    budget: configs explored, ms per config and the best found: <out>/aceso_depth_cost.csv.
+4. The budget in cases makes a search a function of its database: GPT-13B on the artifact's eurosys
+   database (its large setting, 4 x 8 GPUs), searched on every core and then on one core alone:
+   config, predicted iteration, explored cases, wall time: <out>/aceso_budget.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,10 +39,13 @@ from reproflow.families.aceso.costmodel import CostModel
 from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
-from reproflow.families.aceso.search import DepthSearch, Options, search
+from reproflow.families.aceso.search import DepthSearch, Options, budget_text, search
+from reproflow.families.aceso.settings import CASES
 from reproflow.reporting.report import load_results, to_markdown
+from reproflow.store.provenance import git_commit, machine_name
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "reference-data" / "aceso"
 MINISET = SHARED / "profiled-time-miniset"
 EUROSYS = SHARED / "profiled-time-eurosys"
 PUBLISHED = SHARED / "reference-results" / "search_cost_scale_scale-layer.csv"
@@ -47,7 +57,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results", help="folder for the CSVs and the figure")
     parser.add_argument("--database", type=Path, default=MINISET, help="the reference's miniset database")
-    parser.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0], help="seconds per depth")
+    parser.add_argument("--budgets", type=float, nargs="*", default=[],
+                        help="seconds per depth, searched beside the default budget in explored cases")
     parser.add_argument("--scale-budget", type=float, default=10.0, help="seconds per depth, scale experiment")
     parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS), help="scale experiment depths")
     parser.add_argument("--depth-budget", type=float, default=10.0, help="seconds per depth-cost search")
@@ -60,8 +71,11 @@ def main() -> int:
         print(f"bench: aceso miniset search skipped: no miniset database at {args.database}", file=sys.stderr)
     if EUROSYS.is_dir():
         depth_cost(EUROSYS, args.depth_budget, out)
+        code = budget(EUROSYS, out)
+        if code:
+            return code
     else:
-        print(f"bench: aceso depth cost skipped: no eurosys database at {EUROSYS}", file=sys.stderr)
+        print(f"bench: aceso depth cost and budget skipped: no eurosys database at {EUROSYS}", file=sys.stderr)
     return scale(out, args.scale_budget, args.layers)
 
 
@@ -82,6 +96,35 @@ def depth_cost(database: Path, budget: float, out: Path, layers: int = 1024) -> 
     _write(pd.DataFrame(rows), out / "aceso_depth_cost.csv")
 
 
+def budget(database: Path, out: Path) -> int:
+    """GPT-13B's large-setting search on every core, then on one: the same config, whatever the cores."""
+    cores = os.sched_getaffinity(0)
+    rows = []
+    for allowed in (cores, {min(cores)}):
+        logs = out / "aceso-budget" / f"{len(allowed)}-cores"
+        print(f"bench: aceso GPT-13B search on {len(allowed)} core(s) ...", flush=True)
+        os.sched_setaffinity(0, allowed)  # the search's worker processes inherit it
+        try:
+            code = reproflow(["aceso", "reproduce", "large", "--models", "gpt", "--model-sizes", "13B",
+                              "--profiled-time-path", str(database), "--log-path", str(logs),
+                              "--out", str(logs / "reports")])
+        finally:
+            os.sched_setaffinity(0, cores)
+        if code:
+            return code
+        folder = logs / "aceso" / "search" / "gpt" / "13B"
+        manifest = json.loads(max(folder.glob("search-*.json"), key=lambda p: p.stat().st_mtime).read_text())
+        # Every depth's config, as written: what "the same config" means, byte for byte.
+        digest = hashlib.sha256(b"".join((folder / n).read_bytes() for n in sorted(manifest["configs"]))).hexdigest()
+        rows.append({"model": "gpt", "size": "13B", "cores": len(allowed), "budget": manifest["budget"],
+                     "stages": int(manifest["configs"][0].split("stages")[0].rsplit("_", 1)[1]),
+                     "iteration_ms": manifest["best_ms"], "megatron_ms": manifest["megatron_ms"],
+                     "depths": len(manifest["configs"]), "configs_sha256": digest[:16],
+                     "explored": sum(d["explored"] for d in manifest["depths"]), "wall_s": manifest["search_s"]})
+    _write(pd.DataFrame(rows), out / "aceso_budget.csv")
+    return 0
+
+
 def small(database: Path, budgets: list[float], out: Path) -> None:
     rows = []
     for name, size, gbs, mbs in SMALL:
@@ -90,15 +133,16 @@ def small(database: Path, budgets: list[float], out: Path) -> None:
         ops = m.full_op_list(db.ops)
         cost = CostModel(db, 4, 12000)
         uniform = best_feasible(megatron_plans(cost, ops, gbs, 4, m.max_tp(4), range(1, 5)), 12000)
-        for budget in budgets:
-            print(f"bench: aceso search {name} {size}, {budget:g} s per depth ...", flush=True)
+        for seconds in (None, *budgets):
+            print(f"bench: aceso search {name} {size}, {budget_text(CASES, seconds)} ...", flush=True)
             start = time.monotonic()
             results = search(CostModel(db, 4, 12000), ops, Options(gbs, mbs, 1, 4, 12000, m.max_tp(4),
-                                                                   budget_s=budget), range(1, 5))
+                                                                   budget_s=seconds), range(1, 5))
             wall = time.monotonic() - start
             best = min((r for r in results if r.best), key=lambda r: r.best.time)  # type: ignore[union-attr]
             assert best.best is not None and uniform is not None
-            rows.append({"model": name, "size": size, "gpus": 4, "global_batch": gbs, "budget_s_per_depth": budget,
+            rows.append({"model": name, "size": size, "gpus": 4, "global_batch": gbs,
+                         "budget": budget_text(CASES, seconds),
                          "wall_s": round(wall, 2), "to_best_s": round(best.seconds_to_best, 2),
                          "stages": best.num_stages, "iteration_ms": round(best.best.time, 2),
                          "samples_per_s": round(gbs / (best.best.time / 1000), 2),
@@ -165,9 +209,13 @@ def scale(out: Path, budget: float, layers: list[int]) -> int:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
+    """The table with what it was measured on and when (the docs name it beside its figures)."""
+    frame["git_commit"] = git_commit(str(ROOT))
+    frame["device_name"] = machine_name()
+    frame["host_cpus"] = os.cpu_count()
     frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     frame.to_csv(path, index=False)
-    print(to_markdown(frame.drop(columns=["timestamp"])))
+    print(to_markdown(frame.drop(columns=["git_commit", "device_name", "host_cpus", "timestamp"])))
     print(f"bench: wrote {path}")
 
 
