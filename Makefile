@@ -41,7 +41,7 @@ help:
 	@echo "              with Pyxis, run the tests, stop it"
 	@echo "make test-fast  the inner loop: ruff and the tests that need no Slurm, no image and no long run"
 	@echo "make clean-room  make test and a short make demo, each in a fresh Debian root filesystem with a clean"
-	@echo "              clone of the current commit (root; about 32 minutes); CLEAN_ROOM='test demo-full' to choose"
+	@echo "              clone of the current commit (root; under an hour); CLEAN_ROOM='test demo-full' to choose"
 	@echo "make cluster-reproduce  the whole reproduction on the test cluster as on a real one: the CPU image, five"
 	@echo "              shaped nodes, make reproduce EXECUTOR=slurm through Pyxis, compare with make demo's run"
 	@echo "make faults   the fault-injection suite against a local 2-node Slurm: kills, hangs, a node down, time limit,"

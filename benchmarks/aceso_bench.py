@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from stamp import stamp
 
 from reproflow.app.cli import main as reproflow
 from reproflow.families.aceso.costmodel import CostModel
@@ -42,10 +42,8 @@ from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.search import DepthSearch, Options, budget_text, search
 from reproflow.families.aceso.settings import CASES
 from reproflow.reporting.report import load_results, to_markdown
-from reproflow.store.provenance import git_commit, machine_name
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "reference-data" / "aceso"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
 MINISET = SHARED / "profiled-time-miniset"
 EUROSYS = SHARED / "profiled-time-eurosys"
 PUBLISHED = SHARED / "reference-results" / "search_cost_scale_scale-layer.csv"
@@ -209,13 +207,8 @@ def scale(out: Path, budget: float, layers: list[int]) -> int:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
-    """The table with what it was measured on and when (the docs name it beside its figures)."""
-    frame["git_commit"] = git_commit(str(ROOT))
-    frame["device_name"] = machine_name()
-    frame["host_cpus"] = os.cpu_count()
-    frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    frame.to_csv(path, index=False)
-    print(to_markdown(frame.drop(columns=["git_commit", "device_name", "host_cpus", "timestamp"])))
+    stamp(frame).to_csv(path, index=False)
+    print(to_markdown(frame))
     print(f"bench: wrote {path}")
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from stamp import stamp
 
 from reproflow.spec.family import Measurement
 from reproflow.store.files import append_line
@@ -187,9 +188,7 @@ def main() -> int:
     step("history of one point over the year, a catalog of that point only", history, 2 * len(alone), one,
          len(alone))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
-    table = pd.DataFrame(rows).assign(commit=commit, host_cpus=len(os.sched_getaffinity(0)),
-                                      timestamp=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    table = stamp(pd.DataFrame(rows))
     name = "catalog.csv" if total < 500_000 else "catalog-million.csv"
     table.to_csv(Path(args.out) / name, index=False, float_format="%.4g")
     print(f"bench: {Path(args.out) / name}")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from stamp import stamp
 
 from reproflow.reporting.history import OUTLIER, PENALTY, change_points
 from reproflow.reporting.nightly import ALARM, LAST, prediction_interval
@@ -81,7 +82,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "history.csv", index=False, float_format="%.4g")
+    stamp(pd.DataFrame(rows)).to_csv(out / "history.csv", index=False, float_format="%.4g")
     print(f"bench: wrote {out / 'history.csv'}")
     return 0
 

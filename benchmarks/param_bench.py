@@ -7,12 +7,12 @@ dataset A on one process (TFLOP/s ratio, goal >= 0.95). Writes <out>/param_ratio
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+from stamp import stamp
 
 from reproflow.launch.local import run_ranks
 from reproflow.reporting.report import to_markdown
@@ -45,8 +45,7 @@ def main() -> int:
     frame["ratio"] = frame["reproflow"] / frame["bare"]
     frame["goal"] = GOAL
     frame["meets_goal"] = frame["ratio"] >= GOAL
-    frame["timestamp"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    frame.to_csv(out / "param_ratios.csv", index=False)
+    stamp(frame).to_csv(out / "param_ratios.csv", index=False)
     raw.unlink()
     cols = ["benchmark", "case", "reproflow_mode", "reproflow", "bare", "unit", "ratio", "meets_goal"]
     print(to_markdown(frame[cols], floatfmt=".3f"))

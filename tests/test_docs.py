@@ -406,6 +406,31 @@ def test_recorded_runs_are_summaries_of_make_demo_runs():
         assert not re.search(r'"/[^"]*"', text), "a recorded run keeps no path of its machine (tools/docs.py record)"
 
 
+
+def test_a_partial_reproduction_is_not_a_make_demo():
+    """`reproduce --only TARGET` records a run too (the Aceso search step); the tables of `make demo`'s
+    verdicts and duration read only reproductions of every default target."""
+    tool = _docs_tool()
+    demo = {"summary": {"run": {"command": ["reproflow", "reproduce", "--executor", "local"], "executor": "local",
+                                "git_commit": "a" * 40}}}
+    only = {"summary": {"run": {"command": ["reproflow", "reproduce", "--executor", "local", "--only", "aceso-large"],
+                                "executor": "local", "git_commit": "b" * 40}}}
+    assert tool.last_commit_runs([demo, only]) == [demo]
+
+
+def test_a_bench_table_says_when_the_configs_differ(tmp_path, monkeypatch):
+    """The budget table states what the digests show: the same config on every core count, or not."""
+    tool = _docs_tool()
+    monkeypatch.setattr(tool, "BENCH", tmp_path)
+    head = ("cores,budget,stages,iteration_ms,megatron_ms,depths,configs_sha256,explored,wall_s,"
+            "git_commit,device_name,host_cpus,timestamp\n")
+    row = "{},20000 explored cases per depth,12,84160.0,119070.0,13,{},239810,150.0,{},a CPU,2,2026-12-07T00:00:00\n"
+    for digests, said in ((("ab", "ab"), "byte for byte the same"), (("ab", "cd"), "not the same")):
+        (tmp_path / "aceso_budget.csv").write_text(head + "".join(
+            row.format(cores, digest, "c" * 40) for cores, digest in zip((2, 1), digests, strict=True)))
+        text = tool.aceso_budget([])
+        assert f"is {said} on 2 core(s) and on 1 core(s)" in text and "commit ccccccc on a CPU, 2 cores" in text
+
 # A run quoted by hand: named by its commit ("three runs of 1a2b3c4", "a run of commit 1a2b3c4").
 TYPED = re.compile(r"\bruns?\s+of\s+(?:commit\s+)?[0-9a-f]{7,40}\b")
 

@@ -38,9 +38,10 @@ def recorded(folder: Path = RECORDED) -> list[dict]:
 
 
 def last_commit_runs(runs: list[dict]) -> list[dict]:
-    """The recorded `make demo` runs (`reproduce` here) of the newest commit that has any, oldest first."""
+    """The recorded `make demo` runs (`reproduce` here, every default target) of the newest commit that has
+    any, oldest first."""
     demos = [r for r in runs if r["summary"]["run"]["command"][1:2] == ["reproduce"]
-             and r["summary"]["run"]["executor"] == "local"]
+             and r["summary"]["run"]["executor"] == "local" and "--only" not in r["summary"]["run"]["command"]]
     if not demos:
         raise SystemExit("docs/recorded/ holds no run of `reproflow reproduce` (make demo): record one first")
     commit = demos[-1]["summary"]["run"]["git_commit"]
@@ -205,7 +206,9 @@ def cluster_run(runs: list[dict]) -> str:
 
 # The report tables a recorded run keeps (`record`), by name, as the report writes them under its folder.
 TABLES = {"spatial": "spatial_throughput.csv", "resharding_1_to_m": "resharding_1_to_m.csv",
-          "resharding_1_to_m_ratios": "resharding_1_to_m_ratios.csv", "aceso_small": "aceso_small.csv"}
+          "resharding_1_to_m_ratios": "resharding_1_to_m_ratios.csv", "aceso_small": "aceso_small.csv",
+          **{f"aceso_{setting}_{model}": f"aceso-large/predicted_{setting}_{model}.csv"
+             for setting, model in (("large", "gpt"), ("large", "t5"), ("large", "resnet"), ("scale", "scale-layer"))}}
 
 
 def _value(text: str) -> str:
@@ -500,14 +503,133 @@ def history_bench(_: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MODEL = {"gpt": "GPT", "t5": "T5", "resnet": "Wide-ResNet", "scale-layer": "GPT scale-layer"}
+
+
+def _model(model: str, size: str) -> str:
+    return f"{MODEL[model]}-{size.replace('_', '.')}"
+
+
+def _bench(name: str) -> tuple[list[dict], str]:
+    """A recorded `make bench` table (docs/recorded/bench/NAME) and what it ran on, in words."""
+    with (BENCH / name).open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    r = rows[0]
+    commit = r["git_commit"][:7] + (" with local changes" if r["git_commit"].endswith("-dirty") else "")
+    return rows, (f"`make bench` (`benchmarks/aceso_bench.py`) of commit {commit} on {r['device_name']}, "
+                  f"{r['host_cpus']} cores, {r['timestamp'][:10]}")
+
+
+def aceso_budget(_: list[dict]) -> str:
+    """GPT-13B's large-setting search on every core and on one (aceso_budget.csv): the config of every
+    depth, its digest, and what the search cost."""
+    rows, where = _bench("aceso_budget.csv")
+    same = len({r["configs_sha256"] for r in rows}) == 1
+    lines = [f"{where}: GPT-13B on the artifact's eurosys database (4 × 8 GPUs, global batch 1024, 28000 MB, "
+             f"`--model reference`), {rows[0]['budget']}.", "",
+             "| cores the search may use | config found | predicted s / iteration | Megatron-LM plan (s) | "
+             "every depth's config (sha256) | explored cases | search wall time (s) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['cores']} | {r['stages']} stages | {float(r['iteration_ms']) / 1000:.2f} | "
+              f"{float(r['megatron_ms']) / 1000:.2f} | {r['depths']} configs, {r['configs_sha256']} | "
+              f"{int(r['explored']):,} | {float(r['wall_s']):.0f} |" for r in rows]
+    lines += ["", f"Every depth's config is {'byte for byte the same' if same else 'not the same'} on "
+              f"{' and on '.join(r['cores'] + ' core(s)' for r in rows)}."]
+    return "\n".join(lines) + "\n"
+
+
+def aceso_miniset(_: list[dict]) -> str:
+    """The search on the reference's miniset (aceso_search.csv): each model's config and its predicted
+    throughput against the best Megatron-LM uniform plan's, with what the search cost."""
+    rows, where = _bench("aceso_search.csv")
+    lines = [f"{where}; the reference's small settings (1 node × 4 GPUs, 12000 MB), predicted by the same cost "
+             "model:", "",
+             "| model, global batch | budget | Megatron-LM uniform plan (samples/s) | reproflow's search: config, "
+             "s / iteration, samples/s | over the plan | explored cases | search wall time (s) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {_model(r['model'], r['size'])}, {r['global_batch']} | {r['budget']} | "
+              f"{float(r['megatron_samples_per_s']):.2f} | {r['stages']} stages, {float(r['iteration_ms']) / 1000:.2f}"
+              f", {float(r['samples_per_s']):.2f} | "
+              f"{float(r['samples_per_s']) / float(r['megatron_samples_per_s']):.2f} | {int(r['explored']):,} | "
+              f"{float(r['wall_s']):.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _transposed(header: str, columns: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:
+    """A table with one column per value of `header` and one row per measure."""
+    return ([f"| {header} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+            + [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows])
+
+
+def aceso_scale_cost(_: list[dict]) -> str:
+    """Search cost against depth (aceso_scale_search.csv): wall time, configs explored and the found
+    config over the uniform plan at each depth, beside the published Aceso search times."""
+    rows, where = _bench("aceso_scale_search.csv")
+    published = [r.get("published_aceso_search_s") or "" for r in rows]
+    measures = [("ops", [r["ops"] for r in rows]),
+                ("search wall (s)", [f"{float(r['wall_s']):.1f}" for r in rows]),
+                ("until its best config (s)", [f"{float(r['to_best_s']):.1f}" for r in rows]),
+                ("configs explored", [r["explored"] for r in rows]),
+                ("found / uniform plan (predicted samples/s)",
+                 [f"{float(r['samples_per_s']) / float(r['megatron_samples_per_s']):.2f}" for r in rows])]
+    if any(published):
+        measures.append(("published Aceso search (s)", [f"{float(p):.1f}" if p else "" for p in published]))
+    lines = [f"{where}, {float(rows[0]['budget_s_per_depth']):g} s per pipeline depth:", "",
+             *_transposed("layers", [r["layers"] for r in rows], measures)]
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(value: str) -> str:
+    return f"{float(value):.2f}" if value else "—"
+
+
+def aceso_large(runs: list[dict]) -> str:
+    """The large setting's search step on the artifact's database (`aceso reproduce large`) of the newest
+    recorded run that has it: each size's Megatron-LM plan, the found config, their ratio beside the
+    published measured one, and what the search cost."""
+    names = [n for n in TABLES if n.startswith("aceso_large_")]
+    run = _newest_with(runs, *names)
+    lines = [f"{_where(run)}: its report's `predicted_large_<model>.csv`; iteration times predicted (s).", "",
+             "| model, size | Megatron-LM plan | reproflow's search | reproflow / Megatron-LM | published (measured) | "
+             "search wall time (s) | explored cases |", "|---|---|---|---|---|---|---|"]
+    for name in names:
+        for r in run["tables"][name]:
+            searched = bool(r["explored"])  # a single-GPU size's config is given, not searched
+            found = f"{float(r['aceso_ms']) / 1000:.2f}" if searched else "the given config"
+            lines.append(f"| {_model(name.removeprefix('aceso_large_'), r['size'])} | "
+                         f"{float(r['megatron_ms']) / 1000:.2f} | {found} | {_ratio(r['aceso_over_megatron'])} | "
+                         f"{_ratio(r.get('published_aceso_over_megatron', ''))} | "
+                         f"{_ratio(r['search_s'])} | {int(float(r['explored'])) if searched else '—'} |")
+    return "\n".join(lines) + "\n"
+
+
+
+def aceso_scale(runs: list[dict]) -> str:
+    """The scale setting's search step (`aceso reproduce scale`) of the newest recorded run that has it:
+    at each depth, the Megatron-LM plan, the found config, their ratio beside the published one, and the
+    search's cost."""
+    run = _newest_with(runs, "aceso_scale_scale-layer")
+    rows = run["tables"]["aceso_scale_scale-layer"]
+    measures = [("Megatron-LM plan (s)", [f"{float(r['megatron_ms']) / 1000:.2f}" for r in rows]),
+                ("reproflow's search (s)", [f"{float(r['aceso_ms']) / 1000:.2f}" for r in rows]),
+                ("reproflow / Megatron-LM", [_ratio(r["aceso_over_megatron"]) for r in rows]),
+                ("published (measured)", [_ratio(r.get("published_aceso_over_megatron", "")) for r in rows]),
+                ("search wall time (s)", [_ratio(r["search_s"]) for r in rows]),
+                ("explored cases", [str(int(float(r["explored"]))) for r in rows])]
+    lines = [f"{_where(run)}: its report's `predicted_scale_scale-layer.csv`; GPT scale-layer on 1 × 8 GPUs, "
+             "iteration times predicted.", "",
+             *_transposed("layers", [r["size"].removesuffix("layers") for r in rows], measures)]
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS: dict[str, Callable[[list[dict]], str]] = {
     "gpu-gemm": gpu_gemm, "gpu-compiled": gpu_compiled, "gpu-gemm-limit": gpu_gemm_limit,
     "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "resharding-1-to-m": resharding_one_to_m,
-    "aceso-configs": aceso_configs,
+    "aceso-configs": aceso_configs, "aceso-budget": aceso_budget, "aceso-miniset": aceso_miniset,
+    "aceso-scale-cost": aceso_scale_cost, "aceso-large": aceso_large, "aceso-scale": aceso_scale,
     "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
-    **{f"table-{name}": report_table(name) for name in TABLES}}
+    "table-spatial": report_table("spatial")}
 
 
 def generate(text: str, runs: list[dict]) -> str:
