@@ -510,14 +510,30 @@ def _model(model: str, size: str) -> str:
     return f"{MODEL[model]}-{size.replace('_', '.')}"
 
 
-def _bench(name: str) -> tuple[list[dict], str]:
-    """A recorded `make bench` table (docs/recorded/bench/NAME) and what it ran on, in words."""
+def _bench(name: str, script: str = "aceso_bench.py") -> tuple[list[dict], str]:
+    """A recorded `make bench` table (docs/recorded/bench/NAME, written by benchmarks/SCRIPT) and what it ran
+    on, in words."""
     with (BENCH / name).open(newline="") as file:
         rows = list(csv.DictReader(file))
     r = rows[0]
     commit = r["git_commit"][:7] + (" with local changes" if r["git_commit"].endswith("-dirty") else "")
-    return rows, (f"`make bench` (`benchmarks/aceso_bench.py`) of commit {commit} on {r['device_name']}, "
+    return rows, (f"`make bench` (`benchmarks/{script}`) of commit {commit} on {r['device_name']}, "
                   f"{r['host_cpus']} cores, {r['timestamp'][:10]}")
+
+
+def param_bench(_: list[dict]) -> str:
+    """reproflow's param figures over bare torch loops' (param_ratios.csv): per benchmark and mode, the
+    median ratio over cases, its range, and how many cases meet the goal."""
+    rows, where = _bench("param_ratios.csv", "param_bench.py")
+    lines = [f"{where}; each case the median of alternating trials:", "",
+             f"| benchmark | reproflow's mode | cases | median ratio | range | cases at or above {rows[0]['goal']} |",
+             "|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["benchmark"], r["reproflow_mode"]) for r in rows):
+        ratios = sorted(float(r["ratio"]) for r in rows if (r["benchmark"], r["reproflow_mode"]) == key)
+        met = sum(ratio >= float(rows[0]["goal"]) for ratio in ratios)
+        lines.append(f"| {key[0]} | {key[1]} | {len(ratios)} | {statistics.median(ratios):.2f} | "
+                     f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {met} |")
+    return "\n".join(lines) + "\n"
 
 
 def aceso_budget(_: list[dict]) -> str:
@@ -626,7 +642,7 @@ GENERATORS: dict[str, Callable[[list[dict]], str]] = {
     "gpu-families": gpu_families, "gpu-aceso": gpu_aceso, "resharding-1-to-m": resharding_one_to_m,
     "aceso-configs": aceso_configs, "aceso-budget": aceso_budget, "aceso-miniset": aceso_miniset,
     "aceso-scale-cost": aceso_scale_cost, "aceso-large": aceso_large, "aceso-scale": aceso_scale,
-    "history-bench": history_bench, "cluster-run": cluster_run,
+    "param-bench": param_bench, "history-bench": history_bench, "cluster-run": cluster_run,
     "verdicts": verdicts, "verdicts-short": verdicts_short, "demo-time": demo_time,
     **{f"cases-{family}": cases(family) for family in ("param_comms", "resharding", "spatial", "aceso", "cfp")},
     "table-spatial": report_table("spatial")}
