@@ -200,3 +200,16 @@ def test_a_count_budget_finds_one_config_however_slow_the_machine(monkeypatch: p
     assert found(opts) == idle
     clocked = found(dataclasses.replace(opts, budget_s=200.0))
     assert clocked != idle and all(explored < 400 * 0.9 for _, explored, _ in clocked)
+
+
+def test_a_count_budget_searches_a_depth_a_core_and_the_clock_every_depth_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the count, depths past the cores add no speed and hold their explored configs (several GB at a
+    thousand layers), so the default runs one a core; on the clock each depth's budget starts with the
+    search, so every depth runs at once, as the reference runs them."""
+    from reproflow.families.aceso.search import parallel
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1})
+    count, clock = Options(64, (1,), 1, 8, 1000, 1), Options(64, (1,), 1, 8, 1000, 1, budget_s=10.0)
+    assert [parallel(count, n) for n in (1, 2, 8)] == [1, 2, 2]
+    assert [parallel(clock, n) for n in (1, 2, 8)] == [1, 2, 8]

@@ -69,3 +69,22 @@ def test_the_docs_script_prints_each_claims_verdict(reported: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((reported / "reports" / "summary.json").read_text())
     assert proc.stdout.splitlines() == [f"{c['status']:20} {c['family']:13} {c['claim']}" for c in summary["claims"]]
+
+
+def test_a_reproduction_that_measured_no_point_is_summarised(tmp_path: Path) -> None:
+    """`reproduce --only aceso-large` runs steps that write only their own tables: the report has no rows,
+    yet the run and its steps are summarised (and the schema accepts it); `report` alone still refuses an
+    empty results folder, naming it."""
+    from reproflow.reporting.report import build_reports
+    from reproflow.spec.errors import ReproflowError
+
+    step = {"name": "aceso-large", "seconds": 700.0, "measured": 0, "skipped": 0, "failed": 0, "not_applicable": 0,
+            "exit_code": 0, "job_ids": []}
+    (tmp_path / "results").mkdir()
+    written = build_reports(tmp_path / "results", tmp_path / "reports", steps=[step])
+    assert [p.name for p in written] == ["summary.json"]
+    record = json.loads(written[0].read_text())
+    jsonschema.validate(record, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
+    assert record["steps"] == [step] and record["claims"] == []
+    with pytest.raises(ReproflowError, match="no results to aggregate under"):
+        build_reports(tmp_path / "results", tmp_path / "again")

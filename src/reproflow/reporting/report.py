@@ -297,7 +297,8 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
     """Tables and figures for every family that has results (or only the families in `only`), then,
     for all families, the claims checked, the report page (report.html, report.md), with a section
     against each published figure of `references`, and summary.json (with the `steps` of the
-    `reproduce` that built it); returns the files written."""
+    `reproduce` that built it; summary.json alone where those steps measured no point); returns the
+    files written."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     unknown = sorted(set(only) - set(families()))
     if unknown:
@@ -312,6 +313,11 @@ def build_reports(results: Path, out_dir: Path, only: Sequence[str] = (),
                                             "reason": [why for _, why in loaded.quarantined]})], ignore_index=True)
         written += write_table(kept_out, out_dir, "left_out", "Points left out of every table and figure")
     left_out = [p for p in written if p.suffix == ".csv"]
+    if frame.empty and steps and not written:
+        # A reproduction whose steps write only their own tables (Aceso's search step on the artifact's
+        # database): no rows to report, but the run and its steps are still summarised.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return [write_summary(out_dir, summary(results, [], pd.DataFrame(), steps=steps, limits=str(LIMITS)))]
     if frame.empty:
         left = f" ({len(kept_out)} point(s) left out: {out_dir / 'left_out.md'})" if written else ""
         raise ReproflowError(f"no results to aggregate under {results}{left}. Run a suite first, e.g. "

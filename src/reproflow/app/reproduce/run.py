@@ -97,12 +97,16 @@ def reproduce(plan: Plan, only: Sequence[str], folders: Folders, executor: str =
     write_looks(folders.results, looks)
     steps = [r.record() for r in done]
     try:
-        build_reports(folders.results, folders.reports, steps=steps)
+        written = build_reports(folders.results, folders.reports, steps=steps)
     except ReproflowError as exc:
         out(f"reproflow reproduce: no report: {exc}")
         return 1
-    out(f"report: {folders.reports / 'report.html'} (self-contained) and {folders.reports / 'report.md'}")
-    out(f"claims ({folders.reports / 'claims.md'}): {claim_line(folders.reports / 'claims.csv')}")
+    if [p.name for p in written] == ["summary.json"]:
+        out(f"no points measured, so no report page: the steps' tables and figures are under {folders.reports}; "
+            f"the run and its steps: {folders.reports / 'summary.json'}")
+    else:
+        out(f"report: {folders.reports / 'report.html'} (self-contained) and {folders.reports / 'report.md'}")
+        out(f"claims ({folders.reports / 'claims.md'}): {claim_line(folders.reports / 'claims.csv')}")
     ok = all(r.code == 0 and not r.failed for r in done)
     if executor == LOCAL and plan.more_minutes:
         ok = resample(plan, targets, folders, out, steps) and ok

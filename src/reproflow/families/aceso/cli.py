@@ -181,7 +181,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="order in which a hop's results are searched further")
     p.add_argument("--log-path", type=Path, default=None, help="summary CSV folder (default: --config-save-path)")
     p.add_argument("--config-suffix", default="", help="file-name suffix (default: the start time)")
-    p.add_argument("--processes", type=whole(0), default=0, help="parallel searches (default: one per depth)")
+    p.add_argument("--processes", type=whole(0), default=0,
+                   help="depths searched at once (default: one a core; on the clock, every depth)")
     p.add_argument("--from-results", type=Path, default=None,
                    help="first write the database at --profiled-time-path from these profiler results")
     p.add_argument("--megatron-memory-limit", type=number(), default=None,
@@ -276,7 +277,8 @@ def register_cli(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="MB per GPU for the search and the plan (default: the artifact's, per model)")
     _budget(p, f"explored cases per pipeline depth (default: {CASES}; {TINY_CASES} for tiny models): one "
             "database, one config, on any machine", None)
-    p.add_argument("--processes", type=whole(0), default=0, help="parallel searches (default: one per depth)")
+    p.add_argument("--processes", type=whole(0), default=0,
+                   help="depths searched at once (default: one a core; on the clock, every depth)")
     p.add_argument("--train-iters", type=whole(1), default=None,
                    help="iterations per training (default: 6 for tiny models, the first untimed; 5 for the "
                    "reference sizes, the first 2 untimed)")

@@ -418,8 +418,8 @@ class CostModel:
             return [1] * n
         key = ("recompute", stage.digest(self.index), micro_bs, behind)
         hit = self._memo.get(key)
-        if hit is None:
-            hit = self._remember(key, self._choose_recompute(stage, micro_bs, behind))
+        if hit is None:  # kept as bytes (0 or 1 an op): a list of ints costs 8 times the memory
+            hit = self._remember(key, bytes(self._choose_recompute(stage, micro_bs, behind)))
         return list(hit)
 
     def _remember(self, key: tuple, value: Any) -> Any:

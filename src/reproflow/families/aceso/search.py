@@ -35,6 +35,7 @@ depends on the machine's speed and on what else runs on it.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -768,12 +769,20 @@ def _search_depth(args: tuple[CostModel, list[str], Options, int]) -> Result:
     return DepthSearch(cost, ops, opts, n).run()
 
 
+def parallel(opts: Options, depths: int) -> int:
+    """How many depths search at once by default. On the clock every depth runs at once, as the reference
+    runs them, since each depth's budget starts with the search. On the count, one depth a core: more
+    add no speed and the same config, and each holds what it explored (several GB at a thousand layers)."""
+    return depths if opts.budget_s is not None else max(1, min(depths, len(os.sched_getaffinity(0))))
+
+
 def search(cost: CostModel, ops: list[str], opts: Options, depths: range, processes: int = 0) -> list[Result]:
-    """One search per pipeline depth, in parallel processes (`processes` = 0: one per depth)."""
+    """One search per pipeline depth, in parallel processes (`processes` = 0: `parallel`'s default)."""
     jobs = [(cost, ops, opts, n) for n in depths]
-    if processes == 1 or len(jobs) == 1:
+    workers = processes or parallel(opts, len(jobs))
+    if workers == 1 or len(jobs) == 1:
         return [_search_depth(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=processes or len(jobs)) as pool:
+    with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(_search_depth, jobs))
 
 
