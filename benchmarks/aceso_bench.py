@@ -1,10 +1,10 @@
 """`make bench`: Aceso search cost and result.
 
 1. On the reference's miniset database (../shared): GPT-1.3B, T5-770M and Wide-ResNet-1B on 1 node x
-   4 GPUs (the reference's small settings), with the search's default budget in explored cases (and
-   seconds per depth where --budgets gives them). Records reproflow's search wall time, the time until
-   its best config was found, the predicted throughput of that config and of the best Megatron-LM
-   uniform plan: <out>/aceso_search.csv.
+   4 GPUs, the artifact's small setting (`aceso reproduce small --sizes reference`), with the search's
+   default budget in explored cases (and seconds per depth where --budgets gives them). Records the
+   search's wall time and explored cases, the predicted throughput of its config and of the
+   Megatron-LM plan the artifact's scripts set: <out>/aceso_search.csv.
 2. Search cost against depth, as the reference's figure 9: GPT scale-layer with 8 ... 1024 layers
    on 1 node x 8 GPUs (batch 1024, 28000 MB), on a database this machine's profiler produced
    (`workflows/aceso-profile-scale.toml`, profiled first if missing; TP up to 2):
@@ -40,7 +40,7 @@ from reproflow.families.aceso.database import read_database, write_from_rows
 from reproflow.families.aceso.models import model
 from reproflow.families.aceso.plans import best_feasible, megatron_plans
 from reproflow.families.aceso.search import DepthSearch, Options, budget_text, search
-from reproflow.families.aceso.settings import CASES
+from reproflow.families.aceso.settings import CASES, SETTINGS
 from reproflow.reporting.report import load_results, to_markdown
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
@@ -48,7 +48,6 @@ MINISET = SHARED / "profiled-time-miniset"
 EUROSYS = SHARED / "profiled-time-eurosys"
 PUBLISHED = SHARED / "reference-results" / "search_cost_scale_scale-layer.csv"
 LAYERS = (8, 16, 32, 64, 128, 256, 512, 1024)
-SMALL = [("gpt", "1_3B", 512, (1, 2, 4, 8)), ("t5", "770M", 512, (1, 2, 4, 8)), ("resnet", "1B", 768, (16, 32, 48, 64))]
 
 
 def main() -> int:
@@ -64,7 +63,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.database.is_dir():
-        small(args.database, args.budgets, out)
+        code = small(args.database, args.budgets, out)
+        if code:
+            return code
     else:
         print(f"bench: aceso miniset search skipped: no miniset database at {args.database}", file=sys.stderr)
     if EUROSYS.is_dir():
@@ -94,6 +95,22 @@ def depth_cost(database: Path, budget: float, out: Path, layers: int = 1024) -> 
     _write(pd.DataFrame(rows), out / "aceso_depth_cost.csv")
 
 
+def _searched(logs: Path, name: str, size: str) -> dict:
+    """One size's search as its manifest records it, with a digest of every depth's config as written
+    (what "the same config" means, byte for byte)."""
+    folder = logs / "aceso" / "search" / name / size
+    manifest = json.loads(max(folder.glob("search-*.json"), key=lambda p: p.stat().st_mtime).read_text())
+    digest = hashlib.sha256(b"".join((folder / n).read_bytes() for n in sorted(manifest["configs"]))).hexdigest()
+    gbs = manifest["options"]["global_batch_size"]
+    return {"model": name, "size": size, "global_batch": gbs, "budget": manifest["budget"],
+            "stages": int(manifest["configs"][0].split("stages")[0].rsplit("_", 1)[1]),
+            "iteration_ms": manifest["best_ms"], "megatron_ms": manifest["megatron_ms"],
+            "samples_per_s": round(gbs / (manifest["best_ms"] / 1000), 2),
+            "megatron_samples_per_s": round(gbs / (manifest["megatron_ms"] / 1000), 2),
+            "depths": len(manifest["configs"]), "configs_sha256": digest[:16],
+            "explored": sum(d["explored"] for d in manifest["depths"]), "wall_s": manifest["search_s"]}
+
+
 def budget(database: Path, out: Path) -> int:
     """GPT-13B's large-setting search on every core, then on one: the same config, whatever the cores."""
     cores = os.sched_getaffinity(0)
@@ -105,49 +122,33 @@ def budget(database: Path, out: Path) -> int:
         try:
             code = reproflow(["aceso", "reproduce", "large", "--models", "gpt", "--model-sizes", "13B",
                               "--profiled-time-path", str(database), "--log-path", str(logs),
-                              "--out", str(logs / "reports")])
+                              "--out", str(logs / "reports"), "--results", str(logs / "results")])
         finally:
             os.sched_setaffinity(0, cores)
         if code:
             return code
-        folder = logs / "aceso" / "search" / "gpt" / "13B"
-        manifest = json.loads(max(folder.glob("search-*.json"), key=lambda p: p.stat().st_mtime).read_text())
-        # Every depth's config, as written: what "the same config" means, byte for byte.
-        digest = hashlib.sha256(b"".join((folder / n).read_bytes() for n in sorted(manifest["configs"]))).hexdigest()
-        rows.append({"model": "gpt", "size": "13B", "cores": len(allowed), "budget": manifest["budget"],
-                     "stages": int(manifest["configs"][0].split("stages")[0].rsplit("_", 1)[1]),
-                     "iteration_ms": manifest["best_ms"], "megatron_ms": manifest["megatron_ms"],
-                     "depths": len(manifest["configs"]), "configs_sha256": digest[:16],
-                     "explored": sum(d["explored"] for d in manifest["depths"]), "wall_s": manifest["search_s"]})
+        rows.append({"cores": len(allowed), **_searched(logs, "gpt", "13B")})
     _write(pd.DataFrame(rows), out / "aceso_budget.csv")
     return 0
 
 
-def small(database: Path, budgets: list[float], out: Path) -> None:
+def small(database: Path, budgets: list[float], out: Path) -> int:
+    """The artifact's small setting on its miniset (`aceso reproduce small --sizes reference`): each
+    model's search against its Megatron-LM plan, as the artifact's scripts set both."""
     rows = []
-    for name, size, gbs, mbs in SMALL:
-        m = model(name, size)
-        db = read_database(database, m, list(mbs), m.max_tp(4))
-        ops = m.full_op_list(db.ops)
-        cost = CostModel(db, 4, 12000)
-        uniform = best_feasible(megatron_plans(cost, ops, gbs, 4, m.max_tp(4), range(1, 5)), 12000)
-        for seconds in (None, *budgets):
-            print(f"bench: aceso search {name} {size}, {budget_text(CASES, seconds)} ...", flush=True)
-            start = time.monotonic()
-            results = search(CostModel(db, 4, 12000), ops, Options(gbs, mbs, 1, 4, 12000, m.max_tp(4),
-                                                                   budget_s=seconds), range(1, 5))
-            wall = time.monotonic() - start
-            best = min((r for r in results if r.best), key=lambda r: r.best.time)  # type: ignore[union-attr]
-            assert best.best is not None and uniform is not None
-            rows.append({"model": name, "size": size, "gpus": 4, "global_batch": gbs,
-                         "budget": budget_text(CASES, seconds),
-                         "wall_s": round(wall, 2), "to_best_s": round(best.seconds_to_best, 2),
-                         "stages": best.num_stages, "iteration_ms": round(best.best.time, 2),
-                         "samples_per_s": round(gbs / (best.best.time / 1000), 2),
-                         "memory_mb": round(best.best.memory), "megatron_samples_per_s":
-                         round(uniform.prediction.throughput(gbs), 2),
-                         "explored": sum(r.explored for r in results)})
+    for seconds in (None, *budgets):
+        logs = out / "aceso-small" / ("count" if seconds is None else f"{seconds:g}s")
+        print(f"bench: aceso search on the miniset, {budget_text(CASES, seconds)} ...", flush=True)
+        clock = [] if seconds is None else ["--time-budget-total", f"{seconds:g}"]
+        code = reproflow(["aceso", "reproduce", "small", "--sizes", "reference", "--model", "reference",
+                          "--profiled-time-path",
+                          str(database), "--log-path", str(logs), "--out", str(logs / "reports"),
+                          "--results", str(logs / "results"), *clock])
+        if code:
+            return code
+        rows += [_searched(logs, s.model, s.size) for s in SETTINGS["small"]]
     _write(pd.DataFrame(rows), out / "aceso_search.csv")
+    return 0
 
 
 def scale(out: Path, budget: float, layers: list[int]) -> int:

@@ -65,7 +65,10 @@ def _setting(runs: list[dict]) -> str:
 
 
 def _machine(run: dict) -> str:
-    """A run's machines: CPU and cores, and its links, as its rows record them."""
+    """A run's machines: CPU and cores, and its links, as its rows record them (a run that measured no
+    point: the CPU of the host it started on, as its manifest records it)."""
+    if not run["summary"]["machines"]:
+        return f"{run['summary']['run']['cpu_model']}, the host the run started on"
     machines = sorted({(m.get("device_name", ""), m.get("host_cpus", "")) for m in run["summary"]["machines"]})
     networks = {m.get("network", "") for m in run["summary"]["machines"]}
     # "emulated: 5 hosts, 1000 Mbit/s ..." once per link kind, whatever the host count
@@ -513,6 +516,9 @@ def _model(model: str, size: str) -> str:
 def _bench(name: str, script: str = "aceso_bench.py") -> tuple[list[dict], str]:
     """A recorded `make bench` table (docs/recorded/bench/NAME, written by benchmarks/SCRIPT) and what it ran
     on, in words."""
+    if not (BENCH / name).is_file():
+        raise SystemExit(f"docs/recorded/bench/ holds no {name}: run `make bench` and copy "
+                         f"benchmarks/results/{name} there")
     with (BENCH / name).open(newline="") as file:
         rows = list(csv.DictReader(file))
     r = rows[0]
@@ -594,8 +600,9 @@ def aceso_scale_cost(_: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ratio(value: str) -> str:
-    return f"{float(value):.2f}" if value else "—"
+def _fixed(value: str, digits: int = 2) -> str:
+    """A recorded number to `digits` decimals, or a dash where the table left it empty."""
+    return f"{float(value):.{digits}f}" if value else "—"
 
 
 def aceso_large(runs: list[dict]) -> str:
@@ -612,9 +619,9 @@ def aceso_large(runs: list[dict]) -> str:
             searched = bool(r["explored"])  # a single-GPU size's config is given, not searched
             found = f"{float(r['aceso_ms']) / 1000:.2f}" if searched else "the given config"
             lines.append(f"| {_model(name.removeprefix('aceso_large_'), r['size'])} | "
-                         f"{float(r['megatron_ms']) / 1000:.2f} | {found} | {_ratio(r['aceso_over_megatron'])} | "
-                         f"{_ratio(r.get('published_aceso_over_megatron', ''))} | "
-                         f"{_ratio(r['search_s'])} | {int(float(r['explored'])) if searched else '—'} |")
+                         f"{float(r['megatron_ms']) / 1000:.2f} | {found} | {_fixed(r['aceso_over_megatron'])} | "
+                         f"{_fixed(r.get('published_aceso_over_megatron', ''))} | "
+                         f"{_fixed(r['search_s'], 1)} | {int(float(r['explored'])) if searched else '—'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -627,9 +634,9 @@ def aceso_scale(runs: list[dict]) -> str:
     rows = run["tables"]["aceso_scale_scale-layer"]
     measures = [("Megatron-LM plan (s)", [f"{float(r['megatron_ms']) / 1000:.2f}" for r in rows]),
                 ("reproflow's search (s)", [f"{float(r['aceso_ms']) / 1000:.2f}" for r in rows]),
-                ("reproflow / Megatron-LM", [_ratio(r["aceso_over_megatron"]) for r in rows]),
-                ("published (measured)", [_ratio(r.get("published_aceso_over_megatron", "")) for r in rows]),
-                ("search wall time (s)", [_ratio(r["search_s"]) for r in rows]),
+                ("reproflow / Megatron-LM", [_fixed(r["aceso_over_megatron"]) for r in rows]),
+                ("published (measured)", [_fixed(r.get("published_aceso_over_megatron", "")) for r in rows]),
+                ("search wall time (s)", [_fixed(r["search_s"], 1) for r in rows]),
                 ("explored cases", [str(int(float(r["explored"]))) for r in rows])]
     lines = [f"{_where(run)}: its report's `predicted_scale_scale-layer.csv`; GPT scale-layer on 1 × 8 GPUs, "
              "iteration times predicted.", "",
