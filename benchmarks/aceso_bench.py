@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,6 +96,13 @@ def depth_cost(database: Path, budget: float, out: Path, layers: int = 1024) -> 
     _write(pd.DataFrame(rows), out / "aceso_depth_cost.csv")
 
 
+def _fresh(folder: Path) -> Path:
+    """An empty folder for one search: a search finding its earlier manifest there reuses its configs, and
+    the benchmark would time nothing."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
 def _searched(logs: Path, name: str, size: str) -> dict:
     """One size's search as its manifest records it, with a digest of every depth's config as written
     (what "the same config" means, byte for byte)."""
@@ -116,7 +124,7 @@ def budget(database: Path, out: Path) -> int:
     cores = os.sched_getaffinity(0)
     rows = []
     for allowed in (cores, {min(cores)}):
-        logs = out / "aceso-budget" / f"{len(allowed)}-cores"
+        logs = _fresh(out / "aceso-budget" / f"{len(allowed)}-cores")
         print(f"bench: aceso GPT-13B search on {len(allowed)} core(s) ...", flush=True)
         os.sched_setaffinity(0, allowed)  # the search's worker processes inherit it
         try:
@@ -137,7 +145,7 @@ def small(database: Path, budgets: list[float], out: Path) -> int:
     model's search against its Megatron-LM plan, as the artifact's scripts set both."""
     rows = []
     for seconds in (None, *budgets):
-        logs = out / "aceso-small" / ("count" if seconds is None else f"{seconds:g}s")
+        logs = _fresh(out / "aceso-small" / ("count" if seconds is None else f"{seconds:g}s"))
         print(f"bench: aceso search on the miniset, {budget_text(CASES, seconds)} ...", flush=True)
         clock = [] if seconds is None else ["--time-budget-total", f"{seconds:g}"]
         code = reproflow(["aceso", "reproduce", "small", "--sizes", "reference", "--model", "reference",
