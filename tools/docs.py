@@ -561,11 +561,11 @@ def aceso_budget(_: list[dict]) -> str:
 
 def aceso_miniset(_: list[dict]) -> str:
     """The search on the reference's miniset (aceso_search.csv): each model's config and its predicted
-    throughput against the best Megatron-LM uniform plan's, with what the search cost."""
+    throughput against the artifact's Megatron-LM plan's, with what the search cost."""
     rows, where = _bench("aceso_search.csv")
-    lines = [f"{where}; the reference's small settings (1 node × 4 GPUs, 12000 MB), predicted by the same cost "
-             "model:", "",
-             "| model, global batch | budget | Megatron-LM uniform plan (samples/s) | reproflow's search: config, "
+    lines = [f"{where}; the artifact's small setting (1 node × 4 GPUs; Aceso within 12000 MB, the Megatron-LM "
+             "plan as its scripts set it), both predicted by the same cost model:", "",
+             "| model, global batch | budget | Megatron-LM plan (samples/s) | reproflow's search: config, "
              "s / iteration, samples/s | over the plan | explored cases | search wall time (s) |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {_model(r['model'], r['size'])}, {r['global_batch']} | {r['budget']} | "
