@@ -66,6 +66,14 @@ def reproflow(*args: str, cwd: Path = ROOT, env: dict | None = None,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def mpi_start_failed(log: str) -> bool:
+    """A job log showing the test cluster's MPI start-up failing, before any point is measured: MPICH's
+    pmi2 client over Slurm's pmi2 plugin now and then sends a garbled request ("mpi/pmi2: invalid client
+    request"; about 1 start in 8) or hangs in MPI_Init, where a rank's watchdog ("Timeout (...)!") shows it
+    still taking its rank from MPI (`adopt_mpi_environment`). Tests submit such a job once more."""
+    return "mpi/pmi2: invalid client request" in log or ("Timeout (" in log and " in adopt_mpi_environment" in log)
+
+
 # The fault-injection tally: every injected fault and every generated bad input is recorded here by
 # the test that made it, whatever its outcome, and summed up at the end of the run.
 FAULTS: list[dict] = []
