@@ -304,8 +304,7 @@ LARGE = ((8192, 8192, 8192), (6144, 17920, 2816))
 def gpu_gemm(_: list[dict]) -> str:
     """bf16 GEMM on the recorded GPU run (benchmarks/results/gpu/gemm.csv): reproflow's kernel against a
     bare torch.mm loop, and as fractions of the dense peak and of the fastest published matmul."""
-    with (GPU / "gemm.csv").open() as file:
-        rows = list(csv.DictReader(file))
+    rows = _gpu("gemm.csv")
     shape = lambda r: (int(r["m"]), int(r["n"]), int(r["k"]))  # noqa: E731
     large = [r for r in rows if shape(r) in LARGE]
     dataset = [r for r in rows if shape(r) not in LARGE]
@@ -333,9 +332,14 @@ def gpu_gemm(_: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gpu(name: str) -> list[dict]:
-    with (GPU / name).open(newline="") as file:
+def _rows(path: Path) -> list[dict]:
+    """A CSV table's rows as dicts of text (a recorded run's table, a bench's, the GPU run's)."""
+    with path.open(newline="") as file:
         return list(csv.DictReader(file))
+
+
+def _gpu(name: str) -> list[dict]:
+    return _rows(GPU / name)
 
 
 def _gpu_machine() -> str:
@@ -473,8 +477,7 @@ BENCH = RECORDED / "bench"
 def history_bench(_: list[dict]) -> str:
     """The change points' and the nightly gate's error rates on generated years, from the recorded
     `benchmarks/history_bench.py` table (docs/recorded/bench/history.csv)."""
-    with (BENCH / "history.csv").open() as file:
-        rows = list(csv.DictReader(file))
+    rows = _rows(BENCH / "history.csv")
     penalties = list(dict.fromkeys(r["penalty"] for r in rows if not r["measure"].startswith("gate")))
     ours, bic, unclipped = (next(p for p in penalties if key in p) for key in ("reproflow's", "BIC", "not clipped"))
     cell = {(r["noise"], r["change"], r["penalty"]): r for r in rows}
@@ -519,8 +522,7 @@ def _bench(name: str, script: str = "aceso_bench.py") -> tuple[list[dict], str]:
     if not (BENCH / name).is_file():
         raise SystemExit(f"docs/recorded/bench/ holds no {name}: run `make bench` and copy "
                          f"benchmarks/results/{name} there")
-    with (BENCH / name).open(newline="") as file:
-        rows = list(csv.DictReader(file))
+    rows = _rows(BENCH / name)
     r = rows[0]
     commit = r["git_commit"][:7] + (" with local changes" if r["git_commit"].endswith("-dirty") else "")
     return rows, (f"`make bench` (`benchmarks/{script}`) of commit {commit} on {r['device_name']}, "
@@ -700,8 +702,7 @@ def record(reports: Path, note: str, results: Path | None = None) -> Path:
     tables = {}
     for name, table in TABLES.items():  # the report's tables the docs show, where this run has them
         if (reports / table).is_file():
-            with (reports / table).open(newline="") as f:
-                tables[name] = list(csv.DictReader(f))
+            tables[name] = _rows(reports / table)
     RECORDED.mkdir(exist_ok=True)
     path.write_text(json.dumps({"summary": summary, "note": note, "tables": tables}, indent=1) + "\n")
     return path
