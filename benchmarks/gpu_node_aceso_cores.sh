@@ -28,15 +28,17 @@ machine
 csv=runs.csv  # each command's seconds and exit status (gpu_node.sh's timed); its output in OUT/<step>.log
 rf=("$py" -m reproflow.app.cli)  # an array, not a function: timeout runs it
 
-# keep PART: its rows as a tarball, its claims, tables and Aceso's CSVs in OUT/PART.
+# keep PART: its rows and its logs as tarballs, its claims and tables in OUT/PART. The logs hold what
+# explains a prediction after the machine is gone: the profiles, each search folder's baseline.json
+# (every plan's prediction and measurement) and ops_*.csv (each op's), each training's per-rank CSVs.
 keep() {
   local part=$1
   mkdir -p "$out/$part"
-  tar -czf "$out/$part/results.tar.gz" -C "$work/$part" results 2>/dev/null
+  for folder in results logs; do
+    tar -czf "$out/$part/$folder.tar.gz" -C "$work/$part" "$folder" 2>/dev/null
+  done
   find "$work/$part/reports" -maxdepth 2 \( -name '*.md' -o -name '*.csv' \) -exec cp -t "$out/$part/" {} + \
     2>/dev/null
-  # each search folder's baseline.json (every plan's prediction and measurement), under its own path
-  (cd "$work/$part/logs" 2>/dev/null && find . -name baseline.json -exec cp --parents -t "$out/$part/" {} +)
 }
 
 for part in $parts; do

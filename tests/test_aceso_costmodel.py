@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from reproflow.families.aceso.costmodel import Config, CostModel, Stage
@@ -19,7 +20,9 @@ from reproflow.families.aceso.database import (
     write_p2p,
 )
 from reproflow.families.aceso.models import GPT_LAYER, model, op_spec, reshard
+from reproflow.families.aceso.pipeline import op_info
 from reproflow.families.aceso.plans import best_feasible, megatron_plans, read_json, write_json
+from reproflow.families.aceso.report import op_times
 from reproflow.spec.errors import ReproflowError
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "aceso"
@@ -311,3 +314,41 @@ def test_runtime_model_adds_each_messages_fixed_cost(tiny, tmp_path: Path) -> No
     _, _, cin, cout, _ = CostModel(db, 4, 1e9).stage_time(middle, 1, False, False)
     _, _, rin, rout, _ = CostModel(db, 4, 1e9, kind="runtime").stage_time(middle, 1, False, False)
     assert (rin - cin, rout - cout) == pytest.approx((100.0, 100.0))
+
+
+def test_each_ops_prediction_adds_up_to_its_stage_and_sits_beside_its_measurement(tiny, tmp_path: Path) -> None:
+    """op_info writes every op's predicted forward and backward (numbered over the model, as the runtime's
+    `<op>#<index>` columns), summing to the cost model's stage terms; the report's op_times sets them
+    beside a training's timers and op timers, in ms a micro-batch, the slowest rank of each op."""
+    m, db, ops = tiny
+    cost, slow = CostModel(db, 4, 1e9), CostModel(db, 4, 1e9)
+    rc = [0] * 15
+    rc[3] = 1
+    config = Config(m, 8, 2, [one_tp(ops[:15], rc=rc), one_tp(ops[15:], tp=2)])
+    folder = tmp_path / "aceso" / "search" / "gpt" / "1_3B"
+    write_json(config, folder / "c.json")
+    op_info(config, {"predicted": cost, "after_training": slow}, folder / "csv" / "ops_c.csv")
+    table = pd.read_csv(folder / "csv" / "ops_c.csv")
+    assert table["index"].tolist() == list(range(len(ops))) and table["op"].tolist() == ops
+    for s, stage in enumerate(config.stages):
+        fwd, bwd, *_ = cost.stage_time(stage, config.micro_bs, False, False)
+        part = table[table["stage"] == s]
+        assert part["predicted_forward_us"].sum() == pytest.approx(fwd)
+        assert part["after_training_backward_us"].sum() == pytest.approx(bwd)
+    assert table["recompute"].tolist()[:15] == rc and set(table.loc[table["stage"] == 1, "tp"]) == {2}
+    # two ranks of stage 0 (their op timers differ: the slower counts), one of stage 1; timers per iteration
+    op_columns = {f"{op}#{i}": 10.0 for i, op in enumerate(ops)}
+    ranks = [{"stage": "0", "forward-compute": "80", "backward-compute": "120", **op_columns, f"{ops[0]}#0": "30"},
+             {"stage": "0", "forward-compute": "60", "backward-compute": "100", **op_columns},
+             {"stage": "1", "forward-compute": "40", "backward-compute": "40", **op_columns}]
+    out = op_times(tmp_path, "gpt", "1_3B", "c", ranks).set_index(["stage", "part"])
+    micro_batches = 8 // 2
+    assert out.loc[(0, "forward (timed)"), "measured_ms"] == pytest.approx(80 / micro_batches)
+    assert out.loc[(0, "forward (timed)"), "predicted_ms"] == pytest.approx(15 * 20 / 1000)  # 10 us x mbs 2
+    # backward with its recomputed op's forward
+    assert out.loc[(0, "backward (timed)"), "predicted_ms"] == pytest.approx((15 * 40 + 20) / 1000)
+    assert out.loc[(0, ops[0]), "measured_ms"] == pytest.approx(0.03)
+    layer_op = ops[1]
+    assert out.loc[(0, layer_op), "count"] == ops[:15].count(layer_op)
+    assert out.loc[(1, "forward (timed)"), "predicted_ms"] == pytest.approx(len(ops[15:]) * 10 / 1000)  # tp 2
+    assert op_times(tmp_path, "gpt", "1_3B", "missing", ranks).empty

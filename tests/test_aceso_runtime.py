@@ -192,6 +192,9 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # too; the Megatron-LM plan's prediction from the search's profile beside Aceso's config's.
     search = logs / "aceso" / "search" / "t5" / "tiny"
     assert len(list((search / "csv").glob("info_*-after-training.csv"))) == 2
+    # ... and each op's predictions beside its measurement: where each config's prediction misses
+    assert len(list((search / "csv").glob("ops_*.csv"))) == 2
+    assert "tiny: Aceso's config, stage 0, ms a micro-batch: forward " in out and "op by op with a sync" in out
     # Every plan of the grid written with its prediction, and trained once in the screen; the fastest
     # measured within the memory limit is the baseline.
     manifest = json.loads(next(search.glob("search-*.json")).read_text())
@@ -223,7 +226,8 @@ def test_small_setting_from_one_command(tmp_path: Path) -> None:
     # Alpa is never run here: no row for it (not a row of zeros).
     assert e2e == ["size,tiny", f"megatron,{megatron:.2f}", f"aceso,{aceso:.2f}"]
     for name in ("e2e_norm_thpt_small_t5.csv", "e2e_configs_small_t5.csv", "search_cost_small_t5.csv",
-                 "perf_model_time_small_t5.csv", "perf_model_mem_small_t5.csv", "fig7_e2e_small.png",
+                 "perf_model_time_small_t5.csv", "perf_model_mem_small_t5.csv", "perf_model_ops_small_t5.md",
+                 "fig7_e2e_small.png",
                  "fig8_search_cost_small.png", "fig9_perf_model_small.png"):
         assert (tables / name).is_file(), name
     for plan in ("aceso", "megatron"):

@@ -42,6 +42,7 @@ from reproflow.families.aceso.pipeline import (
     Setup,
     depths_of,
     grid_names,
+    op_info,
     profile,
     profile_suite,
     search,
@@ -299,7 +300,8 @@ def profile_after_training(prof: ProfileRequest, search_req: SearchRequest, plan
 def predict_after_training(results: Path, prof_path: Path, search_req: SearchRequest, plans: tuple[str, ...],
                            label: str) -> list[Path]:
     """The configs of `plans` predicted from their ops profiled again after training (the rows of suite
-    aceso-profile-<label>-after-training, over a copy of the search's database); the info CSVs written."""
+    aceso-profile-<label>-after-training, over a copy of the search's database); the info CSVs and each op's
+    predictions from both profiles (`ops_<config>.csv`) written."""
     from reproflow.reporting.report import load_results
 
     setup = Setup(search_req)
@@ -316,7 +318,9 @@ def predict_after_training(results: Path, prof_path: Path, search_req: SearchReq
         pred = again.predict(config)
         info = search_req.config_save_path / "csv" / f"info_{path.stem}{AFTER_TRAINING}.csv"
         stage_info(pred, info)
-        written.append(info)
+        ops = info.with_name(f"ops_{path.stem}.csv")
+        op_info(config, {"predicted": setup.cost, "after_training": again}, ops)
+        written += [info, ops]
         print(f"{path.stem}: predicted from its ops profiled again right after training: {pred.iteration_ms:.2f} ms "
               f"({setup.cost.predict(config).iteration_ms:.2f} from the search's profile) -> {info}")
     return written

@@ -281,6 +281,12 @@ class CostModel:
             v = looked[key] = self._lookup(ids, tp, mbs, algo)
         return v
 
+    def op_us(self, stage: Stage, micro_bs: int) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) microseconds of each of the stage's ops on one micro-batch, at its TP and DP
+        sizes: the terms `stage_time` sums."""
+        v = self._values(stage, micro_bs)
+        return v[F["forward-compute"]], v[F["backward-compute"]]
+
     def stage_time(self, stage: Stage, micro_bs: int, in_cross: bool, out_cross: bool,
                    flat: bool = False) -> tuple[float, float, float, float, float]:
         """(fwd, bwd, input comm, output comm, recompute) in microseconds for one micro-batch.

@@ -484,6 +484,23 @@ def stage_info(pred: Prediction, path: Path) -> None:
     atomic_write(path, "\n".join(lines) + "\n")
 
 
+def op_info(config: Config, costs: dict[str, CostModel], path: Path) -> None:
+    """Each op of a config with its predicted forward and backward microseconds on one micro-batch from
+    each of `costs` (a label each): the per-op side of a prediction, which the report sets beside the
+    ops' times measured in training. `index` numbers the ops over the whole model, as the runtime's
+    per-op columns (`<op>#<index>`) do."""
+    lines = ["index,stage,op,tp,dp,recompute," + ",".join(f"{label}_{what}_us" for label in costs
+                                                           for what in ("forward", "backward"))]
+    index = 0
+    for s, stage in enumerate(config.stages):
+        times = [cost.op_us(stage, config.micro_bs) for cost in costs.values()]
+        for k, op in enumerate(stage.ops):
+            values = ",".join(f"{float(t[k]):.2f}" for pair in times for t in pair)
+            lines.append(f"{index},{s},{op},{stage.tp[k]},{stage.dp[k]},{int(stage.recompute[k])},{values}")
+            index += 1
+    atomic_write(path, "\n".join(lines) + "\n")
+
+
 def megatron_lm(config: Path, megatron_dir: Path, num_nodes: int, train_iters: int, log_path: Path,
                 run: bool) -> None:
     """Megatron-LM itself on a uniform GPT plan: print the torchrun command of its pretrain_gpt.py; with

@@ -396,11 +396,72 @@ def _info(root: Path, model: str, size: str, config: str) -> list[dict[str, str]
         return list(csv.DictReader(fh))
 
 
+def op_times(root: Path, model: str, size: str, name: str, ranks: list[dict[str, str]]) -> pd.DataFrame:
+    """Where a trained config's prediction misses, per stage, in milliseconds a micro-batch: each op
+    kind's forward (its ops summed) as measured one op at a time in the instrumented iteration (a sync
+    after each op; the slowest rank of each op) beside its predictions from the search's profile and
+    from the one after training (`ops_<config>.csv`); and parts `forward (timed)` and `backward (timed)`,
+    the timed iteration's own timers of a micro-batch beside the sums predicted (backward with the
+    recomputed forwards). Empty where the config's ops were not predicted after training."""
+    folder = root / "aceso" / "search" / model / size
+    path = folder / "csv" / f"ops_{name}.csv"
+    if not path.is_file() or not (folder / f"{name}.json").is_file():
+        return pd.DataFrame()
+    ops = pd.read_csv(path)
+    measured: dict[int, float] = {}
+    for row in ranks:
+        for key, value in row.items():
+            index = key.rpartition("#")[2]
+            if "#" in key and index.isdigit():
+                measured[int(index)] = max(measured.get(int(index), 0.0), float(value))
+    ops["measured_us"] = ops["index"].map(measured)
+    times = [c for c in ops.columns if c.endswith("_us")]
+    ops[times] = ops[times] / 1000  # ms, as the timers
+    config = read_config(folder / f"{name}.json")
+    micro_batches = int(config["global_batch_size"]) // int(config["micro_batch_size"])
+    rows = []
+    for stage, part in ops.groupby("stage", sort=True):
+        timers = [r for r in ranks if int(r["stage"]) == stage]
+        rc = part["recompute"] == 1
+        predicted = {label: (part[f"{label}_forward_us"].sum(), part[f"{label}_backward_us"].sum()
+                             + part.loc[rc, f"{label}_forward_us"].sum()) for label in ("predicted", "after_training")}
+        ms = ("measured_ms", "predicted_ms", "after_training_ms")
+        for which, timer in enumerate(("forward", "backward")):
+            timed = max((float(r.get(f"{timer}-compute", "nan")) for r in timers), default=float("nan"))
+            rows.append({"stage": stage, "part": f"{timer} (timed)", "count": len(part),
+                         **dict(zip(ms, (timed / micro_batches, predicted["predicted"][which],
+                                         predicted["after_training"][which]), strict=True))})
+        kinds = part.groupby("op", sort=False).agg(count=("index", "size"), measured_ms=("measured_us", "sum"),
+                                                   predicted_ms=("predicted_forward_us", "sum"),
+                                                   after_training_ms=("after_training_forward_us", "sum"))
+        rows += [{"stage": stage, "part": op, **r} for op, r in kinds.to_dict("index").items()]
+    return pd.DataFrame(rows).assign(config=name)
+
+
+def _op_lines(size: str, plan: str, table: pd.DataFrame) -> list[str]:
+    """A trained config's forward and backward per micro-batch against their predictions, and the op
+    kinds furthest from theirs (`op_times`)."""
+    lines = []
+    for stage, part in table.groupby("stage", sort=True):
+        timed = part.set_index("part")
+        f, b = timed.loc["forward (timed)"], timed.loc["backward (timed)"]
+        kinds = part[~part["part"].str.endswith("(timed)")]
+        lines.append(f"  {size}: {PLAN_NAMES[plan]}, stage {stage}, ms a micro-batch: forward {f.measured_ms:.2f} "
+                     f"timed, {kinds['measured_ms'].sum():.2f} op by op with a sync after each, "
+                     f"{f.predicted_ms:.2f} predicted ({f.after_training_ms:.2f} from the ops profiled again); "
+                     f"backward with its recomputation {b.measured_ms:.2f} timed, {b.predicted_ms:.2f} predicted "
+                     f"({b.after_training_ms:.2f})")
+        off = kinds.assign(gap=(kinds["measured_ms"] - kinds["predicted_ms"]).abs()).nlargest(3, "gap")
+        lines.append("    forward op kinds furthest from their prediction (ms: op by op, predicted): " + "; ".join(
+            f"{r.part} x{r.count} {r.measured_ms:.2f}, {r.predicted_ms:.2f}" for r in off.itertuples()))
+    return lines
+
+
 def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) -> str:
     """Actual vs predicted iteration time and memory of Aceso's best config (figure 9)."""
     lines, panels = [], []
     for model in MODELS:
-        rows = []
+        rows, ops = [], []
         for size in _sizes(root / "aceso" / "runtime" / model):
             best = best_run(root, "aceso", model, size)
             if best is None:
@@ -420,6 +481,10 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
             again_plan = _info(root, model, size, plan[0] + AFTER_TRAINING) if plan else []
             plan_info = _info(root, model, size, plan[0]) if plan else []
             same = same_config(root, model, size)
+            for plan_name, (config_name, trained) in {"aceso": (name, ranks), "megatron": (plan[0], plan[2]) if plan
+                                                     and not same else ("", [])}.items():
+                ops.append(op_times(root, model, size, config_name, trained).assign(size=size, plan=plan_name)
+                           if trained else pd.DataFrame())
             rows.append({"size": size, "same": same, "time_actual": actual_ms,
                          "time_predict": max(float(r["time"]) for r in info),
                          "time_megatron_actual": max(float(r["time"]) for r in plan[2]) if plan and plan_info
@@ -455,6 +520,9 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
                              f"its ops profiled right after that: {after:.2f} ms")
             lines.append(f"  {r['size']}: measured on the slowest rank (ms): " + ", ".join(
                 f"{k} {v:.1f}" for k, v in r["breakdown"].items()))
+            for table in ops:
+                if not table.empty and table["size"].iloc[0] == r["size"]:
+                    lines += _op_lines(r["size"], table["plan"].iloc[0], table)
         lines.append(f"-------- [{model}] Memory Prediction (MB) --------")
         lines.append(f"{'Size':<10}{'Actual':>10}{'Predict (normal + extra)':>34}{'Error':>8}{'vs normal':>10}")
         for r in rows:
@@ -469,6 +537,15 @@ def perf_model_acc(root: Path, setting: str, out: Path, published: Path | None) 
                        "time_megatron_predict"]].dropna(axis=1, how="all")
         _write_wide(times.T.rename(index=lambda s: s.removeprefix("time_")),
                     out / f"perf_model_time_{setting}_{model}.csv")
+        found = [t for t in ops if not t.empty]
+        if found:
+            columns = ["size", "plan", "config", "stage", "part", "count", "measured_ms", "predicted_ms",
+                       "after_training_ms"]
+            write_table(pd.concat(found)[columns].round(3), out, f"perf_model_ops_{setting}_{model}",
+                        f"{model}: where the prediction misses, ms a micro-batch",
+                        "`forward (timed)`, `backward (timed)`: the timed iteration's timers against the sums "
+                        "predicted (backward with its recomputed forwards); an op kind: its forward measured one op "
+                        "at a time, a sync after each, in one instrumented iteration.")
         _write_wide(table[["mem_actual", "mem_normal", "mem_extra"]].T.rename(
             index={"mem_actual": "actual", "mem_normal": "predict (norm)", "mem_extra": "predict (extra)"}),
             out / f"perf_model_mem_{setting}_{model}.csv")
