@@ -5,7 +5,7 @@
 #   timed PART LIMIT COMMAND...: COMMAND under LIMIT seconds, its output appended to
 #     $out/$logs$PART.log (logs: a prefix the script may set), a row part,seconds,status appended to
 #     $out/$csv (the script sets csv), so that a part that fails or runs out of time loses nothing
-#     measured before it.
+#     measured before it; its exit status is COMMAND's.
 say() { echo "[$(date +%T)] $*"; }
 
 machine() {
@@ -30,4 +30,5 @@ timed() {
   [ -f "$out/$csv" ] || echo "part,seconds,status" > "$out/$csv"
   echo "$part,$seconds,$status" >> "$out/$csv"
   say "$part: $status in $seconds s"
+  return $rc
 }

@@ -14,8 +14,9 @@
 #   PARTS: aceso, cores, or "aceso cores" (the default, in that order)
 #   WORK:  results, logs and reports, kept between calls (default gpu-work): a part that ran out of
 #          time resumes there, every point measured before kept.
-# Each command has its own time limit; after each part, its rows (a tarball), claims and tables are copied
-# to OUT. Run from the repository root; python3 is the node's torch (PYTHON: another interpreter).
+# Each command has its own time limit; after each command, its part's rows and logs (tarballs), claims and
+# tables are copied to OUT. Run from the repository root; python3 is the node's torch (PYTHON: another
+# interpreter).
 set -u
 out=$(realpath -m "${1:?usage: gpu_node_aceso_cores.sh OUT [PARTS [WORK]]}")
 parts=${2:-aceso cores}
@@ -41,26 +42,34 @@ keep() {
     2>/dev/null
 }
 
+# step NAME LIMIT COMMAND...: timed, then the part kept, so that a call cut short by its own limit loses
+# only the command it was in (which resumes from WORK); its exit status is the command's.
+step() {
+  timed "$@"
+  local rc=$?
+  keep "$part"
+  return $rc
+}
+
 for part in $parts; do
   w=$work/$part
   case $part in
     aceso)
       for m in t5 gpt; do
-        timed "aceso-$m" 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
+        step "aceso-$m" 540 "${rf[@]}" aceso reproduce small --sizes reference --models $m --num-gpus-per-node 1 \
           --memory-limit 120000 --global-batch-size 64 --screen-iters 3 \
           --train-iters 4 --train-rounds 4 --no-megatron-core --log-path "$w/logs" --results "$w/results" \
-          --out "$w/reports"
-      done
-      timed aceso-report 120 "${rf[@]}" report --results "$w/results" --out "$w/reports" ;;
+          --out "$w/reports" \
+          && step "aceso-report-$m" 120 "${rf[@]}" report --results "$w/results" --out "$w/reports"
+      done ;;
     cores)
       # The GPU hidden: every rank runs on the CPUs under gloo.
       export CUDA_VISIBLE_DEVICES=
       folders=(--results "$w/results" --logs "$w/logs" --reports "$w/reports")
-      timed cores-spatial 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
-      timed cores-four-ranks 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
+      step cores-spatial 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
+      step cores-four-ranks 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
       unset CUDA_VISIBLE_DEVICES ;;
     *) echo "part $part: give aceso or cores" >&2; exit 2 ;;
   esac
-  keep "$part"
 done
 say "done"
