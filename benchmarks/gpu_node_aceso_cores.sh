@@ -8,7 +8,8 @@
 #      config is one stage, whose iteration is its micro-batches one after another plus one optimizer
 #      step, so every plan's time shrinks alike and their order stays.
 #   cores: the claims that need a CPU core per rank, on the node's CPUs with its GPU hidden: spatial's
-#      timed points (5 ranks; make demo's step) and Aceso's and CFP's local settings at 4 ranks
+#      timed points and chart (5 ranks: the tiles against layer parallelism, halo-D2 against a halo before
+#      every convolution) and Aceso's and CFP's local settings at 4 ranks
 #      (workflows/reproduce/four-ranks.toml), CFP first.
 # Usage: benchmarks/gpu_node_aceso_cores.sh OUT [PARTS [WORK]]
 #   PARTS: aceso, cores, or "aceso cores" (the default, in that order)
@@ -66,7 +67,7 @@ for part in $parts; do
       # The GPU hidden: every rank runs on the CPUs under gloo.
       export CUDA_VISIBLE_DEVICES=
       folders=(--results "$w/results" --logs "$w/logs" --reports "$w/reports")
-      step cores-spatial 300 "${rf[@]}" reproduce --only spatial-throughput "${folders[@]}"
+      step cores-spatial 300 "${rf[@]}" reproduce --only spatial-chart "${folders[@]}"
       step cores-four-ranks 540 "${rf[@]}" reproduce --plan workflows/reproduce/four-ranks.toml "${folders[@]}"
       unset CUDA_VISIBLE_DEVICES ;;
     *) echo "part $part: give aceso or cores" >&2; exit 2 ;;
