@@ -370,10 +370,12 @@ def test_aceso_profile_search_train_chain_from_one_command(tmp_path):
             csvs = sorted((logs / plan / "runtime" / "t5" / "tiny" / "csv").glob(f"{Path(name).stem}_*.csv"))
             assert len(csvs) == 2, (plan, name)  # one per rank, on both nodes
     assert len(list((folder / "csv").glob("info_*-after-training.csv"))) == 2
+    assert len(list((folder / "csv").glob("ops_*.csv"))) == 2  # each op's predictions, by the predicting job
     tables = reproflow("aceso", "e2e", "small", "--log-path", str(logs))
     assert tables.returncode == 0 and "-------- [t5] End-to-end Throughput (Samples/s) --------" in tables.stdout
     accuracy = reproflow("aceso", "perf-model-acc", "small", "--log-path", str(logs))
     assert accuracy.returncode == 0 and "from its ops profiled again right after training: " in accuracy.stdout
+    assert "op by op with a sync after each" in accuracy.stdout  # where each prediction misses
 
 
 SPATIAL = """

@@ -416,7 +416,7 @@ def op_times(root: Path, model: str, size: str, name: str, ranks: list[dict[str,
                 measured[int(index)] = max(measured.get(int(index), 0.0), float(value))
     ops["measured_us"] = ops["index"].map(measured)
     times = [c for c in ops.columns if c.endswith("_us")]
-    ops[times] = ops[times] / 1000  # ms, as the timers
+    ops[times] = ops[times] / 1000  # in ms from here on (the columns keep their names), as the timers
     config = read_config(folder / f"{name}.json")
     micro_batches = int(config["global_batch_size"]) // int(config["micro_batch_size"])
     rows = []
