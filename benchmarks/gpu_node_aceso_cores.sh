@@ -30,7 +30,8 @@ machine
 csv=runs.csv  # each command's seconds and exit status (gpu_node.sh's timed); its output in OUT/<step>.log
 rf=("$py" -m reproflow.app.cli)  # an array, not a function: timeout runs it
 
-# keep PART: its rows and its logs as tarballs, its claims and tables in OUT/PART. The logs hold what
+# keep PART: its rows and its logs as tarballs, its claims, tables and summary.json (what
+# `tools/docs.py record` keeps, with --results at the rows unpacked) in OUT/PART. The logs hold what
 # explains a prediction after the machine is gone: the profiles, each search folder's baseline.json
 # (every plan's prediction and measurement) and ops_*.csv (each op's), each training's per-rank CSVs.
 keep() {
@@ -39,8 +40,8 @@ keep() {
   for folder in results logs; do
     tar -czf "$out/$part/$folder.tar.gz" -C "$work/$part" "$folder" 2>/dev/null
   done
-  find "$work/$part/reports" -maxdepth 2 \( -name '*.md' -o -name '*.csv' \) -exec cp -t "$out/$part/" {} + \
-    2>/dev/null
+  find "$work/$part/reports" -maxdepth 2 \( -name '*.md' -o -name '*.csv' -o -name summary.json \) \
+    -exec cp -t "$out/$part/" {} + 2>/dev/null
 }
 
 # step NAME LIMIT COMMAND...: timed, then the part kept, so that a call cut short by its own limit loses
