@@ -87,7 +87,7 @@ fi
 build() {  # build FLAVOUR BASE WHEELS REF [BUILD-ARG ...]: the image; on failure, the step that failed
     local flavour=$1 base=$2 wheels=$3 ref=$4 log="$APPS/.build-reproflow-$1.log"
     local args=(--target image -f "$DOCKERFILE" -t "$ref" --build-arg "STACK=$flavour-stack"
-                --build-arg "REPROFLOW_GIT_COMMIT=$(commit)")
+                --build-arg "REPROFLOW_GIT_COMMIT=$revision")
     shift 4
     for arg in "$@"; do args+=(--build-arg "$arg"); done
     [ -z "$base" ] || args+=(--build-arg "BASE_IMAGE=$base")
@@ -125,6 +125,9 @@ commit() {  # the checkout's commit, -dirty when tracked files changed (as resul
     [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || sha+=-dirty
     echo "$sha"
 }
+# Read once, for the image's environment and its .json alike: a checkout edited while the image builds
+# would give the two different commits.
+revision=$(commit)
 
 wheels() {  # the cpu image's wheels, prepared once per lock with this machine's pip configuration
     local key dir
@@ -283,7 +286,7 @@ for flavour in "${flavours[@]}"; do
   "base_image": "${base:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$DOCKERFILE")}",
   "builder": "$builder",
   "squashed_with": "$squasher",
-  "git_commit": "$(commit)",
+  "git_commit": "$revision",
   "constraints_sha256": "$(sha256sum constraints.txt | cut -d' ' -f1)",
   "skipped": {${skipped}}
 }
