@@ -486,3 +486,17 @@ def test_a_pyxis_job_names_what_keeps_its_image_from_starting(tmp_path, measured
     survived = state == "FAILED" and message in log and "experiment comms" not in log and "Traceback" not in log
     record_fault(f"pyxis: {fault}", survived, lost, seconds > 240, seconds)
     assert survived and lost == 0, (state, log[-3000:])
+
+
+def test_a_rank_that_dies_of_a_fatal_signal_leaves_its_stack_in_its_log(tmp_path):
+    """A rank killed by SIGSEGV (as a fault in torch's or gloo's native code kills it) is named with its
+    signal, and its log holds every thread's Python stack at the fault, down to the code that faulted."""
+    suite, results = suite_file(tmp_path, iters=300), tmp_path / "results"
+    proc = reproflow("run", str(suite), "--results", str(results),
+                     env={"REPROFLOW_INJECT_FAULT": "collective=all_reduce:segv:1"})
+    assert proc.returncode == 128 + 11, proc.stderr[-3000:]
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) ended first, with signal 11 \(SIGSEGV\)", proc.stderr), proc.stderr
+    (log,) = results.rglob("rank1.log")
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text and "in _inject_during_point" in text, text[-3000:]
+    assert "collective=broadcast" in points(results)  # the point before it kept

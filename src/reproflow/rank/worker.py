@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import os
 import signal
 import socket
@@ -146,13 +147,17 @@ def _gate(ctx: RunContext, enabled: bool) -> Gate:
 
 
 def _inject_during_point(mode: str, rank: int, label: str) -> None:
-    """Faults that strike a running point: a crash, a SIGKILL mid-collective, a hang."""
+    """Faults that strike a running point: a crash, a SIGKILL mid-collective, a segmentation fault in
+    native code, a hang."""
     if mode == "exit":
         print(f"rank {rank}: injected crash at {label}", file=sys.stderr, flush=True)
         os._exit(17)
     if mode == "kill":
         print(f"rank {rank}: injected SIGKILL 0.2 s into {label}", file=sys.stderr, flush=True)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    if mode == "segv":
+        print(f"rank {rank}: injected segmentation fault at {label}", file=sys.stderr, flush=True)
+        ctypes.string_at(0)  # reads address 0: SIGSEGV, as a fault in a C extension raises it
     if mode == "hang":
         print(f"rank {rank}: injected hang at {label}", file=sys.stderr, flush=True)
         while True:
@@ -288,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--point", type=whole(0), default=None,
                         help="run only the point with this 0-based index (one task of a job array)")
     args = parser.parse_args(argv)
+    # A rank that dies of a fatal signal (a fault in torch's or gloo's native code) writes every thread's
+    # Python stack to its log first: otherwise only its exit signal says anything of where it was.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     reached(BEGUN)
     try:
         suite = load_suite(args.suite, parse_overrides(args.set), only=args.experiment)
