@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 
@@ -116,6 +118,22 @@ def test_run_ranks_stops_the_others_when_one_rank_fails(tmp_path):
     code = run_ranks([sys.executable, "-c", "import os, sys, time; r = int(os.environ['RANK']); "
                       "sys.exit(5) if r == 1 else time.sleep(60)"], 3, tmp_path, limit_s=50)
     assert code == 5
+
+
+
+def test_the_rank_a_signal_killed_is_named_before_a_rank_seen_failing_first(tmp_path, capfd):
+    """Rank 0 exits 1 (as a rank whose peer vanished mid-collective does) before rank 1 is killed by
+    SIGSEGV: the signal is the cause, its exit code returned and its rank named, rank 0 as failing too."""
+    ready = tmp_path / "rank1-started"
+    code = run_ranks([sys.executable, "-c", "import os, signal, sys, time; from pathlib import Path; "
+                      f"ready = Path({str(ready)!r}); r = int(os.environ['RANK'])\n"
+                      "if r == 0:\n    while not ready.exists(): time.sleep(0.01)\n    sys.exit(1)\n"
+                      "ready.touch(); time.sleep(0.2); os.kill(os.getpid(), signal.SIGSEGV)"],
+                     2, tmp_path / "logs", limit_s=50)
+    err = capfd.readouterr().err
+    assert code == -signal.SIGSEGV, err
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) (failed|ended first), with signal 11 \(SIGSEGV\)", err), err
+    assert "rank 0 failed too, with exit code 1" in err or "ended first" in err, err
 
 
 @pytest.mark.parametrize(("startup_s", "code"), [(None, 124), (3.0, 125)])

@@ -61,8 +61,9 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
     a rank fails. Every process started (mpirun's proxy and ranks too) is stopped when this returns or
     raises, or when this process dies (reproflow.launch.owner). Returns 0, 3 when a rank reported failed
     points, 124 past `limit_s`, EXIT_STARTUP when a rank had not reached its first point `startup_s`
-    after the start (the ranks' stages are in `logs/start`), or the exit code of the first failing rank
-    (then the other ranks are stopped rather than left waiting).
+    after the start (the ranks' stages are in `logs/start`), or the exit code of the failing rank named
+    as the cause, the first a signal killed, else the first seen to fail (then the other ranks are
+    stopped rather than left waiting).
     """
     logs.mkdir(parents=True, exist_ok=True)
     starts = logs / "start"
@@ -192,6 +193,13 @@ def _signal_name(code: int | None) -> str:
         return f"signal {-code}"
 
 
+def _cause(procs: list[subprocess.Popen], failed: list[int]) -> int:
+    """The failed rank to name as the cause: the first killed by a signal, else the first seen to fail. A
+    rank whose peer vanishes fails in its next collective, and may be seen ended before the peer that a
+    signal killed (a SIGSEGV's stack dump and core take time), so a signal outranks the order seen."""
+    return next((i for i in failed if (procs[i].returncode or 0) < 0), failed[0])
+
+
 def _explain_failure(procs: list[subprocess.Popen], first: int | None, running: list[int], logs: Path, world: int,
                      mpirun: str) -> None:
     """Name the rank that failed first (and its host), the ranks still running then, and show their logs."""
@@ -199,8 +207,12 @@ def _explain_failure(procs: list[subprocess.Popen], first: int | None, running: 
     if first is not None and not mpirun:
         still = f"rank(s) {running} were still running (waiting, or hung) and were stopped" if running else \
             "no other rank was running"
-        print(f"reproflow: rank {first} on {host} (pid {procs[first].pid}) ended first, with "
-              f"{_signal_name(procs[first].returncode)}; {still}", file=sys.stderr)
+        others = [i for i, p in enumerate(procs) if i != first and i not in running and p.returncode not in (0, 3)]
+        also = "; ".join(f"rank {i} failed too, with {_signal_name(procs[i].returncode)}" for i in others)
+        print(f"reproflow: rank {first} on {host} (pid {procs[first].pid}) "
+              f"{'failed' if others else 'ended first'}, with {_signal_name(procs[first].returncode)}; "
+              f"{also + ' (named after the rank a signal killed, else the first seen to fail); ' if others else ''}"
+              f"{still}", file=sys.stderr)
     for rank in range(1, world):
         path = logs / f"rank{rank}.log"
         text = path.read_text(errors="replace") if path.exists() else ""
@@ -234,9 +246,11 @@ def _wait(procs: list[subprocess.Popen], deadline: float, launch: Launch,
         bad = [i for i, c in enumerate(codes) if c not in (None, 0, 3)]
         if bad:
             time.sleep(1.0)
+            failed = bad + [i for i, p in enumerate(procs) if i not in bad and p.poll() not in (None, 0, 3)]
             running = [i for i, p in enumerate(procs) if p.poll() is None]
             _stop(procs)
-            return int(codes[bad[0]] or 1), bad[0], running
+            cause = _cause(procs, failed)
+            return int(procs[cause].returncode or 1), cause, running
         if all(c is not None for c in codes):
             return (3 if 3 in codes else 0), None, []
         if launch.overdue():
