@@ -81,6 +81,33 @@ def test_a_submit_into_a_folder_being_written_is_refused_before_it_submits(tmp_p
     assert not list(results.glob("one/jobs/*"))
 
 
+def test_a_refusal_names_a_holder_that_has_just_taken_the_lock(tmp_path: Path) -> None:
+    """The holder writes its line just after it takes the lock: a run refused in between waits for the
+    line rather than saying 'another process'; a released lock names nobody."""
+    import fcntl
+    import threading
+
+    from reproflow.spec.errors import ReproflowError
+    from reproflow.store.files import held
+
+    lock = tmp_path / "one" / ".writer.lock"
+    lock.parent.mkdir()
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        late = threading.Timer(0.3, os.pwrite, (fd, b"run 20261208-000000-abcdef", 0))
+        late.start()
+        with pytest.raises(ReproflowError, match="is being written by run 20261208-000000-abcdef"), \
+                held(lock, "run second"):
+            pass
+        late.join()
+    finally:
+        os.close(fd)
+    with held(lock, "run third"):
+        assert lock.read_text() == "run third"
+    assert lock.read_text() == ""
+
+
 @pytest.mark.distributed
 def test_two_runs_at_once_into_one_folder_keep_one_runs_rows(tmp_path: Path) -> None:
     """Two runs of one suite started together into one folder: one measures, the other is refused or

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -115,13 +116,14 @@ def held(path: Path, owner: str, *, under: Path | None = None) -> Iterator[None]
     (Lustre without `-o flock`), the block runs unlocked."""
     make_folder(path.parent, under)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    locked = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
-            holder = CONTROL.sub(" ", os.pread(fd, 512, 0).decode("utf-8", "replace")).strip() or "another process"
-            raise ReproflowError(f"{path.parent} is being written by {holder}. Wait for it to end, or give "
-                                 "another --results folder.") from None
+            raise ReproflowError(f"{path.parent} is being written by {_holder(fd)}. Wait for it to end, or "
+                                 "give another --results folder.") from None
         except OSError as exc:
             if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
                 raise
@@ -129,7 +131,20 @@ def held(path: Path, owner: str, *, under: Path | None = None) -> Iterator[None]
         os.pwrite(fd, owner.encode(), 0)
         yield
     finally:
+        if locked:  # a later refusal never quotes an ended holder
+            os.ftruncate(fd, 0)
         os.close(fd)  # closing releases the lock
+
+
+def _holder(fd: int, wait_s: float = 2.0) -> str:
+    """The holder's line of a lock file held by another process. The holder writes it just after taking
+    the lock, so an empty file is read again for up to `wait_s` before 'another process' is said."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder = CONTROL.sub(" ", os.pread(fd, 512, 0).decode("utf-8", "replace")).strip()
+        if holder or time.monotonic() > deadline:
+            return holder or "another process"
+        time.sleep(0.02)
 
 
 # The most a file of a results folder is read to: a point file is some KiB, a year of a job's log some MiB;
