@@ -83,7 +83,8 @@ def test_a_submit_into_a_folder_being_written_is_refused_before_it_submits(tmp_p
 
 def test_a_refusal_names_a_holder_that_has_just_taken_the_lock(tmp_path: Path) -> None:
     """The holder writes its line just after it takes the lock: a run refused in between waits for the
-    line rather than saying 'another process'; a released lock names nobody."""
+    line rather than saying 'another process'; a released lock names nobody; a lock released just after
+    its line was emptied is taken."""
     import fcntl
     import threading
 
@@ -106,6 +107,11 @@ def test_a_refusal_names_a_holder_that_has_just_taken_the_lock(tmp_path: Path) -
     with held(lock, "run third"):
         assert lock.read_text() == "run third"
     assert lock.read_text() == ""
+    ending = os.open(lock, os.O_RDWR)  # a holder ending: its line emptied, the lock released just after
+    fcntl.flock(ending, fcntl.LOCK_EX)
+    threading.Timer(0.3, os.close, (ending,)).start()
+    with held(lock, "run fourth"):
+        assert lock.read_text() == "run fourth"
 
 
 @pytest.mark.distributed

@@ -118,15 +118,7 @@ def held(path: Path, owner: str, *, under: Path | None = None) -> Iterator[None]
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     locked = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = True
-        except BlockingIOError:
-            raise ReproflowError(f"{path.parent} is being written by {_holder(fd)}. Wait for it to end, or "
-                                 "give another --results folder.") from None
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
-                raise
+        locked = _take(fd, path)
         os.ftruncate(fd, 0)
         os.pwrite(fd, owner.encode(), 0)
         yield
@@ -136,15 +128,25 @@ def held(path: Path, owner: str, *, under: Path | None = None) -> Iterator[None]
         os.close(fd)  # closing releases the lock
 
 
-def _holder(fd: int, wait_s: float = 2.0) -> str:
-    """The holder's line of a lock file held by another process. The holder writes it just after taking
-    the lock, so an empty file is read again for up to `wait_s` before 'another process' is said."""
+def _take(fd: int, path: Path, wait_s: float = 2.0) -> bool:
+    """Take the lock on `fd` without waiting on its holder; False where the file system has no flock. A
+    holder writes its line just after taking the lock and empties it before releasing, so an empty file
+    held by another is a holder starting or ending: the lock is tried again for up to `wait_s`."""
     deadline = time.monotonic() + wait_s
     while True:
-        holder = CONTROL.sub(" ", os.pread(fd, 512, 0).decode("utf-8", "replace")).strip()
-        if holder or time.monotonic() > deadline:
-            return holder or "another process"
-        time.sleep(0.02)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = CONTROL.sub(" ", os.pread(fd, 512, 0).decode("utf-8", "replace")).strip()
+            if holder or time.monotonic() > deadline:
+                raise ReproflowError(f"{path.parent} is being written by {holder or 'another process'}. Wait "
+                                     "for it to end, or give another --results folder.") from None
+            time.sleep(0.02)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
+            return False
 
 
 # The most a file of a results folder is read to: a point file is some KiB, a year of a job's log some MiB;
