@@ -43,8 +43,6 @@ def test_a_team_reads_and_writes_a_results_folder_written_under_umask_002(tmp_pa
     assert not private, private
 
 
-
-
 def test_a_second_run_into_a_folder_being_written_is_refused_naming_the_first(tmp_path: Path) -> None:
     """While a run holds a suite's results, another run of that suite into that folder stops before it
     runs anything, naming the first; the first one's rows are left as they were."""

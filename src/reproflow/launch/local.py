@@ -109,7 +109,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
                 fh = open(logs / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the ranks exit
                 files.append(fh)
                 procs.append(subprocess.Popen(argv, env=env_r, stdout=fh, stderr=subprocess.STDOUT))
-            code, first, running = _wait(procs, time.monotonic() + limit_s, launch, owned)
+            code, failed, running = _wait(procs, time.monotonic() + limit_s, launch, owned)
         except BaseException:
             _stop(procs)
             raise
@@ -117,7 +117,7 @@ def run_ranks(cmd: Sequence[str], world: int, logs: Path, env_extra: Mapping[str
             for fh in files:
                 fh.close()
     if code not in (0, 3, startup.EXIT_STARTUP):
-        _explain_failure(procs, first, running, logs, world, mpirun)
+        _explain_failure(procs, failed, running, logs, world, mpirun)
     return code
 
 
@@ -193,26 +193,31 @@ def _signal_name(code: int | None) -> str:
         return f"signal {-code}"
 
 
-def _cause(procs: list[subprocess.Popen], failed: list[int]) -> int:
-    """The failed rank to name as the cause: the first killed by a signal, else the first seen to fail. A
-    rank whose peer vanishes fails in its next collective, and may be seen ended before the peer that a
-    signal killed (a SIGSEGV's stack dump and core take time), so a signal outranks the order seen."""
-    return next((i for i in failed if (procs[i].returncode or 0) < 0), failed[0])
+def _failed(code: int | None) -> bool:
+    """Whether a rank's exit code is a failure: None is still running, 3 reported failed points (kept)."""
+    return code not in (None, 0, 3)
 
 
-def _explain_failure(procs: list[subprocess.Popen], first: int | None, running: list[int], logs: Path, world: int,
+def _cause_first(procs: list[subprocess.Popen], failed: list[int]) -> list[int]:
+    """The failed ranks, the one to name as the cause first: the first killed by a signal, else the first
+    seen to fail. A rank whose peer vanishes fails in its next collective, and may be seen ended before
+    the peer that a signal killed (a SIGSEGV's stack dump and core take time): a signal outranks order."""
+    cause = next((i for i in failed if (procs[i].returncode or 0) < 0), failed[0])
+    return [cause, *(i for i in failed if i != cause)]
+
+
+def _explain_failure(procs: list[subprocess.Popen], failed: list[int], running: list[int], logs: Path, world: int,
                      mpirun: str) -> None:
-    """Name the rank that failed first (and its host), the ranks still running then, and show their logs."""
+    """Name the failed rank taken as the cause (and its host), the others that failed, the ranks still
+    running then, and show their logs."""
     host = socket.gethostname()
-    if first is not None and not mpirun:
+    if failed and not mpirun:
+        cause, *others = failed
+        also = "".join(f"; rank {i} failed too, with {_signal_name(procs[i].returncode)}" for i in others)
         still = f"rank(s) {running} were still running (waiting, or hung) and were stopped" if running else \
             "no other rank was running"
-        others = [i for i, p in enumerate(procs) if i != first and i not in running and p.returncode not in (0, 3)]
-        also = "; ".join(f"rank {i} failed too, with {_signal_name(procs[i].returncode)}" for i in others)
-        print(f"reproflow: rank {first} on {host} (pid {procs[first].pid}) "
-              f"{'failed' if others else 'ended first'}, with {_signal_name(procs[first].returncode)}; "
-              f"{also + ' (named after the rank a signal killed, else the first seen to fail); ' if others else ''}"
-              f"{still}", file=sys.stderr)
+        print(f"reproflow: rank {cause} on {host} (pid {procs[cause].pid}) failed, with "
+              f"{_signal_name(procs[cause].returncode)}{also}; {still}", file=sys.stderr)
     for rank in range(1, world):
         path = logs / f"rank{rank}.log"
         text = path.read_text(errors="replace") if path.exists() else ""
@@ -237,32 +242,31 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _wait(procs: list[subprocess.Popen], deadline: float, launch: Launch,
-          owned: Owned) -> tuple[int, int | None, list[int]]:
-    """(exit code, index of the first process that failed or None, indices still running after a second's
-    grace) once all are done or stopped."""
+          owned: Owned) -> tuple[int, list[int], list[int]]:
+    """(exit code, indices of the processes that failed, the cause first, indices still running after a
+    second's grace) once all are done or stopped."""
     # When one rank fails the others would wait for it until the collective timeout: stop them.
     while True:
         codes = [p.poll() for p in procs]
-        bad = [i for i, c in enumerate(codes) if c not in (None, 0, 3)]
+        bad = [i for i, c in enumerate(codes) if _failed(c)]
         if bad:
             time.sleep(1.0)
-            failed = bad + [i for i, p in enumerate(procs) if i not in bad and p.poll() not in (None, 0, 3)]
+            failed = _cause_first(procs, bad + [i for i, p in enumerate(procs) if i not in bad and _failed(p.poll())])
             running = [i for i, p in enumerate(procs) if p.poll() is None]
             _stop(procs)
-            cause = _cause(procs, failed)
-            return int(procs[cause].returncode or 1), cause, running
+            return int(procs[failed[0]].returncode or 1), failed, running
         if all(c is not None for c in codes):
-            return (3 if 3 in codes else 0), None, []
+            return (3 if 3 in codes else 0), [], []
         if launch.overdue():
             launch.explain(owned)
             _stop(procs)
-            return startup.EXIT_STARTUP, None, [i for i, c in enumerate(codes) if c is None]
+            return startup.EXIT_STARTUP, [], [i for i, c in enumerate(codes) if c is None]
         if time.monotonic() > deadline:
             running = [i for i, c in enumerate(codes) if c is None]
             print(f"reproflow: time limit reached with rank(s) {running} still running; stopping them.",
                   file=sys.stderr)
             _stop(procs)
-            return 124, None, running
+            return 124, [], running
         time.sleep(0.05)
 
 
